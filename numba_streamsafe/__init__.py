@@ -1,0 +1,94 @@
+"""numba_streamsafe: stream-ordered, cross-stream-safe device memory for Numba CUDA.
+
+The core (``resources``, ``runtime``, ``recorder``) needs no Numba; the Numba
+layer (``tracked_kernel``, the array helpers and the memory-manager plugin) is
+imported on first use. ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe`` makes
+Numba allocate through this package (``_numba_memory_manager``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from numba_streamsafe.access import Access, Read, ReadWrite, Write
+from numba_streamsafe.blocks import Block, BlockId, BlockState, Generation
+from numba_streamsafe.errors import (
+    DriverError,
+    InvalidArgument,
+    OutOfBounds,
+    OutOfBudget,
+    OutOfMemory,
+    StaleContext,
+    StreamMisuse,
+    StreamSafeError,
+    UseAfterFree,
+)
+from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedLaunchWarning
+from numba_streamsafe.resources import (
+    AsyncResource,
+    BudgetResource,
+    DirectResource,
+    LoggingResource,
+    MemoryResource,
+)
+from numba_streamsafe.runtime import DeviceRuntime, get_runtime, set_runtime
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "tracked_kernel": "numba_streamsafe.numba.kernel",
+    "TrackedKernel": "numba_streamsafe.numba.kernel",
+    "device_array": "numba_streamsafe.numba.arrays",
+    "to_device": "numba_streamsafe.numba.arrays",
+    "copy_to_host": "numba_streamsafe.numba.arrays",
+    "copy": "numba_streamsafe.numba.arrays",
+    "memset": "numba_streamsafe.numba.arrays",
+    "block_of": "numba_streamsafe.numba.arrays",
+    "stream_scope": "numba_streamsafe.numba.scope",
+    "current_stream": "numba_streamsafe.numba.scope",
+    "tracking": "numba_streamsafe.numba.scope",
+    "StreamSafeMemoryManager": "numba_streamsafe.numba.emm",
+    "_numba_memory_manager": "numba_streamsafe.numba.emm",
+}
+
+__all__ = [
+    "Access",
+    "Read",
+    "Write",
+    "ReadWrite",
+    "Block",
+    "BlockId",
+    "BlockState",
+    "Generation",
+    "StreamSafeError",
+    "DriverError",
+    "InvalidArgument",
+    "OutOfMemory",
+    "OutOfBudget",
+    "StreamMisuse",
+    "UseAfterFree",
+    "StaleContext",
+    "OutOfBounds",
+    "MemoryResource",
+    "AsyncResource",
+    "DirectResource",
+    "LoggingResource",
+    "BudgetResource",
+    "DeviceRuntime",
+    "get_runtime",
+    "set_runtime",
+    "LaunchRecorder",
+    "RecorderMode",
+    "UncommittedLaunchWarning",
+    *[name for name in _LAZY if not name.startswith("_")],
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'numba_streamsafe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,86 @@
+"""The Driver protocol: what the resources need from CUDA, and nothing else.
+
+Two backends implement it: :class:`~numba_streamsafe._driver.cuda.CudaDriver`
+over ``cuda.bindings.driver`` and :class:`~numba_streamsafe._driver.sim.SimDriver`,
+a CPU model with a happens-before hazard checker. Streams are integer handles
+(``CUstream`` values; 0 is the legacy default stream); events are opaque.
+Every method raises :class:`~numba_streamsafe.errors.DriverError` on failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Driver", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_HANDLE"]
+
+#: ``CUresult`` values the library reacts to.
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_INVALID_HANDLE = 400
+CUDA_ERROR_NOT_READY = 600
+
+Event = Any
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """Operations the memory resources perform on one device."""
+
+    #: Device ordinal this driver allocates on.
+    device: int
+    #: True when :meth:`trace_access` checks accesses (the simulated driver).
+    traces_accesses: bool
+
+    def alloc_async(self, nbytes: int, stream: int) -> int:
+        """Allocate ``nbytes`` ordered on ``stream`` (``cuMemAllocAsync``)."""
+        ...
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        """Queue the free of ``ptr`` on ``stream`` (``cuMemFreeAsync``)."""
+        ...
+
+    def alloc(self, nbytes: int) -> int:
+        """Allocate synchronously (``cuMemAlloc``)."""
+        ...
+
+    def free(self, ptr: int) -> None:
+        """Free synchronously (``cuMemFree``)."""
+        ...
+
+    def event_create(self) -> Event:
+        """Create an event without timing."""
+        ...
+
+    def event_destroy(self, event: Event) -> None: ...
+
+    def event_record(self, event: Event, stream: int) -> None: ...
+
+    def event_query(self, event: Event) -> bool:
+        """True when all work captured by the event has completed."""
+        ...
+
+    def stream_wait_event(self, stream: int, event: Event) -> None:
+        """Make future work on ``stream`` wait for ``event`` (``cuStreamWaitEvent``)."""
+        ...
+
+    def stream_synchronize(self, stream: int) -> None: ...
+
+    def check_stream(self, stream: int) -> None:
+        """Raise :class:`~numba_streamsafe.errors.StreamMisuse` if ``stream`` is not usable."""
+        ...
+
+    def pool_trim(self, keep_bytes: int = 0) -> None:
+        """Return pooled memory above ``keep_bytes`` to the system."""
+        ...
+
+    def mem_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of the device."""
+        ...
+
+    def trace_access(self, stream: int, accesses: Any, label: str) -> None:
+        """Tell a checking backend that work on ``stream`` touches ``accesses``.
+
+        ``accesses`` is a sequence of ``(ptr, nbytes, Access)``. The CUDA
+        backend does nothing; the simulated backend checks happens-before.
+        """
+        ...

@@ -1,0 +1,178 @@
+"""The CUDA backend: :class:`CudaDriver` over ``cuda.bindings.driver``.
+
+Every call checks its ``CUresult`` and raises
+:class:`~numba_streamsafe.errors.DriverError` with the call's name, the code and
+the driver's own message. The device's primary context (the one Numba uses) is
+made current on each thread before its first call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterable
+
+from numba_streamsafe.access import Access
+from numba_streamsafe.errors import DriverError, StreamMisuse
+
+__all__ = ["CudaDriver"]
+
+
+def _bindings() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+class CudaDriver:
+    """Driver backend for one CUDA device.
+
+    Parameters
+    ----------
+    device : int
+        Device ordinal. The device's primary context is retained for the
+        lifetime of this object and made current on every calling thread.
+    """
+
+    traces_accesses = False
+
+    def __init__(self, device: int = 0) -> None:
+        drv = _bindings()
+        self._drv = drv
+        self.device = device
+        self._check("cuInit", drv.cuInit(0))
+        dev = self._check("cuDeviceGet", drv.cuDeviceGet(device))
+        self._dev = dev
+        self._ctx = self._check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+        self._pool = self._check("cuDeviceGetDefaultMemPool", drv.cuDeviceGetDefaultMemPool(dev))
+        self._tls = threading.local()
+        self._ensure_context()
+        self._event_flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        # Bound methods, looked up once: these sit on the launch path.
+        self._record = drv.cuEventRecord
+        self._wait = drv.cuStreamWaitEvent
+
+    def _check(self, call: str, result: Any) -> Any:
+        if isinstance(result, tuple):
+            err = result[0]
+            value = result[1] if len(result) == 2 else result[1:]
+        else:
+            err, value = result, None
+        if err:
+            _, msg = self._drv.cuGetErrorString(err)
+            text = msg.decode() if isinstance(msg, bytes) else str(msg)
+            raise DriverError(call, int(err), text)
+        return value
+
+    def _ensure_context(self) -> None:
+        if getattr(self._tls, "ready", False):
+            return
+        err, current = self._drv.cuCtxGetCurrent()
+        if err or int(current) != int(self._ctx):
+            self._check("cuCtxSetCurrent", self._drv.cuCtxSetCurrent(self._ctx))
+        self._tls.ready = True
+
+    # ----------------------------------------------------------------- memory
+    def alloc_async(self, nbytes: int, stream: int) -> int:
+        self._ensure_context()
+        return int(self._check("cuMemAllocAsync", self._drv.cuMemAllocAsync(nbytes, stream)))
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        self._ensure_context()
+        self._check("cuMemFreeAsync", self._drv.cuMemFreeAsync(ptr, stream))
+
+    def alloc(self, nbytes: int) -> int:
+        self._ensure_context()
+        return int(self._check("cuMemAlloc", self._drv.cuMemAlloc(nbytes)))
+
+    def free(self, ptr: int) -> None:
+        self._ensure_context()
+        self._check("cuMemFree", self._drv.cuMemFree(ptr))
+
+    def pool_trim(self, keep_bytes: int = 0) -> None:
+        self._ensure_context()
+        self._check("cuMemPoolTrimTo", self._drv.cuMemPoolTrimTo(self._pool, keep_bytes))
+
+    def set_pool_attribute(self, name: str, value: int) -> None:
+        """Set a ``CUmemPool_attribute`` of the device's default pool, by short name.
+
+        ``name`` is the attribute without its prefix, for example
+        ``"REUSE_ALLOW_INTERNAL_DEPENDENCIES"`` or ``"RELEASE_THRESHOLD"``.
+        """
+        drv = self._drv
+        attr = getattr(drv.CUmemPool_attribute, "CU_MEMPOOL_ATTR_" + name)
+        if name == "RELEASE_THRESHOLD" or name.startswith(("RESERVED", "USED")):
+            val = drv.cuuint64_t(value)
+        else:
+            val = drv.cuuint32_t(value) if hasattr(drv, "cuuint32_t") else int(value)
+        self._check("cuMemPoolSetAttribute", drv.cuMemPoolSetAttribute(self._pool, attr, val))
+
+    def mem_info(self) -> tuple[int, int]:
+        self._ensure_context()
+        free, total = self._check("cuMemGetInfo", self._drv.cuMemGetInfo())
+        return int(free), int(total)
+
+    # ----------------------------------------------------------------- events
+    def event_create(self) -> Any:
+        self._ensure_context()
+        return self._check("cuEventCreate", self._drv.cuEventCreate(self._event_flags))
+
+    def event_destroy(self, event: Any) -> None:
+        self._check("cuEventDestroy", self._drv.cuEventDestroy(event))
+
+    def event_record(self, event: Any, stream: int) -> None:
+        err = self._record(event, stream)[0]
+        if err:
+            self._check("cuEventRecord", (err,))
+
+    def event_query(self, event: Any) -> bool:
+        (err,) = self._drv.cuEventQuery(event)
+        if err == self._drv.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        self._check("cuEventQuery", (err,))
+        return True
+
+    def event_synchronize(self, event: Any) -> None:
+        self._check("cuEventSynchronize", self._drv.cuEventSynchronize(event))
+
+    def stream_wait_event(self, stream: int, event: Any) -> None:
+        err = self._wait(stream, event, 0)[0]
+        if err:
+            self._check("cuStreamWaitEvent", (err,))
+
+    # ---------------------------------------------------------------- streams
+    def stream_synchronize(self, stream: int) -> None:
+        self._ensure_context()
+        self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
+
+    def synchronize(self) -> None:
+        self._ensure_context()
+        self._check("cuCtxSynchronize", self._drv.cuCtxSynchronize())
+
+    def create_stream(self) -> int:
+        self._ensure_context()
+        flags = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+        return int(self._check("cuStreamCreate", self._drv.cuStreamCreate(flags)))
+
+    def destroy_stream(self, stream: int) -> None:
+        self._check("cuStreamDestroy", self._drv.cuStreamDestroy(stream))
+
+    def check_stream(self, stream: int) -> None:
+        if stream in (0, 1, 2):  # legacy, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+            return
+        self._ensure_context()
+        err, ctx = self._drv.cuStreamGetCtx(stream)
+        if err:
+            raise StreamMisuse(
+                f"stream {stream:#x} is not a usable stream on device {self.device} "
+                f"(cuStreamGetCtx returned error {int(err)}); pass a live stream"
+            )
+        if int(ctx) != int(self._ctx):
+            raise StreamMisuse(
+                f"stream {stream:#x} belongs to another context than device {self.device}'s "
+                "primary context; allocate on a stream of the same device"
+            )
+
+    def trace_access(self, stream: int, accesses: Iterable[tuple[int, int, Access]],
+                     label: str) -> None:
+        """No checking on real hardware; use the simulated driver in tests."""
+        return None

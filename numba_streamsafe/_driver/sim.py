@@ -1,0 +1,480 @@
+"""A CPU model of the CUDA driver with a happens-before hazard checker.
+
+Streams are FIFO queues identified by integer handles; nothing runs
+asynchronously, but every operation is stamped with a vector clock when it is
+queued, so the model knows exactly which earlier operations are ordered before
+it: those earlier on the same stream, those captured by an event the stream
+waited on, and those the host had synchronised with before queueing it.
+
+Memory comes from a pool that, like CUDA's, hands a freed address back at once
+to an allocation that is ordered after the free (same stream, or through an
+event dependency). Each address range keeps a shadow of its last write and of
+the last read per stream, across owners, so the checker sees accesses of a
+previous owner of a reused address.
+
+A **hazard** is reported when
+
+* a read's bytes were last written by an operation not ordered before it,
+* a write (allocation and free count as writes) overlaps an earlier read or
+  write not ordered before it, or
+* an access touches an address that is not allocated (use after free) or runs
+  past the end of its allocation.
+
+Faults can be injected per call name with :meth:`SimDriver.inject_failure`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from numba_streamsafe._driver.base import (
+    CUDA_ERROR_INVALID_HANDLE,
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_OUT_OF_MEMORY,
+)
+from numba_streamsafe.access import Access
+from numba_streamsafe.errors import DriverError, StreamMisuse
+
+__all__ = ["SimDriver", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
+
+#: The host, as a pseudo-stream in vector clocks.
+HOST = -1
+LEGACY_STREAM = 0
+PER_THREAD_STREAM = 2
+_MIN_CHUNK = 256
+_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """An unordered pair of conflicting accesses."""
+
+    kind: str
+    address: int
+    earlier: str
+    later: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.address:#x}: {self.earlier} is not ordered before {self.later}"
+
+
+@dataclass
+class _Op:
+    stream: int
+    seq: int
+    label: str
+
+    def __str__(self) -> str:
+        where = "host" if self.stream == HOST else f"stream {self.stream:#x}"
+        return f"{self.label!r} (#{self.seq} on {where})"
+
+
+class _Stream:
+    __slots__ = ("handle", "clock")
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+        self.clock: dict[int, int] = {}
+
+
+class _Chunk:
+    __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "last_write", "reads")
+
+    def __init__(self, base: int, capacity: int, buffer: Any) -> None:
+        self.base = base
+        self.capacity = capacity
+        self.nbytes = 0
+        self.buffer = buffer
+        self.live = False
+        self.free_op: _Op | None = None
+        self.last_write: _Op | None = None
+        self.reads: dict[int, _Op] = {}
+
+
+def _round_capacity(nbytes: int) -> int:
+    cap = _MIN_CHUNK
+    while cap < nbytes:
+        cap <<= 1
+    return cap
+
+
+class SimDriver:
+    """Simulated driver for one device.
+
+    Parameters
+    ----------
+    device : int
+        Ordinal reported by this driver.
+    capacity : int
+        Bytes the simulated device holds; allocations beyond it fail with
+        ``CUDA_ERROR_OUT_OF_MEMORY`` unless completed frees can be trimmed.
+    backing : bool
+        Back every chunk with real host memory (a NumPy buffer) whose address
+        is the device address, so Numba's CUDA simulator can run kernels on it.
+    """
+
+    traces_accesses = True
+
+    def __init__(self, device: int = 0, capacity: int = 1 << 34, backing: bool = True) -> None:
+        self.device = device
+        self.capacity = capacity
+        self.backing = backing
+        self._lock = threading.RLock()
+        self._streams: dict[int, _Stream] = {
+            LEGACY_STREAM: _Stream(LEGACY_STREAM),
+            PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM),
+        }
+        self._next_handle = 0x1000
+        self._host_clock: dict[int, int] = {}
+        self._events: dict[int, dict[int, int] | None] = {}
+        self._bases: list[int] = []
+        self._chunks: dict[int, _Chunk] = {}
+        self._pool: list[_Chunk] = []
+        self._reserved = 0
+        self._faults: dict[str, collections.deque[int]] = {}
+        self.hazards: list[Hazard] = []
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.events_created = 0
+        self.events_destroyed = 0
+
+    # ------------------------------------------------------------------ faults
+    def inject_failure(self, call: str, code: int = CUDA_ERROR_INVALID_VALUE, *, skip: int = 0,
+                       times: int = 1) -> None:
+        """Make the ``times`` calls of ``call`` after the next ``skip`` fail with ``code``."""
+        with self._lock:
+            queue = self._faults.setdefault(call, collections.deque())
+            queue.extend([0] * skip + [code] * times)
+
+    def _enter(self, call: str) -> None:
+        self.calls[call] += 1
+        queue = self._faults.get(call)
+        if queue:
+            code = queue.popleft()
+            if code:
+                raise DriverError(call, code, "injected failure")
+
+    # ----------------------------------------------------------------- streams
+    def create_stream(self) -> int:
+        """Create a stream and return its handle."""
+        with self._lock:
+            self._enter("cuStreamCreate")
+            handle = self._next_handle
+            self._next_handle += 0x10
+            self._streams[handle] = _Stream(handle)
+            return handle
+
+    def destroy_stream(self, stream: int) -> None:
+        with self._lock:
+            self._enter("cuStreamDestroy")
+            self._stream(stream, "cuStreamDestroy")
+            del self._streams[stream]
+
+    def _stream(self, stream: int, call: str) -> _Stream:
+        try:
+            return self._streams[stream]
+        except KeyError:
+            raise DriverError(call, CUDA_ERROR_INVALID_HANDLE,
+                              f"stream {stream:#x} does not exist") from None
+
+    def check_stream(self, stream: int) -> None:
+        if stream not in self._streams:
+            raise StreamMisuse(
+                f"stream {stream:#x} is not a stream of simulated device {self.device}; "
+                "create it with SimDriver.create_stream() or pass an existing stream"
+            )
+
+    def _enqueue(self, stream: int, label: str, call: str) -> _Op:
+        s = self._stream(stream, call)
+        clock = s.clock
+        for k, v in self._host_clock.items():
+            if clock.get(k, 0) < v:
+                clock[k] = v
+        seq = clock.get(stream, 0) + 1
+        clock[stream] = seq
+        return _Op(stream, seq, label)
+
+    def _host_op(self, label: str) -> _Op:
+        seq = self._host_clock.get(HOST, 0) + 1
+        self._host_clock[HOST] = seq
+        return _Op(HOST, seq, label)
+
+    def _ordered(self, earlier: _Op, later: _Op) -> bool:
+        if later.stream == HOST:
+            clock = self._host_clock
+        else:
+            clock = self._streams[later.stream].clock
+        return clock.get(earlier.stream, 0) >= earlier.seq
+
+    def stream_synchronize(self, stream: int) -> None:
+        with self._lock:
+            self._enter("cuStreamSynchronize")
+            s = self._stream(stream, "cuStreamSynchronize")
+            self._join_host(s.clock)
+
+    def synchronize(self) -> None:
+        """Device-wide synchronise: the host is ordered after every stream."""
+        with self._lock:
+            self._enter("cuCtxSynchronize")
+            for s in self._streams.values():
+                self._join_host(s.clock)
+
+    def _join_host(self, clock: dict[int, int]) -> None:
+        host = self._host_clock
+        for k, v in clock.items():
+            if host.get(k, 0) < v:
+                host[k] = v
+
+    # ------------------------------------------------------------------ events
+    def event_create(self) -> int:
+        with self._lock:
+            self._enter("cuEventCreate")
+            handle = self._next_handle
+            self._next_handle += 0x10
+            self._events[handle] = None
+            self.events_created += 1
+            return handle
+
+    def event_destroy(self, event: int) -> None:
+        with self._lock:
+            self._enter("cuEventDestroy")
+            self._event(event, "cuEventDestroy")
+            del self._events[event]
+            self.events_destroyed += 1
+
+    def _event(self, event: int, call: str) -> dict[int, int] | None:
+        try:
+            return self._events[event]
+        except KeyError:
+            raise DriverError(call, CUDA_ERROR_INVALID_HANDLE,
+                              f"event {event:#x} does not exist") from None
+
+    def event_record(self, event: int, stream: int) -> None:
+        with self._lock:
+            self._enter("cuEventRecord")
+            self._event(event, "cuEventRecord")
+            s = self._stream(stream, "cuEventRecord")
+            self._events[event] = dict(s.clock)
+
+    def event_query(self, event: int) -> bool:
+        with self._lock:
+            self._enter("cuEventQuery")
+            clock = self._event(event, "cuEventQuery")
+            if not clock:
+                return True
+            host = self._host_clock
+            return all(host.get(k, 0) >= v for k, v in clock.items())
+
+    def event_synchronize(self, event: int) -> None:
+        with self._lock:
+            self._enter("cuEventSynchronize")
+            clock = self._event(event, "cuEventSynchronize")
+            if clock:
+                self._join_host(clock)
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        with self._lock:
+            self._enter("cuStreamWaitEvent")
+            clock = self._event(event, "cuStreamWaitEvent")
+            s = self._stream(stream, "cuStreamWaitEvent")
+            if clock:
+                mine = s.clock
+                for k, v in clock.items():
+                    if mine.get(k, 0) < v:
+                        mine[k] = v
+
+    @property
+    def live_events(self) -> int:
+        """Events created and not yet destroyed."""
+        return len(self._events)
+
+    # ------------------------------------------------------------------ memory
+    def alloc_async(self, nbytes: int, stream: int) -> int:
+        with self._lock:
+            self._enter("cuMemAllocAsync")
+            if nbytes <= 0:
+                raise DriverError("cuMemAllocAsync", CUDA_ERROR_INVALID_VALUE,
+                                  "size must be positive")
+            op = self._enqueue(stream, "cuMemAllocAsync", "cuMemAllocAsync")
+            chunk = self._take_from_pool(nbytes, op)
+            if chunk is None:
+                chunk = self._new_chunk(nbytes, "cuMemAllocAsync")
+            chunk.live = True
+            chunk.nbytes = nbytes
+            chunk.free_op = None
+            self._check(chunk, chunk.base, nbytes, Access.WRITE, op)
+            return chunk.base
+
+    def alloc(self, nbytes: int) -> int:
+        with self._lock:
+            self._enter("cuMemAlloc")
+            if nbytes <= 0:
+                raise DriverError("cuMemAlloc", CUDA_ERROR_INVALID_VALUE, "size must be positive")
+            chunk = self._new_chunk(nbytes, "cuMemAlloc")
+            chunk.live = True
+            chunk.nbytes = nbytes
+            op = self._host_op("cuMemAlloc")
+            self._check(chunk, chunk.base, nbytes, Access.WRITE, op)
+            return chunk.base
+
+    def _take_from_pool(self, nbytes: int, op: _Op) -> _Chunk | None:
+        # Newest first: CUDA's pool prefers the most recently freed block.
+        for i in range(len(self._pool) - 1, -1, -1):
+            chunk = self._pool[i]
+            if chunk.capacity >= nbytes and chunk.free_op is not None and self._ordered(
+                chunk.free_op, op
+            ):
+                del self._pool[i]
+                return chunk
+        return None
+
+    def _new_chunk(self, nbytes: int, call: str) -> _Chunk:
+        cap = _round_capacity(nbytes)
+        if self._reserved + cap > self.capacity:
+            self._trim_completed(0)
+            if self._reserved + cap > self.capacity:
+                raise DriverError(call, CUDA_ERROR_OUT_OF_MEMORY,
+                                  f"{nbytes} bytes requested, {self.capacity - self._reserved} free")
+        if self.backing:
+            buffer = np.empty(cap + _ALIGN, dtype=np.uint8)
+            base = (buffer.ctypes.data + _ALIGN - 1) // _ALIGN * _ALIGN
+        else:
+            buffer = None
+            base = self._next_handle << 20
+            self._next_handle += (cap >> 20) + 1
+        chunk = _Chunk(base, cap, buffer)
+        self._reserved += cap
+        bisect.insort(self._bases, base)
+        self._chunks[base] = chunk
+        return chunk
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        with self._lock:
+            self._enter("cuMemFreeAsync")
+            chunk = self._live_chunk(ptr, "cuMemFreeAsync")
+            op = self._enqueue(stream, "cuMemFreeAsync", "cuMemFreeAsync")
+            self._check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
+            chunk.live = False
+            chunk.free_op = op
+            self._pool.append(chunk)
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            self._enter("cuMemFree")
+            chunk = self._live_chunk(ptr, "cuMemFree")
+            # cuMemFree synchronises the device before releasing the memory.
+            for s in self._streams.values():
+                self._join_host(s.clock)
+            op = self._host_op("cuMemFree")
+            self._check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
+            chunk.live = False
+            chunk.free_op = op
+            self._release(chunk)
+
+    def _live_chunk(self, ptr: int, call: str) -> _Chunk:
+        chunk = self._chunks.get(ptr)
+        if chunk is None or not chunk.live:
+            raise DriverError(call, CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation")
+        return chunk
+
+    def _release(self, chunk: _Chunk) -> None:
+        del self._chunks[chunk.base]
+        self._bases.pop(bisect.bisect_left(self._bases, chunk.base))
+        self._reserved -= chunk.capacity
+
+    def _trim_completed(self, keep_bytes: int) -> None:
+        kept = []
+        pooled = 0
+        for chunk in reversed(self._pool):
+            done = chunk.free_op is not None and self._host_clock.get(chunk.free_op.stream, 0) >= (
+                chunk.free_op.seq
+            )
+            if done and pooled + chunk.capacity > keep_bytes:
+                self._release(chunk)
+            else:
+                pooled += chunk.capacity
+                kept.append(chunk)
+        kept.reverse()
+        self._pool = kept
+
+    def pool_trim(self, keep_bytes: int = 0) -> None:
+        with self._lock:
+            self._enter("cuMemPoolTrimTo")
+            self._trim_completed(keep_bytes)
+
+    def mem_info(self) -> tuple[int, int]:
+        with self._lock:
+            self._enter("cuMemGetInfo")
+            return self.capacity - self._reserved, self.capacity
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes held by live and pooled chunks."""
+        return self._reserved
+
+    def buffer(self, ptr: int, nbytes: int) -> np.ndarray:
+        """A NumPy ``uint8`` view of ``nbytes`` simulated device bytes at ``ptr``."""
+        with self._lock:
+            chunk = self._chunk_at(ptr)
+            if chunk is None or chunk.buffer is None or ptr + nbytes > chunk.base + chunk.capacity:
+                raise StreamMisuse(f"{ptr:#x}+{nbytes} is not backed simulated memory")
+            start = ptr - chunk.buffer.ctypes.data
+            return chunk.buffer[start:start + nbytes]
+
+    # ---------------------------------------------------------------- checking
+    def _chunk_at(self, address: int) -> _Chunk | None:
+        i = bisect.bisect_right(self._bases, address) - 1
+        if i < 0:
+            return None
+        chunk = self._chunks[self._bases[i]]
+        if address >= chunk.base + chunk.capacity:
+            return None
+        return chunk
+
+    def trace_access(self, stream: int, accesses: Iterable[tuple[int, int, Access]],
+                     label: str) -> None:
+        """Check a kernel or copy on ``stream`` that touches ``accesses``."""
+        with self._lock:
+            op = self._enqueue(stream, label, "launch")
+            self._trace(accesses, op)
+
+    def trace_host_access(self, accesses: Iterable[tuple[int, int, Access]], label: str) -> None:
+        """Check a host-side access (for example reading results after a sync)."""
+        with self._lock:
+            self._trace(accesses, self._host_op(label))
+
+    def _trace(self, accesses: Iterable[tuple[int, int, Access]], op: _Op) -> None:
+        for ptr, nbytes, access in accesses:
+            chunk = self._chunk_at(ptr)
+            if chunk is None or not chunk.live:
+                self.hazards.append(Hazard("use-after-free", ptr, "the free", str(op)))
+                continue
+            if ptr + nbytes > chunk.base + chunk.nbytes:
+                self.hazards.append(Hazard("out-of-bounds", ptr, f"allocation of {chunk.nbytes} B",
+                                           str(op)))
+            self._check(chunk, ptr, nbytes, access, op)
+
+    def _check(self, chunk: _Chunk, ptr: int, nbytes: int, access: Access, op: _Op) -> None:
+        last = chunk.last_write
+        if last is not None and not self._ordered(last, op):
+            kind = "read-after-write" if access == Access.READ else "write-after-write"
+            self.hazards.append(Hazard(kind, ptr, str(last), str(op)))
+        if access & Access.WRITE:
+            for read in chunk.reads.values():
+                if read.stream != op.stream and not self._ordered(read, op):
+                    self.hazards.append(Hazard("write-after-read", ptr, str(read), str(op)))
+            chunk.last_write = op
+            chunk.reads = {}
+        else:
+            chunk.reads[op.stream] = op
+
+    def assert_no_hazards(self) -> None:
+        """Raise ``AssertionError`` listing every hazard seen so far."""
+        if self.hazards:
+            shown = "\n  ".join(str(h) for h in self.hazards[:10])
+            raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")

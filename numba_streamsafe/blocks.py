@@ -1,0 +1,89 @@
+"""Blocks: the unit of allocation and of dependency tracking."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["Block", "BlockId", "BlockState", "Generation", "next_generation"]
+
+#: A generation number. Every allocation gets a fresh one, so a handle to a
+#: freed block never matches the block that later reuses its address.
+Generation = int
+
+_generations = itertools.count(1)
+_generation_lock = threading.Lock()
+
+
+def next_generation() -> Generation:
+    """Return a process-wide unique, increasing generation."""
+    with _generation_lock:
+        return next(_generations)
+
+
+class BlockId(NamedTuple):
+    """Full identity of a block: address, generation and device ordinal."""
+
+    ptr: int
+    generation: Generation
+    device: int
+
+
+class BlockState(enum.Enum):
+    """Life cycle of a block."""
+
+    LIVE = "live"
+    #: The free is queued on the alloc stream; the bytes count as pending.
+    FREED = "freed"
+
+
+@dataclass(eq=False)
+class Block:
+    """A device allocation handed out by a memory resource.
+
+    Attributes
+    ----------
+    ptr : int
+        Device address of the first byte.
+    nbytes : int
+        Size in bytes.
+    device : int
+        Device ordinal.
+    stream : int
+        Handle of the stream the allocation (and later the free) is ordered on.
+    tag : str
+        Caller's label, for logs and error messages.
+    generation : Generation
+        Unique per allocation; guards against address reuse.
+    epoch : int
+        Context epoch of the owning runtime when the block was made.
+    state : BlockState
+        ``LIVE`` until :meth:`MemoryResource.deallocate` succeeds.
+    """
+
+    ptr: int
+    nbytes: int
+    device: int
+    stream: int
+    tag: str
+    generation: Generation
+    epoch: int = 0
+    state: BlockState = BlockState.LIVE
+    #: Keeps the alloc stream's owning object alive until the free is queued.
+    stream_owner: Any = field(default=None, repr=False)
+
+    @property
+    def id(self) -> BlockId:
+        return BlockId(self.ptr, self.generation, self.device)
+
+    def __contains__(self, address: int) -> bool:
+        return self.ptr <= address < self.ptr + self.nbytes
+
+    def describe(self) -> str:
+        return (
+            f"block {self.tag!r} at {self.ptr:#x} ({self.nbytes} B, generation "
+            f"{self.generation}, stream {self.stream:#x}, device {self.device})"
+        )

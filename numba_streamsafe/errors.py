@@ -1,0 +1,107 @@
+"""Error kinds raised by numba_streamsafe.
+
+Every error says what was wrong and what to do about it. Errors are raised
+before any state changes, so the call that failed can be retried once the
+cause is fixed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StreamSafeError",
+    "DriverError",
+    "OutOfMemory",
+    "OutOfBudget",
+    "StreamMisuse",
+    "InvalidArgument",
+    "UseAfterFree",
+    "StaleContext",
+    "OutOfBounds",
+]
+
+
+class StreamSafeError(Exception):
+    """Base class of every error raised by numba_streamsafe."""
+
+
+class DriverError(StreamSafeError):
+    """A CUDA driver call failed.
+
+    Attributes
+    ----------
+    call : str
+        Name of the driver function.
+    code : int
+        The ``CUresult`` value (0 when the failure was not a driver status).
+    """
+
+    def __init__(self, call: str, code: int, message: str) -> None:
+        super().__init__(f"{call} failed with CUDA error {code}: {message}")
+        self.call = call
+        self.code = code
+
+
+class OutOfMemory(StreamSafeError):
+    """The device could not satisfy an allocation even after freeing queued blocks.
+
+    Attributes
+    ----------
+    requested, live, pending : int
+        Bytes asked for, bytes held by live blocks, bytes whose free is queued.
+    """
+
+    def __init__(self, requested: int, live: int, pending: int, detail: str = "") -> None:
+        super().__init__(
+            f"out of device memory allocating {requested} bytes "
+            f"(this library holds {live} live and {pending} pending-free bytes; "
+            "queued frees were drained, the pool trimmed and the allocation retried once). "
+            "Free arrays you no longer need, or allocate less."
+            + (f" Driver said: {detail}" if detail else "")
+        )
+        self.requested = requested
+        self.live = live
+        self.pending = pending
+
+
+class OutOfBudget(StreamSafeError):
+    """A :class:`~numba_streamsafe.resources.BudgetResource` limit would be exceeded.
+
+    Attributes
+    ----------
+    requested, remaining, limit : int
+        Bytes asked for, bytes left under the limit after reaping, the limit.
+    """
+
+    def __init__(self, requested: int, remaining: int, limit: int) -> None:
+        super().__init__(
+            f"allocating {requested} bytes would exceed the budget of {limit} bytes "
+            f"({remaining} bytes remain after reaping queued frees). "
+            "Free blocks first, or raise the budget."
+        )
+        self.requested = requested
+        self.remaining = remaining
+        self.limit = limit
+
+
+class StreamMisuse(StreamSafeError):
+    """A stream, recorder or resource was used against its contract."""
+
+
+class InvalidArgument(StreamSafeError, ValueError):
+    """An argument has a value the call cannot accept (for example 0 bytes)."""
+
+
+class UseAfterFree(StreamSafeError):
+    """A block handle no longer names a live allocation.
+
+    Raised for a stale generation (the address was freed and possibly reused),
+    an unknown pointer, or a double free. Nothing is changed.
+    """
+
+
+class StaleContext(UseAfterFree):
+    """A block belongs to a CUDA context that was reset or closed since it was made."""
+
+
+class OutOfBounds(StreamSafeError):
+    """A guard detected a write outside a block's bounds."""

@@ -1,0 +1,24 @@
+"""Memory resources: where blocks come from and how their uses are ordered.
+
+Nothing here imports Numba. Resources call a
+:class:`~numba_streamsafe._driver.base.Driver`, never CUDA directly.
+"""
+
+from numba_streamsafe.resources.async_resource import AsyncResource
+from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, ResourceStats
+from numba_streamsafe.resources.budget import BudgetResource
+from numba_streamsafe.resources.direct import DirectResource
+from numba_streamsafe.resources.events import EventPool, SharedEvent
+from numba_streamsafe.resources.logging import LoggingResource
+
+__all__ = [
+    "MemoryResource",
+    "ResourceAdaptor",
+    "ResourceStats",
+    "AsyncResource",
+    "DirectResource",
+    "LoggingResource",
+    "BudgetResource",
+    "EventPool",
+    "SharedEvent",
+]

@@ -1,0 +1,363 @@
+"""AsyncResource: stream-ordered blocks with per-block dependency tracking."""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+import threading
+from typing import Any, Sequence
+
+from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
+from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import Block, BlockState, next_generation
+from numba_streamsafe.errors import (
+    DriverError,
+    InvalidArgument,
+    OutOfMemory,
+    StaleContext,
+    StreamSafeError,
+    UseAfterFree,
+)
+from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
+from numba_streamsafe.resources.events import EventPool, SharedEvent
+
+__all__ = ["AsyncResource"]
+
+_log = logging.getLogger("numba_streamsafe")
+
+
+class _Entry:
+    """Dependency state of one live block."""
+
+    __slots__ = ("block", "last_write", "reads")
+
+    def __init__(self, block: Block, ready: SharedEvent) -> None:
+        self.block = block
+        #: The last write, or the allocation-ready event before any write.
+        self.last_write: SharedEvent = ready
+        #: The newest read event per stream since ``last_write``. A later event
+        #: on a stream implies the earlier ones, so one per stream suffices.
+        self.reads: dict[int, SharedEvent] = {}
+
+    def waits_for(self, stream: int, access: Access) -> list[SharedEvent]:
+        """Events recorded on other streams that ``access`` on ``stream`` must wait for."""
+        out = []
+        lw = self.last_write
+        if lw.stream != stream:
+            out.append(lw)
+        if access & Access.WRITE:
+            for s, ev in self.reads.items():
+                if s != stream:
+                    out.append(ev)
+        return out
+
+    def apply(self, stream: int, access: Access, event: SharedEvent) -> None:
+        if access & Access.WRITE:
+            self.last_write.release()
+            for ev in self.reads.values():
+                ev.release()
+            self.reads = {}
+            self.last_write = event.acquire()
+        else:
+            old = self.reads.get(stream)
+            self.reads[stream] = event.acquire()
+            if old is not None:
+                old.release()
+
+    def release_all(self) -> None:
+        self.last_write.release()
+        for ev in self.reads.values():
+            ev.release()
+        self.reads = {}
+
+
+class AsyncResource(MemoryResource):
+    """Blocks from ``cuMemAllocAsync``, freed with ``cuMemFreeAsync``, fully tracked.
+
+    Each block keeps its last write event (first, the allocation-ready event)
+    and, per stream, its newest read event since that write. Before a use on
+    another stream the resource queues ``cuStreamWaitEvent`` for the hazards
+    the access implies; before the free, the alloc stream waits for every
+    cross-stream event, so the pool cannot hand the address to anyone while a
+    use is in flight.
+
+    Parameters
+    ----------
+    driver : Driver
+        Backend (CUDA or simulated).
+    max_idle_events : int
+        Idle events the event pool keeps.
+
+    Notes
+    -----
+    Thread-safe. :meth:`defer_free` takes no lock and makes no driver call, so
+    Numba's finalizers can use it from any thread, inside any locked section
+    and at interpreter shutdown; queued frees run at the next allocation,
+    launch, reap or :meth:`flush`.
+    """
+
+    def __init__(self, driver: Driver, *, max_idle_events: int = 1024) -> None:
+        self.driver = driver
+        self.device = driver.device
+        self.events = EventPool(driver, max_idle_events)
+        self._lock = threading.Lock()
+        self._live: dict[int, _Entry] = {}
+        self._bases: list[int] = []
+        self._live_bytes = 0
+        self._pending_bytes = 0
+        #: stream -> [bytes whose free is queued there, keep-alive owners]
+        self._pending: dict[int, list[Any]] = {}
+        self._deferred: collections.deque[Block] = collections.deque()
+        self._epoch = 0
+        self._peak = 0
+        self._allocations = 0
+        self._frees = 0
+
+    # ------------------------------------------------------------ allocation
+    def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
+                 ) -> Block:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+            raise InvalidArgument(
+                f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
+            )
+        self._drain()
+        self.driver.check_stream(stream)
+        ptr = self._alloc_with_retry(nbytes, stream)
+        try:
+            ready = self.events.record(stream)
+        except BaseException:
+            self.driver.free_async(ptr, stream)
+            raise
+        block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
+                      stream_owner=stream_owner)
+        with self._lock:
+            if ptr in self._live:
+                # The driver returned an address we hold: never overwrite state.
+                ready.acquire().release()
+                raise StreamSafeError(
+                    f"the driver returned {ptr:#x}, which is still live as "
+                    f"{self._live[ptr].block.describe()}; the pool is corrupt, report this"
+                )
+            self._live[ptr] = _Entry(block, ready.acquire())
+            bisect.insort(self._bases, ptr)
+            self._live_bytes += nbytes
+            self._allocations += 1
+            total = self._live_bytes + self._pending_bytes
+            if total > self._peak:
+                self._peak = total
+        return block
+
+    def _alloc_with_retry(self, nbytes: int, stream: int) -> int:
+        try:
+            return self.driver.alloc_async(nbytes, stream)
+        except DriverError as exc:
+            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
+                raise
+        # Out of memory: give back everything we can, then try once more.
+        self.flush()
+        try:
+            self.reap_pending()
+        except DriverError:
+            pass
+        self.driver.pool_trim(0)
+        try:
+            return self.driver.alloc_async(nbytes, stream)
+        except DriverError as exc:
+            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
+                raise
+            with self._lock:
+                live, pending = self._live_bytes, self._pending_bytes
+            raise OutOfMemory(nbytes, live, pending, str(exc)) from None
+
+    # ------------------------------------------------------------ validation
+    def _entry(self, block: Block, what: str) -> _Entry:
+        """The live entry of ``block``; caller holds the lock."""
+        if block.epoch != self._epoch:
+            raise StaleContext(
+                f"{what}: {block.describe()} was made before the CUDA context was reset "
+                f"(epoch {block.epoch}, now {self._epoch}); it no longer exists. "
+                "Allocate it again in the current context."
+            )
+        if block.device != self.device:
+            raise InvalidArgument(
+                f"{what}: {block.describe()} belongs to device {block.device}, but this "
+                f"resource serves device {self.device}; use that device's runtime"
+            )
+        entry = self._live.get(block.ptr)
+        if entry is None or entry.block.generation != block.generation:
+            now = (f"; the address now holds generation {entry.block.generation}"
+                   if entry is not None else "")
+            raise UseAfterFree(
+                f"{what}: {block.describe()} is not live (already freed{now}). "
+                "Do not use a block after deallocate; keep the array alive while it is in use."
+            )
+        return entry
+
+    # ---------------------------------------------------------------- tracking
+    def supports_tracking(self) -> bool:
+        return True
+
+    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
+        self.prepare_launch(((block, access),), stream)
+
+    def finish_use(self, block: Block, stream: int, access: Access) -> None:
+        self.commit_launch(((block, access),), stream)
+
+    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+        if self._deferred:
+            self._drain()
+        wait = self.driver.stream_wait_event
+        with self._lock:
+            entries = [(self._entry(b, "prepare_use"), a) for b, a in uses]
+            seen: set[int] = set()
+            for entry, access in entries:
+                for ev in entry.waits_for(stream, access):
+                    if id(ev) not in seen:
+                        seen.add(id(ev))
+                        wait(stream, ev.handle)
+
+    def commit_launch(self, uses: Sequence[Use], stream: int) -> None:
+        with self._lock:
+            entries = [(self._entry(b, "finish_use"), a) for b, a in uses]
+            if not entries:
+                return
+            event = self.events.record(stream)
+            for entry, access in entries:
+                entry.apply(stream, access, event)
+
+    def block_events(self, block: Block) -> tuple[int, dict[int, Any]]:
+        """Diagnostics: ``(last_write_stream, {read_stream: event})`` of a live block."""
+        with self._lock:
+            entry = self._entry(block, "block_events")
+            return entry.last_write.stream, {s: e.handle for s, e in entry.reads.items()}
+
+    # ------------------------------------------------------------------ freeing
+    def deallocate(self, block: Block) -> None:
+        with self._lock:
+            entry = self._entry(block, "deallocate")
+            stream = block.stream
+            waited: set[int] = set()
+            for ev in entry.waits_for(stream, Access.READ_WRITE):
+                if id(ev) not in waited:
+                    waited.add(id(ev))
+                    self.driver.stream_wait_event(stream, ev.handle)
+            self.driver.free_async(block.ptr, stream)
+            # The free is queued: from here on nothing can fail.
+            del self._live[block.ptr]
+            self._bases.pop(bisect.bisect_left(self._bases, block.ptr))
+            entry.release_all()
+            self._live_bytes -= block.nbytes
+            self._pending_bytes += block.nbytes
+            slot = self._pending.get(stream)
+            if slot is None:
+                self._pending[stream] = [block.nbytes, [block.stream_owner]]
+            else:
+                slot[0] += block.nbytes
+                slot[1].append(block.stream_owner)
+            self._frees += 1
+            block.state = BlockState.FREED
+            block.stream_owner = None
+
+    def defer_free(self, block: Block) -> None:
+        self._deferred.append(block)
+
+    def flush(self) -> None:
+        self._drain()
+
+    def _drain(self) -> None:
+        deferred = self._deferred
+        for _ in range(len(deferred)):
+            try:
+                block = deferred.popleft()
+            except IndexError:
+                return
+            try:
+                self.deallocate(block)
+            except StaleContext:
+                pass  # its context is gone, and its memory with it
+            except UseAfterFree:
+                pass  # freed explicitly before its finalizer ran
+            except DriverError as exc:
+                deferred.append(block)  # keep it for the next safe point
+                _log.warning("deferred free of %s failed, will retry: %s", block.describe(), exc)
+                return
+
+    # --------------------------------------------------------------- accounting
+    def bytes_outstanding(self) -> int:
+        with self._lock:
+            return self._live_bytes + self._pending_bytes
+
+    @property
+    def live_bytes(self) -> int:
+        return self._live_bytes
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def pending_per_stream(self) -> dict[int, int]:
+        """Bytes whose free is queued, per stream."""
+        with self._lock:
+            return {s: slot[0] for s, slot in self._pending.items()}
+
+    def reap_pending(self) -> None:
+        self._drain()
+        with self._lock:
+            drained, self._pending = self._pending, {}
+        items = list(drained.items())
+        for i, (stream, (nbytes, _owners)) in enumerate(items):
+            try:
+                self.driver.stream_synchronize(stream)
+            except BaseException:
+                with self._lock:
+                    for s, (n, owners) in items[i:]:
+                        slot = self._pending.setdefault(s, [0, []])
+                        slot[0] += n
+                        slot[1].extend(owners)
+                raise
+            with self._lock:
+                self._pending_bytes -= nbytes
+
+    def find(self, address: int) -> Block | None:
+        with self._lock:
+            i = bisect.bisect_right(self._bases, address) - 1
+            if i < 0:
+                return None
+            block = self._live[self._bases[i]].block
+            return block if address < block.ptr + block.nbytes else None
+
+    def blocks_on_stream(self, stream: int) -> list[Block]:
+        """Live blocks allocated on ``stream``."""
+        with self._lock:
+            return [e.block for e in self._live.values() if e.block.stream == stream]
+
+    def stats(self) -> ResourceStats:
+        with self._lock:
+            return ResourceStats(
+                live_bytes=self._live_bytes,
+                pending_bytes=self._pending_bytes,
+                peak_bytes=self._peak,
+                live_blocks=len(self._live),
+                allocations=self._allocations,
+                frees=self._frees,
+                deferred=len(self._deferred),
+                events_in_use=self.events.in_use,
+                events_idle=self.events.idle,
+            )
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def reset_context(self) -> None:
+        with self._lock:
+            self._epoch += 1
+            self._live.clear()
+            self._bases.clear()
+            self._pending.clear()
+            self._live_bytes = 0
+            self._pending_bytes = 0
+            self._deferred.clear()
+            self.events.forget()

@@ -1,0 +1,191 @@
+"""The memory-resource contract and the base of resource decorators."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import Block
+from numba_streamsafe.errors import StreamMisuse
+
+__all__ = ["MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
+
+#: One declared use in a launch: the block and how it is accessed.
+Use = tuple[Block, Access]
+
+
+@dataclass(frozen=True)
+class ResourceStats:
+    """A snapshot of a resource's accounting."""
+
+    live_bytes: int
+    pending_bytes: int
+    peak_bytes: int
+    live_blocks: int
+    allocations: int
+    frees: int
+    deferred: int
+    events_in_use: int
+    events_idle: int
+
+    @property
+    def outstanding_bytes(self) -> int:
+        return self.live_bytes + self.pending_bytes
+
+
+class MemoryResource(abc.ABC):
+    """A source of device blocks, ordered on streams.
+
+    The contract every implementation keeps:
+
+    * :meth:`allocate` orders the allocation on ``stream`` and returns a live
+      block with a fresh generation, or raises with nothing allocated.
+    * :meth:`deallocate` of a stale or unknown block raises
+      :class:`~numba_streamsafe.errors.UseAfterFree` and changes nothing; a
+      failure part-way leaves the block live so the call can be retried.
+    * ``bytes_outstanding() == live + pending_free`` at every quiescent point.
+    * A resource that does not track uses says so in :meth:`supports_tracking`
+      and refuses :meth:`prepare_use` / :meth:`finish_use` with
+      :class:`~numba_streamsafe.errors.StreamMisuse`.
+    """
+
+    device: int
+
+    @abc.abstractmethod
+    def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
+                 ) -> Block:
+        """Allocate ``nbytes`` ordered on ``stream``.
+
+        ``stream_owner`` is kept alive until the block's free is complete, so
+        the stream it owns cannot be destroyed under the block.
+        """
+
+    @abc.abstractmethod
+    def deallocate(self, block: Block) -> None:
+        """Free ``block`` ordered after every recorded use of it."""
+
+    @abc.abstractmethod
+    def bytes_outstanding(self) -> int:
+        """Live bytes plus bytes whose free is queued but not yet known complete."""
+
+    @abc.abstractmethod
+    def reap_pending(self) -> None:
+        """Synchronise streams with queued frees and release their bytes."""
+
+    @abc.abstractmethod
+    def find(self, address: int) -> Block | None:
+        """The live block containing ``address``, or None."""
+
+    @abc.abstractmethod
+    def stats(self) -> ResourceStats:
+        """A snapshot of the accounting."""
+
+    def defer_free(self, block: Block) -> None:
+        """Queue ``block`` for freeing at the next safe point.
+
+        Safe to call from a garbage-collector finalizer on any thread, while
+        any lock is held, and at interpreter shutdown: it takes no lock and
+        makes no driver call.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no deferred frees")
+
+    def flush(self) -> None:
+        """Free every block queued by :meth:`defer_free`."""
+
+    def reset_context(self) -> None:
+        """Forget every block: their context was reset. Old handles become stale."""
+
+    @property
+    def epoch(self) -> int:
+        """Context epoch; advanced by :meth:`reset_context`."""
+        return 0
+
+    def supports_tracking(self) -> bool:
+        """Whether :meth:`prepare_use` and :meth:`finish_use` are available."""
+        return False
+
+    def _refuse(self, what: str) -> StreamMisuse:
+        return StreamMisuse(
+            f"{type(self).__name__} does not track block uses, so {what} cannot order "
+            "streams; build the runtime on AsyncResource, or synchronise the streams yourself"
+        )
+
+    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
+        """Queue on ``stream`` the waits that ``access`` to ``block`` needs."""
+        raise self._refuse("prepare_use")
+
+    def finish_use(self, block: Block, stream: int, access: Access) -> None:
+        """Record ``access`` to ``block`` on ``stream`` as done (an event after it)."""
+        raise self._refuse("finish_use")
+
+    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+        """:meth:`prepare_use` for every use of one launch, each event waited once."""
+        raise self._refuse("prepare_launch")
+
+    def commit_launch(self, uses: Sequence[Use], stream: int) -> None:
+        """:meth:`finish_use` for every use of one launch, sharing one event."""
+        raise self._refuse("commit_launch")
+
+
+class ResourceAdaptor(MemoryResource):
+    """A resource that wraps another and forwards what it does not change."""
+
+    def __init__(self, upstream: MemoryResource) -> None:
+        self.upstream = upstream
+        self.device = upstream.device
+
+    def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
+                 ) -> Block:
+        return self.upstream.allocate(nbytes, stream, tag, stream_owner=stream_owner)
+
+    def deallocate(self, block: Block) -> None:
+        self.upstream.deallocate(block)
+
+    def bytes_outstanding(self) -> int:
+        return self.upstream.bytes_outstanding()
+
+    def reap_pending(self) -> None:
+        self.upstream.reap_pending()
+
+    def find(self, address: int) -> Block | None:
+        return self.upstream.find(address)
+
+    def stats(self) -> ResourceStats:
+        return self.upstream.stats()
+
+    def defer_free(self, block: Block) -> None:
+        self.upstream.defer_free(block)
+
+    def flush(self) -> None:
+        self.upstream.flush()
+
+    def reset_context(self) -> None:
+        self.upstream.reset_context()
+
+    @property
+    def epoch(self) -> int:
+        return self.upstream.epoch
+
+    def supports_tracking(self) -> bool:
+        return self.upstream.supports_tracking()
+
+    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
+        self.upstream.prepare_use(block, stream, access)
+
+    def finish_use(self, block: Block, stream: int, access: Access) -> None:
+        self.upstream.finish_use(block, stream, access)
+
+    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+        self.upstream.prepare_launch(uses, stream)
+
+    def commit_launch(self, uses: Sequence[Use], stream: int) -> None:
+        self.upstream.commit_launch(uses, stream)
+
+    def __getattr__(self, name: str) -> Any:
+        # Diagnostics of the tracking resource (block_events, event_pool, ...)
+        # stay reachable through any number of decorators.
+        if name == "upstream":
+            raise AttributeError(name)
+        return getattr(self.upstream, name)

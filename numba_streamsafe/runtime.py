@@ -1,0 +1,246 @@
+"""DeviceRuntime: one resource stack, one driver and one policy per device."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from numba_streamsafe._driver.base import Driver
+from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import Block
+from numba_streamsafe.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.recorder import LaunchRecorder, RecorderMode
+from numba_streamsafe.resources import AsyncResource, MemoryResource, ResourceStats
+from numba_streamsafe.streams import stream_handle
+
+__all__ = [
+    "DeviceRuntime",
+    "RuntimeStats",
+    "get_runtime",
+    "set_runtime",
+    "clear_runtimes",
+    "default_driver",
+]
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """Accounting of a runtime: its resource's figures plus its epoch."""
+
+    resource: ResourceStats
+    epoch: int
+    tracking: bool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resource, name)
+
+
+def default_driver(device: int = 0) -> Driver:
+    """The driver a runtime uses when none is given.
+
+    ``NUMBA_STREAMSAFE_DRIVER`` picks ``cuda`` or ``sim``; unset, the simulated
+    driver is used when Numba's CUDA simulator is on
+    (``NUMBA_ENABLE_CUDASIM=1``), the CUDA driver otherwise.
+    """
+    choice = os.environ.get("NUMBA_STREAMSAFE_DRIVER", "").strip().lower()
+    if not choice:
+        choice = "sim" if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") else "cuda"
+    if choice == "sim":
+        from numba_streamsafe._driver.sim import SimDriver
+
+        return SimDriver(device)
+    if choice == "cuda":
+        from numba_streamsafe._driver.cuda import CudaDriver
+
+        return CudaDriver(device)
+    raise InvalidArgument(f"NUMBA_STREAMSAFE_DRIVER={choice!r}: use 'cuda' or 'sim'")
+
+
+class DeviceRuntime:
+    """The library's state for one device: a resource stack and its policy.
+
+    Parameters
+    ----------
+    resource : MemoryResource
+        Top of the resource stack (decorators around a tracking resource).
+    driver : Driver, optional
+        The backend under ``resource``; found on the stack when omitted.
+    mode : RecorderMode or str
+        Default policy of the runtime's recorders for untracked memory.
+
+    Notes
+    -----
+    :func:`get_runtime` returns the process-wide runtime of a device, built on
+    first use. Constructing a ``DeviceRuntime`` directly gives an *owned*
+    runtime that nothing else sees, composed around any stack (tests do this).
+    """
+
+    def __init__(self, resource: MemoryResource, driver: Driver | None = None, *,
+                 mode: RecorderMode | str = RecorderMode.STRICT) -> None:
+        self.resource = resource
+        self.driver: Driver = driver if driver is not None else _driver_of(resource)
+        self.device = resource.device
+        self.mode = RecorderMode(mode)
+        #: When False, the Numba layer launches without fences (to show races).
+        self.tracking = True
+        self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._stream_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- streams
+    def stream_handle(self, stream: Any) -> int:
+        """The driver handle of ``stream`` (see :func:`numba_streamsafe.streams.stream_handle`).
+
+        Stream objects that carry no handle (those of Numba's CUDA simulator)
+        get a stream of this runtime's driver, created on first sight and kept
+        for the object's lifetime.
+        """
+        handle = stream_handle(stream)
+        if handle is not None:
+            return handle
+        with self._stream_lock:
+            handle = self._stream_objects.get(stream)
+            if handle is None:
+                create = getattr(self.driver, "create_stream", None)
+                if create is None:
+                    raise StreamMisuse(f"{stream!r} carries no CUDA stream handle")
+                handle = create()
+                self._stream_objects[stream] = handle
+        return handle
+
+    def destroy_stream(self, stream: Any) -> None:
+        """Destroy a stream made by the driver, refusing while blocks live on it.
+
+        Raises
+        ------
+        StreamMisuse
+            Naming the live blocks allocated on the stream.
+        """
+        handle = self.stream_handle(stream)
+        on_it = getattr(self.resource, "blocks_on_stream", lambda s: [])(handle)
+        if on_it:
+            names = "; ".join(b.describe() for b in on_it[:5])
+            raise StreamMisuse(
+                f"stream {handle:#x} still orders {len(on_it)} live block(s): {names}. "
+                "Free them (their frees are queued on this stream) before destroying it"
+            )
+        self.driver.destroy_stream(handle)  # type: ignore[attr-defined]
+
+    def order_after_stream(self, stream: int, producer: int) -> None:
+        """Make ``stream`` wait for everything queued so far on ``producer``."""
+        if producer == stream:
+            return
+        pool = getattr(self.resource, "events", None)
+        if pool is None:
+            handle = self.driver.event_create()
+            try:
+                self.driver.event_record(handle, producer)
+                self.driver.stream_wait_event(stream, handle)
+            finally:
+                self.driver.event_destroy(handle)
+            return
+        handle = pool.acquire()
+        try:
+            self.driver.event_record(handle, producer)
+            self.driver.stream_wait_event(stream, handle)
+        finally:
+            pool.release(handle)
+
+    # ------------------------------------------------------------------ blocks
+    def allocate(self, nbytes: int, stream: Any = None, tag: str = "") -> Block:
+        """Allocate ``nbytes`` ordered on ``stream`` (default: the default stream)."""
+        handle = self.stream_handle(stream)
+        owner = stream if stream is not None and not isinstance(stream, int) else None
+        return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
+
+    def deallocate(self, block: Block) -> None:
+        self.resource.deallocate(block)
+
+    def defer_free(self, block: Block) -> None:
+        """Finalizer-safe free: queued, done at the next safe point."""
+        self.resource.defer_free(block)
+
+    def flush(self) -> None:
+        self.resource.flush()
+
+    def reap(self) -> None:
+        self.resource.reap_pending()
+
+    def bytes_outstanding(self) -> int:
+        return self.resource.bytes_outstanding()
+
+    def find(self, address: int) -> Block | None:
+        return self.resource.find(address)
+
+    def recorder(self, stream: Any, mode: RecorderMode | str | None = None) -> LaunchRecorder:
+        """A :class:`LaunchRecorder` for one launch on ``stream``."""
+        return LaunchRecorder(self, self.stream_handle(stream), mode or self.mode)
+
+    def fence(self, uses: list[tuple[Block, Access]], stream: Any) -> None:
+        """Queue the waits for ``uses`` on ``stream`` (preflight without a recorder)."""
+        self.resource.prepare_launch(uses, self.stream_handle(stream))
+
+    # --------------------------------------------------------------- lifecycle
+    @property
+    def epoch(self) -> int:
+        return self.resource.epoch
+
+    def reset(self) -> None:
+        """The CUDA context was reset: forget every block and advance the epoch.
+
+        Handles from before are refused with
+        :class:`~numba_streamsafe.errors.StaleContext`; their finalizers do nothing.
+        """
+        self.resource.reset_context()
+
+    def stats(self) -> RuntimeStats:
+        return RuntimeStats(self.resource.stats(), self.epoch, self.tracking)
+
+
+def _driver_of(resource: MemoryResource) -> Driver:
+    r: Any = resource
+    while r is not None:
+        drv = r.__dict__.get("driver")
+        if drv is not None:
+            return drv
+        r = r.__dict__.get("upstream")
+    raise InvalidArgument(f"no driver found under {type(resource).__name__}; pass driver=")
+
+
+_runtimes: dict[int, DeviceRuntime] = {}
+_runtimes_lock = threading.Lock()
+
+
+def get_runtime(device: int = 0) -> DeviceRuntime:
+    """The process-wide runtime of ``device``, built once on first use.
+
+    Threads racing on the first call all get the same runtime; exactly one is
+    built. The stack is an :class:`~numba_streamsafe.resources.AsyncResource`
+    over :func:`default_driver`.
+    """
+    rt = _runtimes.get(device)
+    if rt is not None:
+        return rt
+    with _runtimes_lock:
+        rt = _runtimes.get(device)
+        if rt is None:
+            rt = DeviceRuntime(AsyncResource(default_driver(device)))
+            _runtimes[device] = rt
+        return rt
+
+
+def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRuntime | None:
+    """Install ``runtime`` as the process-wide runtime of its device; return the old one."""
+    key = runtime.device if device is None else device
+    with _runtimes_lock:
+        old = _runtimes.get(key)
+        _runtimes[key] = runtime
+        return old
+
+
+def clear_runtimes() -> None:
+    """Forget every process-wide runtime (the next :func:`get_runtime` builds anew)."""
+    with _runtimes_lock:
+        _runtimes.clear()

@@ -1,0 +1,59 @@
+"""One normal form for the stream objects users hold.
+
+:func:`stream_handle` turns a Numba ``Stream``, a ``cuda.core`` ``Stream``, any
+object with ``__cuda_stream__``, a raw integer handle or None (the default
+stream) into the integer ``CUstream`` value the driver takes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["stream_handle", "default_stream_handle", "LEGACY_DEFAULT", "PER_THREAD_DEFAULT"]
+
+#: Handle values of the default streams.
+LEGACY_DEFAULT = 0
+PER_THREAD_DEFAULT = 2
+
+
+def default_stream_handle() -> int:
+    """The default stream Numba uses: per-thread when
+    ``NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM`` is set, else the legacy one."""
+    flag = os.environ.get("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
+    return PER_THREAD_DEFAULT if flag not in ("", "0") else LEGACY_DEFAULT
+
+
+def stream_handle(stream: Any) -> int | None:
+    """The integer handle of ``stream``, or None if the object carries none.
+
+    Raises
+    ------
+    TypeError
+        If ``stream`` is of a kind that names no stream (a float, a string...).
+    """
+    if stream is None:
+        return default_stream_handle()
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        if stream < 0:
+            raise TypeError(f"stream handle must be non-negative, got {stream}")
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        version_handle = proto() if callable(proto) else proto
+        return int(version_handle[1])
+    handle = getattr(stream, "handle", _MISSING)
+    if handle is not _MISSING:
+        if handle is None:
+            return None
+        value = getattr(handle, "value", handle)  # ctypes.c_void_p
+        return int(value or 0)
+    if type(stream).__module__.startswith("numba.cuda.simulator"):
+        return None
+    raise TypeError(
+        f"cannot use {type(stream).__name__!r} as a CUDA stream; pass a numba.cuda stream, "
+        "a cuda.core Stream, an object with __cuda_stream__, an int handle or None"
+    )
+
+
+_MISSING = object()
