@@ -174,6 +174,13 @@ class LaunchRecorder:
             self.runtime.resource.commit_launch(self.uses, self.stream)
         self._phase = _Phase.COMMITTED
 
+    def abandon(self) -> None:
+        """Drop the recorder without recording events: the work was never queued.
+
+        Waits already queued by :meth:`preflight` stay (they only delay the stream).
+        """
+        self._phase = _Phase.COMMITTED
+
     def __del__(self) -> None:
         try:
             if self._uses and self._phase is not _Phase.COMMITTED:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
@@ -109,6 +110,7 @@ class AsyncResource(MemoryResource):
         #: stream -> [bytes whose free is queued there, keep-alive owners]
         self._pending: dict[int, list[Any]] = {}
         self._deferred: collections.deque[Block] = collections.deque()
+        self._holds = 0
         self._epoch = 0
         self._peak = 0
         self._allocations = 0
@@ -265,7 +267,19 @@ class AsyncResource(MemoryResource):
     def flush(self) -> None:
         self._drain()
 
+    @contextlib.contextmanager
+    def hold_frees(self) -> Iterator[None]:
+        with self._lock:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds -= 1
+
     def _drain(self) -> None:
+        if self._holds:
+            return
         deferred = self._deferred
         for _ in range(len(deferred)):
             try:
@@ -352,12 +366,28 @@ class AsyncResource(MemoryResource):
         return self._epoch
 
     def reset_context(self) -> None:
+        """Free every live block synchronously, forget all state and advance the epoch.
+
+        Driver errors are ignored: when the context is already gone, so is
+        its memory. Handles from before are refused with
+        :class:`~numba_streamsafe.errors.StaleContext`.
+        """
         with self._lock:
             self._epoch += 1
+            entries = list(self._live.values())
+            for entry in entries:
+                entry.release_all()
             self._live.clear()
             self._bases.clear()
             self._pending.clear()
             self._live_bytes = 0
             self._pending_bytes = 0
             self._deferred.clear()
-            self.events.forget()
+        for entry in entries:
+            entry.block.state = BlockState.FREED
+            entry.block.stream_owner = None
+            try:
+                self.driver.free(entry.block.ptr)
+            except DriverError:
+                pass
+        self.events.forget()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
@@ -95,7 +96,12 @@ class MemoryResource(abc.ABC):
         """Free every block queued by :meth:`defer_free`."""
 
     def reset_context(self) -> None:
-        """Forget every block: their context was reset. Old handles become stale."""
+        """Release every block: their context is being reset. Old handles become stale."""
+
+    @contextlib.contextmanager
+    def hold_frees(self) -> Iterator[None]:
+        """Keep queued frees queued until the block exits (they still count as live)."""
+        yield
 
     @property
     def epoch(self) -> int:
@@ -163,6 +169,9 @@ class ResourceAdaptor(MemoryResource):
 
     def reset_context(self) -> None:
         self.upstream.reset_context()
+
+    def hold_frees(self) -> contextlib.AbstractContextManager[None]:
+        return self.upstream.hold_frees()
 
     @property
     def epoch(self) -> int:

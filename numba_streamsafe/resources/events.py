@@ -93,10 +93,16 @@ class EventPool:
         return len(self._idle)
 
     def forget(self) -> None:
-        """Drop every handle without destroying it (its context is gone)."""
+        """Destroy the idle handles, ignoring errors (their context may be gone),
+        and forget the ones in use."""
         with self._lock:
-            self._idle.clear()
+            idle, self._idle = list(self._idle), collections.deque()
             self.in_use = 0
+        for handle in idle:
+            try:
+                self._driver.event_destroy(handle)
+            except Exception:
+                pass
 
     def close(self) -> None:
         """Destroy every idle handle."""

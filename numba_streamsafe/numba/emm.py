@@ -1,0 +1,91 @@
+"""The Numba External Memory Management plugin.
+
+Select it with ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe`` or
+``numba.cuda.set_memory_manager(numba_streamsafe.StreamSafeMemoryManager)``.
+Every device allocation Numba makes then comes from the device's runtime:
+ordered on the stream of the innermost :func:`~numba_streamsafe.stream_scope`
+(else Numba's default stream), tracked by tracked kernels and copies, and
+freed through the finalizer-safe deferred path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Any, Iterator
+
+from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo
+from numba.cuda.cudadrv.driver import MemoryPointer
+
+from numba_streamsafe.errors import StreamSafeError
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.scope import current_stream
+from numba_streamsafe.runtime import DeviceRuntime, get_runtime
+
+__all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
+
+
+class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
+    """Numba memory manager over the numba_streamsafe runtime of the context's device.
+
+    Host (pinned, mapped) allocations are left to
+    :class:`numba.cuda.HostOnlyCUDAMemoryManager`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runtime: DeviceRuntime | None = None
+
+    @property
+    def runtime(self) -> DeviceRuntime:
+        rt = self._runtime
+        if rt is None:
+            device = self.context.device.id if self.context is not None else 0
+            rt = self._runtime = get_runtime(device)
+        return rt
+
+    def initialize(self) -> None:
+        """Build (or find) the device's runtime."""
+        self.runtime  # noqa: B018 - built on first access
+
+    def memalloc(self, size: int) -> MemoryPointer:
+        """A block of ``size`` bytes on the current scope's stream (or the default stream)."""
+        if size == 0:
+            return MemoryPointer(self.context, ctypes.c_void_p(0), 0)
+        rt = self.runtime
+        block = rt.allocate(size, current_stream(), "numba")
+        return target.memory_pointer(self.context, rt, block)
+
+    def get_memory_info(self) -> MemoryInfo:
+        """``(free, total)`` bytes of the device, as the driver reports them."""
+        free, total = self.runtime.driver.mem_info()
+        return MemoryInfo(free=free, total=total)
+
+    def get_ipc_handle(self, memory: Any) -> Any:
+        """Not available: blocks come from the default stream-ordered pool, which
+        cannot export IPC handles."""
+        raise StreamSafeError(
+            "numba_streamsafe allocates from CUDA's default stream-ordered memory pool, which "
+            "cannot export IPC handles. Allocate arrays to share between processes with "
+            "Numba's default memory manager (NUMBA_CUDA_MEMORY_MANAGER=default)"
+        )
+
+    def reset(self) -> None:
+        """Forget every block of the context; arrays from before are refused afterwards."""
+        super().reset()
+        if self._runtime is not None:
+            self._runtime.reset()
+
+    @contextlib.contextmanager
+    def defer_cleanup(self) -> Iterator[None]:
+        """Hold queued frees (and Numba's host frees) until the block exits."""
+        with super().defer_cleanup(), self.runtime.resource.hold_frees():
+            yield
+
+    @property
+    def interface_version(self) -> int:
+        return 1
+
+
+#: Read by Numba when ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``.
+_numba_memory_manager = StreamSafeMemoryManager

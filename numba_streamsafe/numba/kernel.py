@@ -1,0 +1,226 @@
+"""``@tracked_kernel``: Numba CUDA kernels whose launches order themselves."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Any, Callable, Mapping
+
+from numba import cuda
+
+from numba_streamsafe.access import Access, as_access
+from numba_streamsafe.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.launch import fenced
+from numba_streamsafe.numba.scope import stream_scope
+from numba_streamsafe.recorder import RecorderMode
+
+__all__ = ["tracked_kernel", "TrackedKernel"]
+
+
+def _annotation_access(annotation: Any) -> Access | None:
+    if annotation is inspect.Parameter.empty:
+        return None
+    if isinstance(annotation, Access):
+        return annotation
+    if isinstance(annotation, str):
+        try:
+            return as_access(annotation)
+        except ValueError:
+            return None
+    return None
+
+
+class TrackedKernel:
+    """A Numba CUDA kernel whose every launch is fenced.
+
+    Launch it as a Numba kernel: ``k[grid, block](*args)``,
+    ``k[grid, block, stream](*args)``, ``k[grid, block, stream, shmem](*args)``
+    or ``k.forall(n, stream=s)(*args)``. Each launch
+
+    1. resolves every array argument to the block it lies in (views and
+       slices included),
+    2. queues on the launch stream the waits its declared accesses need
+       (preflight),
+    3. launches through Numba, with allocations Numba makes for the launch
+       (auto-transferred host inputs) ordered on the launch stream,
+    4. records one event after the launch into every block (commit).
+
+    Parameters
+    ----------
+    func : callable
+        The kernel's Python function.
+    access : mapping of str to Access or str, optional
+        Access per argument name; overrides annotations.
+    mode : RecorderMode or str, optional
+        ``"strict"`` (the runtime's default) refuses arrays the library did
+        not allocate and array arguments with no declared access;
+        ``"permissive"`` launches them unordered.
+    allow_foreign : bool
+        In strict mode, accept foreign ``__cuda_array_interface__`` arrays,
+        ordered after their producer ``stream`` when they name one.
+    **jit_options
+        Passed to :func:`numba.cuda.jit`.
+    """
+
+    def __init__(self, func: Callable[..., Any], *, access: Mapping[str, Any] | None = None,
+                 mode: RecorderMode | str | None = None, allow_foreign: bool = False,
+                 signature: Any = None, **jit_options: Any) -> None:
+        self.py_func = func
+        self.__name__ = getattr(func, "__name__", "kernel")
+        self.__doc__ = func.__doc__
+        self.mode = RecorderMode(mode) if mode is not None else None
+        self.allow_foreign = allow_foreign
+        self.params = self._parse_access(func, access or {})
+        if signature is None:
+            self.dispatcher = cuda.jit(**jit_options)(func)
+        else:
+            self.dispatcher = cuda.jit(signature, **jit_options)(func)
+
+    @staticmethod
+    def _parse_access(func: Callable[..., Any], overrides: Mapping[str, Any]
+                      ) -> tuple[tuple[str, Access | None], ...]:
+        sig = inspect.signature(func)
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception:
+            hints = {}
+        names = list(sig.parameters)
+        unknown = set(overrides) - set(names)
+        if unknown:
+            raise InvalidArgument(
+                f"{func.__name__}: access given for {sorted(unknown)}, which are not parameters "
+                f"of the kernel ({', '.join(names)})"
+            )
+        params = []
+        for name, p in sig.parameters.items():
+            if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                raise InvalidArgument(
+                    f"{func.__name__}: parameter {name!r} is {p.kind.description}; kernels take "
+                    "positional parameters only"
+                )
+            if name in overrides:
+                access: Access | None = as_access(overrides[name])
+            else:
+                access = _annotation_access(hints.get(name, p.annotation))
+            params.append((name, access))
+        return tuple(params)
+
+    @property
+    def accesses(self) -> dict[str, Access | None]:
+        """Declared access per parameter (None: not an array, or undeclared)."""
+        return dict(self.params)
+
+    # ------------------------------------------------------------------ launch
+    def __getitem__(self, config: Any) -> _Launch:
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise InvalidArgument(
+                f"launch configuration must be [grid, block], [grid, block, stream] or "
+                f"[grid, block, stream, shmem]; got {config!r}"
+            )
+        grid, block, *rest = config
+        stream = rest[0] if rest else 0
+        shmem = rest[1] if len(rest) > 1 else 0
+        return _Launch(self, stream, lambda *args: self.dispatcher[grid, block,
+                                                                   target.numba_stream(stream),
+                                                                   shmem](*args))
+
+    def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> _Launch:
+        """A 1-D launch over ``ntasks`` threads, as :meth:`numba.cuda.Dispatcher.forall`."""
+        return _Launch(self, stream, lambda *args: self.dispatcher.forall(
+            ntasks, tpb, target.numba_stream(stream), sharedmem)(*args))
+
+    def __call__(self, *args: Any) -> None:
+        raise StreamMisuse(
+            f"kernel {self.__name__!r} needs a launch configuration: "
+            f"{self.__name__}[grid, block, stream](...)"
+        )
+
+    def __repr__(self) -> str:
+        decl = ", ".join(f"{n}: {a.name if a else '-'}" for n, a in self.params)
+        return f"<tracked_kernel {self.__name__}({decl})>"
+
+    def _uses(self, rt: Any, args: tuple[Any, ...]
+              ) -> tuple[list[tuple[Any, Access, str]], list[int]]:
+        params = self.params
+        if len(args) != len(params):
+            raise InvalidArgument(
+                f"{self.__name__} takes {len(params)} arguments ({', '.join(n for n, _ in params)})"
+                f", got {len(args)}"
+            )
+        mode = self.mode or rt.mode
+        strict = mode is RecorderMode.STRICT
+        uses: list[tuple[Any, Access, str]] = []
+        producers: list[int] = []
+        for (name, access), arg in zip(params, args):
+            res = target.resolve(rt, arg)
+            if res.kind == target.OTHER:
+                continue
+            what = f"argument {name!r} of {self.__name__}"
+            if access is None:
+                if strict:
+                    raise StreamMisuse(
+                        f"{what} is an array with no declared access; annotate it "
+                        f"(def {self.__name__}(..., {name}: Read | Write | ReadWrite, ...)) or "
+                        "pass access={...} to tracked_kernel"
+                    )
+                continue
+            if res.kind == target.HOST:
+                if access & Access.WRITE:
+                    raise InvalidArgument(
+                        f"{what} is declared {access.name} but is a host array; Numba would "
+                        "copy it back synchronously. Pass a device array "
+                        "(numba_streamsafe.to_device(a, stream=...))"
+                    )
+                continue  # auto-transferred on the launch stream, freed there
+            if res.block is None:
+                if res.producer is not None:
+                    producers.append(res.producer)
+                if strict and self.allow_foreign:
+                    continue
+            uses.append((res.block, access, what))
+        return uses, producers
+
+
+class _Launch:
+    """One configured launch of a :class:`TrackedKernel`."""
+
+    __slots__ = ("kernel", "stream", "launch")
+
+    def __init__(self, kernel: TrackedKernel, stream: Any, launch: Callable[..., Any]) -> None:
+        self.kernel = kernel
+        self.stream = stream
+        self.launch = launch
+
+    def __call__(self, *args: Any) -> None:
+        kernel = self.kernel
+        rt = target.runtime()
+        handle = rt.stream_handle(self.stream)
+        uses, producers = kernel._uses(rt, args)
+
+        def work() -> None:
+            with stream_scope(self.stream):
+                self.launch(*args)
+
+        fenced(rt, handle, uses, producers, kernel.__name__, work, kernel.mode)
+
+
+def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Decorate a kernel so every launch waits for, and records, its buffers' uses.
+
+    Declare each array argument's access in the signature, or with
+    ``access=``::
+
+        @tracked_kernel
+        def scale(src: Read, dst: Write, k):
+            ...
+
+        @tracked_kernel(access={"src": "r", "dst": "w"}, fastmath=True)
+        def scale(src, dst, k):
+            ...
+
+    See :class:`TrackedKernel` for the options and the launch protocol.
+    """
+    if func is None:
+        return lambda f: TrackedKernel(f, **options)
+    return TrackedKernel(func, **options)

@@ -1,0 +1,60 @@
+"""Which stream Numba allocations are ordered on, and whether launches are tracked."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+__all__ = ["stream_scope", "current_stream", "tracking"]
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def stream_scope(stream: Any) -> Iterator[Any]:
+    """Order the allocations made inside the block on ``stream``.
+
+    Applies to every allocation that reaches the memory-manager plugin on
+    this thread (``cuda.device_array``, ``cuda.to_device``, Numba's
+    auto-transfers) and to :func:`numba_streamsafe.device_array` calls given no
+    ``stream``. Scopes nest; the innermost wins.
+
+    Examples
+    --------
+    >>> with stream_scope(s):            # doctest: +SKIP
+    ...     tmp = cuda.device_array(n)   # allocated on s, freed on s
+    """
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(stream)
+    try:
+        yield stream
+    finally:
+        stack.pop()
+
+
+def current_stream() -> Any:
+    """The stream of the innermost :func:`stream_scope` on this thread, or None."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
+    """Turn launch tracking on or off for ``device`` inside the block.
+
+    With tracking off, tracked kernels and copies launch without waits or
+    events, as plain Numba would: this is how the examples show the race.
+    Process-wide, not per thread.
+    """
+    from numba_streamsafe.runtime import get_runtime
+
+    rt = get_runtime(device)
+    old = rt.tracking
+    rt.tracking = enabled
+    try:
+        yield
+    finally:
+        rt.tracking = old

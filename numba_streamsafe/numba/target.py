@@ -1,0 +1,140 @@
+"""What differs between Numba's CUDA target and its CPU simulator.
+
+Everything else in the Numba layer is written once against these helpers:
+making an array over a block, finding the block behind an argument, and
+turning a user's stream into the object Numba wants.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import weakref
+from typing import Any, NamedTuple
+
+import numpy as np
+from numba import config
+from numba import cuda
+
+from numba_streamsafe.blocks import Block
+from numba_streamsafe.runtime import DeviceRuntime, get_runtime
+from numba_streamsafe.streams import stream_handle
+
+__all__ = ["SIMULATOR", "Resolved", "make_array", "resolve", "numba_stream", "runtime"]
+
+#: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
+SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
+
+# Kinds of kernel argument.
+DEVICE, HOST, OTHER = 0, 1, 2
+
+
+class Resolved(NamedTuple):
+    """A kernel argument, as the tracker sees it."""
+
+    kind: int
+    #: The live block the data lies in, or None for memory we did not allocate.
+    block: Block | None
+    #: For foreign arrays: the producer stream their interface names, if any.
+    producer: int | None
+
+
+_NOT_ARRAY = Resolved(OTHER, None, None)
+_HOST = Resolved(HOST, None, None)
+
+
+def runtime(device: int = 0) -> DeviceRuntime:
+    """The process-wide runtime of ``device`` (see :func:`numba_streamsafe.get_runtime`)."""
+    return get_runtime(device)
+
+
+def c_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") -> tuple[int, ...]:
+    """Contiguous strides of ``shape`` in ``order`` ('C' or 'F')."""
+    strides = [0] * len(shape)
+    step = itemsize
+    dims = range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))
+    for i in dims:
+        strides[i] = step
+        step *= max(shape[i], 1)
+    return tuple(strides)
+
+
+def numba_stream(stream: Any) -> Any:
+    """The object Numba's launch and copy APIs accept for ``stream``."""
+    if stream is None or (isinstance(stream, int) and stream == 0):
+        return 0
+    if SIMULATOR or (hasattr(stream, "handle") and hasattr(stream, "synchronize")):
+        return stream
+    return cuda.external_stream(stream_handle(stream))
+
+
+if SIMULATOR:
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimArray
+
+    def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
+                   strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
+        buffer = rt.driver.buffer(block.ptr, block.nbytes)  # type: ignore[attr-defined]
+        owner = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
+        owner.keep = buffer  # the simulated chunk outlives every view
+        weakref.finalize(owner, rt.defer_free, block)
+        host = np.ndarray(shape, dtype=dtype, buffer=owner, strides=strides)
+        return _SimArray(host, stream=stream or 0)
+
+    def resolve(rt: DeviceRuntime, arg: Any) -> Resolved:
+        if isinstance(arg, _SimArray):
+            return Resolved(DEVICE, rt.find(arg._ary.__array_interface__["data"][0]), None)
+        if isinstance(arg, np.ndarray):
+            return _HOST
+        return _resolve_interface(rt, arg)
+
+    def pointer_of(arg: Any) -> int:
+        return int(arg._ary.__array_interface__["data"][0])
+
+else:
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import MemoryPointer
+
+    def memory_pointer(context: Any, rt: DeviceRuntime, block: Block) -> Any:
+        """A Numba ``MemoryPointer`` owning ``block``; its finalizer defers the free."""
+        mp = MemoryPointer(context, ctypes.c_void_p(block.ptr), block.nbytes,
+                           finalizer=functools.partial(rt.defer_free, block))
+        mp._nss_block = block
+        return mp
+
+    def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
+                   strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
+        mp = memory_pointer(cuda.current_context(), rt, block)
+        return DeviceNDArray(shape, strides, dtype, stream=numba_stream(stream), gpu_data=mp)
+
+    def resolve(rt: DeviceRuntime, arg: Any) -> Resolved:
+        gpu_data = getattr(arg, "gpu_data", _MISSING)
+        if gpu_data is not _MISSING:
+            if gpu_data is None:
+                return Resolved(DEVICE, None, None)
+            block = getattr(gpu_data.owner, "_nss_block", None)
+            if block is None:
+                block = rt.find(int(gpu_data.device_pointer_value or 0))
+            return Resolved(DEVICE, block, None)
+        if isinstance(arg, np.ndarray):
+            return _HOST
+        return _resolve_interface(rt, arg)
+
+    def pointer_of(arg: Any) -> int:
+        gpu_data = getattr(arg, "gpu_data", None)
+        if gpu_data is not None:
+            return int(gpu_data.device_pointer_value or 0)
+        return int(arg.__cuda_array_interface__["data"][0])
+
+
+_MISSING = object()
+
+
+def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:
+    cai = getattr(arg, "__cuda_array_interface__", None)
+    if cai is None:
+        return _NOT_ARRAY
+    ptr = cai["data"][0]
+    producer = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    if producer == 1:  # the interface's name for the legacy default stream
+        producer = 0
+    return Resolved(DEVICE, rt.find(ptr) if ptr else None, producer)
