@@ -1,0 +1,357 @@
+"""Kernels and helpers shared by the examples: a bucketed multi-stream sort and a
+hash join, written once with tracked kernels.
+
+Importing this module picks the target: a GPU when the CUDA driver finds one,
+otherwise Numba's CUDA simulator with the library's simulated driver (set
+before Numba's CUDA module is imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _gpu_present() -> bool:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _gpu_present():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+import numba_streamsafe as nss  # noqa: E402
+from numba_streamsafe import Read, ReadWrite, Write, tracked_kernel  # noqa: E402
+from numba_streamsafe.numba.target import SIMULATOR  # noqa: E402
+
+#: Pad value of sort buckets: above every key.
+PAD = np.int64(1) << 62
+EMPTY = np.int64(-1)
+KEY_BITS = 32
+
+
+# --------------------------------------------------------------------- kernels
+@tracked_kernel
+def fill(out: Write, value):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < out.size:
+        out[i] = value
+        i += step
+
+
+fill.ptx_signature = "void(int64[:], int64)"
+
+
+@tracked_kernel
+def histogram(keys: Read, counts: ReadWrite, shift):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < keys.size:
+        cuda.atomic.add(counts, keys[i] >> shift, 1)
+        i += step
+
+
+histogram.ptx_signature = "void(int64[:], int64[:], int64)"
+
+
+@tracked_kernel
+def gather_bucket(keys: Read, out: ReadWrite, cursor: ReadWrite, bucket, shift):
+    """Append every key of ``bucket`` to ``out`` (order unspecified)."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < keys.size:
+        k = keys[i]
+        if (k >> shift) == bucket:
+            out[cuda.atomic.add(cursor, 0, 1)] = k
+        i += step
+
+
+gather_bucket.ptx_signature = "void(int64[:], int64[:], int64[:], int64, int64)"
+
+
+@tracked_kernel
+def bitonic_step(a: ReadWrite, j, k):
+    """One compare-exchange pass of a bitonic sort over a power-of-two array."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < a.size:
+        ixj = i ^ j
+        if ixj > i:
+            x = a[i]
+            y = a[ixj]
+            if ((i & k) == 0 and x > y) or ((i & k) != 0 and x < y):
+                a[i] = y
+                a[ixj] = x
+        i += step
+
+
+bitonic_step.ptx_signature = "void(int64[:], int64, int64)"
+
+
+@tracked_kernel
+def copy_into(src: Read, dst: Write):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < src.size:
+        dst[i] = src[i]
+        i += step
+
+
+copy_into.ptx_signature = "void(int64[:], int64[:])"
+
+
+@tracked_kernel
+def hash_build(keys: Read, table_keys: ReadWrite, table_vals: Write, mask):
+    """Insert ``keys[i] -> i`` into an open-addressing table (linear probing)."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < keys.size:
+        k = keys[i]
+        h = ((k ^ (k >> 16)) * 73244475) & mask
+        while True:
+            old = cuda.atomic.cas(table_keys, h, -1, k)
+            if old == -1 or old == k:
+                table_vals[h] = i
+                break
+            h = (h + 1) & mask
+        i += step
+
+
+hash_build.ptx_signature = "void(int64[:], int64[:], int64[:], int64)"
+
+
+@tracked_kernel
+def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask):
+    """``out[i]`` = the payload of ``keys[i]`` in the table, or -1."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < keys.size:
+        k = keys[i]
+        h = ((k ^ (k >> 16)) * 73244475) & mask
+        result = -1
+        while True:
+            t = table_keys[h]
+            if t == k:
+                result = table_vals[h]
+                break
+            if t == -1:
+                break
+            h = (h + 1) & mask
+        out[i] = result
+        i += step
+
+
+hash_probe.ptx_signature = "void(int64[:], int64[:], int64[:], int64[:], int64)"
+
+
+@tracked_kernel
+def count_matches(found: Read, total: ReadWrite):
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < found.size:
+        if found[i] >= 0:
+            cuda.atomic.add(total, 0, 1)
+        i += step
+
+
+count_matches.ptx_signature = "void(int64[:], int64[:])"
+
+
+# --------------------------------------------------------------------- helpers
+def launch_shape(n: int) -> tuple[int, int]:
+    """Grid and block for a grid-stride kernel over ``n`` items."""
+    if SIMULATOR:
+        return 2, 16
+    return max(1, min((n + 255) // 256, 132 * 16)), 256
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n - 1).bit_length())
+
+
+def bitonic_sort(a: Any, stream: Any) -> None:
+    """Sort a power-of-two device array in place on ``stream``."""
+    n = a.size
+    grid, block = launch_shape(n // 2)
+    k = 2
+    while k <= n:
+        j = k // 2
+        while j > 0:
+            bitonic_step[grid, block, stream](a, j, k)
+            j //= 2
+        k *= 2
+
+
+@dataclass
+class Report:
+    """What an example did: its checks, times and the target it ran on."""
+
+    name: str
+    n: int
+    tracking: bool
+    checks: dict[str, bool] = field(default_factory=dict)
+    seconds: float = 0.0
+    hazards: int = 0
+
+    @property
+    def correct(self) -> bool:
+        return all(self.checks.values())
+
+    def print(self) -> None:
+        where = ("Numba's CUDA simulator with the simulated driver (no GPU found)"
+                 if SIMULATOR else cuda.get_current_device().name.decode()
+                 if isinstance(cuda.get_current_device().name, bytes)
+                 else str(cuda.get_current_device().name))
+        print(f"{self.name}: n={self.n} on {where}")
+        print(f"  tracking: {'on' if self.tracking else 'OFF (race expected)'}")
+        for check, ok in self.checks.items():
+            print(f"  {check}: {'ok' if ok else 'WRONG'}")
+        if SIMULATOR:
+            print(f"  hazards seen by the simulated driver: {self.hazards}")
+        print(f"  time: {self.seconds * 1e3:.1f} ms")
+        verdict = "correct" if self.correct and self.hazards == 0 else "RACE SHOWN"
+        if self.tracking and not (self.correct and self.hazards == 0):
+            verdict = "FAILED"
+        print(f"  result: {verdict}")
+
+
+def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 << 9
+               ) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--n", type=int, default=None,
+                        help=f"number of keys (default {default_gpu_n} on a GPU, "
+                             f"{sim_n} on the simulator)")
+    parser.add_argument("--streams", type=int, default=4, help="worker streams (power of two)")
+    parser.add_argument("--no-tracking", action="store_true",
+                        help="launch without fences, to show the race")
+    parser.add_argument("--repeat", type=int, default=1, help="runs (the last one is reported)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if args.n is None:
+        args.n = sim_n if SIMULATOR else default_gpu_n
+    if args.streams < 1 or args.streams & (args.streams - 1):
+        parser.error("--streams must be a power of two")
+    return args
+
+
+def hazards_now() -> int:
+    driver = nss.get_runtime().driver
+    return len(getattr(driver, "hazards", ()))
+
+
+def device_synchronize() -> None:
+    cuda.synchronize()
+
+
+class Timer:
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        device_synchronize()
+        self.seconds = time.perf_counter() - self.start
+
+
+# ------------------------------------------------------------------ algorithms
+def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any) -> Any:
+    """Sort ``d_keys`` (uniform keys below 2**KEY_BITS) with one bucket per stream.
+
+    A histogram on ``collect`` sizes the buckets; each worker stream gathers
+    and bitonic-sorts its bucket; ``collect`` then copies the buckets into one
+    sorted array, reading what the workers wrote.
+    """
+    nb = len(streams)
+    shift = KEY_BITS - (nb.bit_length() - 1)
+    counts = nss.device_array(nb, np.int64, stream=collect, tag="bucket counts")
+    nss.memset(counts, 0, stream=collect)
+    g, b = launch_shape(n)
+    histogram[g, b, collect](d_keys, counts, shift)
+    sizes = nss.copy_to_host(counts, stream=collect)
+    collect.synchronize()
+
+    buckets = []
+    for i, s in enumerate(streams):
+        cap = next_pow2(max(int(sizes[i]), 1))
+        out = nss.device_array(cap, np.int64, stream=s, tag=f"bucket {i}")
+        cursor = nss.device_array(1, np.int64, stream=s, tag=f"cursor {i}")
+        gc_, bc = launch_shape(cap)
+        fill[gc_, bc, s](out, PAD)
+        nss.memset(cursor, 0, stream=s)
+        gather_bucket[g, b, s](d_keys, out, cursor, i, shift)
+        bitonic_sort(out, s)
+        buckets.append(out)
+
+    result = nss.device_array(n, np.int64, stream=collect, tag="sorted")
+    offset = 0
+    for i, out in enumerate(buckets):
+        size = int(sizes[i])
+        if size:
+            gs, bs = launch_shape(size)
+            copy_into[gs, bs, collect](out[:size], result[offset:offset + size])
+        offset += size
+    del buckets  # freed on their worker streams, after collect's reads
+    return result
+
+
+def hash_join(d_build: Any, d_probe_parts: list[Any], build_stream: Any, probe_streams: list[Any]
+              ) -> tuple[list[Any], Any, Any]:
+    """Build a table of ``d_build`` on ``build_stream``; probe each part on its own stream."""
+    nb = d_build.size
+    cap = next_pow2(2 * max(nb, 1))
+    table_keys = nss.device_array(cap, np.int64, stream=build_stream, tag="table keys")
+    table_vals = nss.device_array(cap, np.int64, stream=build_stream, tag="table values")
+    g, b = launch_shape(cap)
+    fill[g, b, build_stream](table_keys, EMPTY)
+    g, b = launch_shape(nb)
+    hash_build[g, b, build_stream](d_build, table_keys, table_vals, cap - 1)
+    outs = []
+    for part, s in zip(d_probe_parts, probe_streams):
+        out = nss.device_array(part.size, np.int64, stream=s, tag="probe result")
+        g, b = launch_shape(part.size)
+        hash_probe[g, b, s](part, table_keys, table_vals, out, cap - 1)
+        outs.append(out)
+    return outs, table_keys, table_vals
+
+
+def make_relations(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unique build keys below 2**KEY_BITS and probe keys, half of them present."""
+    rng = np.random.default_rng(seed)
+    build = rng.choice(np.int64(1) << KEY_BITS, size=n, replace=False).astype(np.int64) \
+        if n < (1 << 20) else _unique_keys(rng, n)
+    present = rng.choice(build, size=n // 2)
+    absent = rng.integers(0, np.int64(1) << KEY_BITS, size=n - n // 2, dtype=np.int64)
+    probe = np.concatenate([present, absent])
+    rng.shuffle(probe)
+    return build, probe
+
+
+def _unique_keys(rng: np.random.Generator, n: int) -> np.ndarray:
+    keys = np.unique(rng.integers(0, np.int64(1) << KEY_BITS, size=int(n * 1.1), dtype=np.int64))
+    while keys.size < n:
+        more = rng.integers(0, np.int64(1) << KEY_BITS, size=n, dtype=np.int64)
+        keys = np.unique(np.concatenate([keys, more]))
+    rng.shuffle(keys)
+    return keys[:n].copy()
+
+
+def expected_probe(build: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    """Reference join: the build row of each probe key, or -1."""
+    order = np.argsort(build, kind="stable")
+    sorted_build = build[order]
+    pos = np.searchsorted(sorted_build, probe)
+    pos = np.minimum(pos, sorted_build.size - 1)
+    hit = sorted_build[pos] == probe
+    return np.where(hit, order[pos], -1)
