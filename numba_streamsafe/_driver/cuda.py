@@ -16,6 +16,8 @@ from numba_streamsafe.errors import DriverError, StreamMisuse
 
 __all__ = ["CudaDriver"]
 
+_CUDA_ERROR_INVALID_CONTEXT = 201
+
 
 def _bindings() -> Any:
     from cuda.bindings import driver
@@ -62,6 +64,15 @@ class CudaDriver:
             text = msg.decode() if isinstance(msg, bytes) else str(msg)
             raise DriverError(call, int(err), text)
         return value
+
+    def _retry_in_context(self, call: str, err: Any, fn: Any, *args: Any) -> None:
+        """The fast paths skip the context check; on a thread that has no
+        context yet, make it current and try once more."""
+        if int(err) == _CUDA_ERROR_INVALID_CONTEXT and not getattr(self._tls, "ready", False):
+            self._ensure_context()
+            err = fn(*args)[0]
+        if err:
+            self._check(call, (err,))
 
     def _ensure_context(self) -> None:
         if getattr(self._tls, "ready", False):
@@ -117,12 +128,13 @@ class CudaDriver:
         return self._check("cuEventCreate", self._drv.cuEventCreate(self._event_flags))
 
     def event_destroy(self, event: Any) -> None:
+        self._ensure_context()
         self._check("cuEventDestroy", self._drv.cuEventDestroy(event))
 
     def event_record(self, event: Any, stream: int) -> None:
         err = self._record(event, stream)[0]
         if err:
-            self._check("cuEventRecord", (err,))
+            self._retry_in_context("cuEventRecord", err, self._record, event, stream)
 
     def event_query(self, event: Any) -> bool:
         (err,) = self._drv.cuEventQuery(event)
@@ -137,7 +149,7 @@ class CudaDriver:
     def stream_wait_event(self, stream: int, event: Any) -> None:
         err = self._wait(stream, event, 0)[0]
         if err:
-            self._check("cuStreamWaitEvent", (err,))
+            self._retry_in_context("cuStreamWaitEvent", err, self._wait, stream, event, 0)
 
     # ---------------------------------------------------------------- streams
     def stream_synchronize(self, stream: int) -> None:

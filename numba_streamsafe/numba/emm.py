@@ -11,11 +11,10 @@ freed through the finalizer-safe deferred path.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Any, Iterator
 
 from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo
-from numba.cuda.cudadrv.driver import MemoryPointer
+from numba.cuda.cudadrv.driver import MemoryPointer, binding
 
 from numba_streamsafe.errors import StreamSafeError
 from numba_streamsafe.numba import target
@@ -51,7 +50,9 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     def memalloc(self, size: int) -> MemoryPointer:
         """A block of ``size`` bytes on the current scope's stream (or the default stream)."""
         if size == 0:
-            return MemoryPointer(self.context, ctypes.c_void_p(0), 0)
+            # A null CUdeviceptr: ctypes.c_void_p(0).value is None, which
+            # MemoryPointer cannot convert.
+            return MemoryPointer(self.context, binding.CUdeviceptr(0), 0)
         rt = self.runtime
         block = rt.allocate(size, current_stream(), "numba")
         return target.memory_pointer(self.context, rt, block)

@@ -37,7 +37,11 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Sequence[tuple[Block | None, Ac
         rec.use(block, access, what)
     for producer in producers:
         rec.wait_for_stream(producer)
-    rec.preflight()
+    try:
+        rec.preflight()
+    except BaseException:
+        rec.abandon()  # refused before any work: not an uncommitted launch
+        raise
     try:
         result = work()
     except BaseException:

@@ -76,13 +76,26 @@ if SIMULATOR:
         buffer = rt.driver.buffer(block.ptr, block.nbytes)  # type: ignore[attr-defined]
         owner = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
         owner.keep = buffer  # the simulated chunk outlives every view
+        owner._nss_block = block  # as MemoryPointer._nss_block on a GPU
         weakref.finalize(owner, rt.defer_free, block)
         host = np.ndarray(shape, dtype=dtype, buffer=owner, strides=strides)
         return _SimArray(host, stream=stream or 0)
 
+    def _owner_block(ary: np.ndarray) -> Block | None:
+        # The block behind the ctypes owner at the end of the view chain, so
+        # that a block freed by a context reset is refused (StaleContext) as on
+        # a GPU, not mistaken for foreign memory.
+        base: Any = ary
+        while isinstance(base, np.ndarray):
+            base = base.base
+        return getattr(base, "_nss_block", None)
+
     def resolve(rt: DeviceRuntime, arg: Any) -> Resolved:
         if isinstance(arg, _SimArray):
-            return Resolved(DEVICE, rt.find(arg._ary.__array_interface__["data"][0]), None)
+            block = _owner_block(arg._ary)
+            if block is None:
+                block = rt.find(arg._ary.__array_interface__["data"][0])
+            return Resolved(DEVICE, block, None)
         if isinstance(arg, np.ndarray):
             return _HOST
         return _resolve_interface(rt, arg)
