@@ -1,7 +1,8 @@
 """Access kinds and their lattice.
 
 ``Access.READ | Access.WRITE == Access.READ_WRITE``: merging two declared uses
-of one block in a launch gives the join of the two.
+of one block in a launch gives the join of the two. Access is an ``IntEnum``
+so that the bit tests on the launch path are plain integer operations.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import enum
 __all__ = ["Access", "Read", "Write", "ReadWrite", "as_access"]
 
 
-class Access(enum.IntFlag):
+class Access(enum.IntEnum):
     """How a launch or copy uses a block."""
 
     READ = 1
@@ -20,11 +21,15 @@ class Access(enum.IntFlag):
 
     @property
     def reads(self) -> bool:
-        return bool(self & Access.READ)
+        return bool(self & 1)
 
     @property
     def writes(self) -> bool:
-        return bool(self & Access.WRITE)
+        return bool(self & 2)
+
+    def join(self, other: Access) -> Access:
+        """The lattice join: the access that covers both."""
+        return Access(self | other)
 
 
 #: Annotation markers for :func:`numba_streamsafe.tracked_kernel` arguments.
@@ -51,10 +56,10 @@ def as_access(value: object) -> Access:
     ValueError
         If ``value`` names no access kind.
     """
-    if isinstance(value, Access):
-        if value not in (Access.READ, Access.WRITE, Access.READ_WRITE):
-            raise ValueError(f"{value!r} is not an access kind; use Read, Write or ReadWrite")
-        return value
+    if value.__class__ is Access:
+        return value  # type: ignore[return-value]
+    if isinstance(value, int) and not isinstance(value, bool) and value in (1, 2, 3):
+        return Access(value)
     if isinstance(value, str):
         key = value.strip().lower().rsplit(".", 1)[-1]
         if key in _NAMES:

@@ -7,7 +7,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe.access import Access, as_access
-from numba_streamsafe.blocks import Block, BlockId
+from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import StreamMisuse
 
 if TYPE_CHECKING:
@@ -65,8 +65,8 @@ class LaunchRecorder:
                  mode: RecorderMode | str = RecorderMode.STRICT) -> None:
         self.runtime = runtime
         self.stream = stream
-        self.mode = RecorderMode(mode)
-        self._uses: dict[BlockId, list[Any]] = {}
+        self.mode = mode if mode.__class__ is RecorderMode else RecorderMode(mode)
+        self._uses: dict[tuple[int, int, int], list[Any]] = {}
         self._untracked: list[str] = []
         self._producers: list[int] = []
         self._phase = _Phase.RECORDING
@@ -85,16 +85,17 @@ class LaunchRecorder:
                 f"cannot record {what} after preflight: its waits would not be queued. "
                 "Register every buffer before calling preflight()"
             )
-        access = as_access(access)
+        if access.__class__ is not Access:
+            access = as_access(access)
         if block is None:
             self._untracked.append(what)
             return
-        key = BlockId(block.ptr, block.generation, block.device)
+        key = (block.ptr, block.generation, block.device)
         slot = self._uses.get(key)
         if slot is None:
             self._uses[key] = [block, access]
         else:
-            slot[1] = slot[1] | access
+            slot[1] = Access(slot[1] | access)
 
     def read(self, block: Block | None, what: str = "buffer") -> None:
         self.use(block, Access.READ, what)

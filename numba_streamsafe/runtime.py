@@ -141,9 +141,8 @@ class DeviceRuntime:
             finally:
                 self.driver.event_destroy(handle)
             return
-        handle = pool.acquire()
+        handle = pool.record(producer)
         try:
-            self.driver.event_record(handle, producer)
             self.driver.stream_wait_event(stream, handle)
         finally:
             pool.release(handle)

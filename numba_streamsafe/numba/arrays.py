@@ -16,10 +16,15 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.launch import fenced
+from numba_streamsafe.numba.launch import Uses, fenced, single
 from numba_streamsafe.numba.scope import current_stream
+from numba_streamsafe.recorder import RecorderMode
 
 __all__ = ["device_array", "to_device", "copy_to_host", "copy", "memset", "block_of"]
+
+
+def _strict(rt: Any) -> bool:
+    return rt.mode is RecorderMode.STRICT
 
 
 def _stream(stream: Any) -> Any:
@@ -100,7 +105,8 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
         if host.nbytes:
             to.copy_to_device(host, stream=target.numba_stream(stream))
 
-    fenced(rt, handle, [(block, Access.WRITE, "to")], (), f"copy to device ({tag})", work)
+    fenced(rt, handle, single(block, Access.WRITE, "to"), f"copy to device ({tag})", work,
+           _strict(rt))
     return to
 
 
@@ -120,7 +126,8 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     def work() -> np.ndarray:
         return array.copy_to_host(out, stream=target.numba_stream(stream))
 
-    return fenced(rt, handle, [(block, Access.READ, "array")], (), "copy to host", work)
+    return fenced(rt, handle, single(block, Access.READ, "array"), "copy to host", work,
+                  _strict(rt))
 
 
 def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
@@ -139,8 +146,10 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
     def work() -> None:
         dst.copy_to_device(src, stream=target.numba_stream(stream))
 
-    fenced(rt, handle, [(src_block, Access.READ, "src"), (dst_block, Access.WRITE, "dst")], (),
-           "device copy", work)
+    uses = Uses()
+    uses.add(src_block, Access.READ, "src")
+    uses.add(dst_block, Access.WRITE, "dst")
+    fenced(rt, handle, uses, "device copy", work, _strict(rt))
 
 
 def memset(array: Any, value: int, *, stream: Any = None) -> None:
@@ -163,4 +172,4 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
             numba_driver.device_memset(array, int(value), array.nbytes,
                                        stream=target.numba_stream(stream))
 
-    fenced(rt, handle, [(block, Access.WRITE, "array")], (), "memset", work)
+    fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", work, _strict(rt))

@@ -11,9 +11,10 @@ from numba import cuda
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.launch import fenced
+from numba_streamsafe.numba.launch import Uses, fenced
 from numba_streamsafe.numba.scope import stream_scope
 from numba_streamsafe.recorder import RecorderMode
+from numba_streamsafe.runtime import get_runtime
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
 
@@ -24,8 +25,13 @@ def _annotation_access(annotation: Any) -> Access | None:
     if isinstance(annotation, Access):
         return annotation
     if isinstance(annotation, str):
+        # Under ``from __future__ import annotations`` a string annotation
+        # ("r") arrives quoted ("'r'") when get_type_hints could not resolve it.
+        text = annotation.strip()
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            text = text[1:-1]
         try:
-            return as_access(annotation)
+            return as_access(text)
         except ValueError:
             return None
     return None
@@ -140,46 +146,51 @@ class TrackedKernel:
         decl = ", ".join(f"{n}: {a.name if a else '-'}" for n, a in self.params)
         return f"<tracked_kernel {self.__name__}({decl})>"
 
-    def _uses(self, rt: Any, args: tuple[Any, ...]
-              ) -> tuple[list[tuple[Any, Access, str]], list[int]]:
+    def _uses(self, rt: Any, args: tuple[Any, ...]) -> tuple[Uses, bool]:
+        """Resolve the arguments of one launch: their uses, and whether any is a
+        host array (which Numba transfers)."""
         params = self.params
         if len(args) != len(params):
             raise InvalidArgument(
                 f"{self.__name__} takes {len(params)} arguments ({', '.join(n for n, _ in params)})"
                 f", got {len(args)}"
             )
-        mode = self.mode or rt.mode
-        strict = mode is RecorderMode.STRICT
-        uses: list[tuple[Any, Access, str]] = []
-        producers: list[int] = []
+        uses = Uses()
+        host = False
+        resolve = target.resolve
+        DEVICE = target.DEVICE
         for (name, access), arg in zip(params, args):
-            res = target.resolve(rt, arg)
-            if res.kind == target.OTHER:
+            kind, block, producer = resolve(rt, arg)
+            if kind == DEVICE and access is not None:
+                if block is None:
+                    if producer is not None:
+                        uses.producers.append(producer)
+                    if self.allow_foreign:
+                        continue
+                    uses.add(None, access, f"argument {name!r} of {self.__name__}")
+                    continue
+                uses.add(block, access, name)
+            elif kind == target.OTHER:
                 continue
-            what = f"argument {name!r} of {self.__name__}"
-            if access is None:
-                if strict:
+            elif access is None:
+                if self._strict(rt):
                     raise StreamMisuse(
-                        f"{what} is an array with no declared access; annotate it "
-                        f"(def {self.__name__}(..., {name}: Read | Write | ReadWrite, ...)) or "
-                        "pass access={...} to tracked_kernel"
+                        f"argument {name!r} of {self.__name__} is an array with no declared "
+                        f"access; annotate it (def {self.__name__}(..., {name}: Read | Write | "
+                        "ReadWrite, ...)) or pass access={...} to tracked_kernel"
                     )
-                continue
-            if res.kind == target.HOST:
+            else:  # a host array
                 if access & Access.WRITE:
                     raise InvalidArgument(
-                        f"{what} is declared {access.name} but is a host array; Numba would "
-                        "copy it back synchronously. Pass a device array "
-                        "(numba_streamsafe.to_device(a, stream=...))"
+                        f"argument {name!r} of {self.__name__} is declared {access.name} but is "
+                        "a host array; Numba would copy it back synchronously. Pass a device "
+                        "array (numba_streamsafe.to_device(a, stream=...))"
                     )
-                continue  # auto-transferred on the launch stream, freed there
-            if res.block is None:
-                if res.producer is not None:
-                    producers.append(res.producer)
-                if strict and self.allow_foreign:
-                    continue
-            uses.append((res.block, access, what))
-        return uses, producers
+                host = True  # auto-transferred on the launch stream, freed there
+        return uses, host
+
+    def _strict(self, rt: Any) -> bool:
+        return (self.mode or rt.mode) is RecorderMode.STRICT
 
 
 class _Launch:
@@ -194,15 +205,20 @@ class _Launch:
 
     def __call__(self, *args: Any) -> None:
         kernel = self.kernel
-        rt = target.runtime()
-        handle = rt.stream_handle(self.stream)
-        uses, producers = kernel._uses(rt, args)
-
-        def work() -> None:
-            with stream_scope(self.stream):
-                self.launch(*args)
-
-        fenced(rt, handle, uses, producers, kernel.__name__, work, kernel.mode)
+        rt = get_runtime()
+        stream = self.stream
+        handle = rt.stream_handle(stream)
+        uses, host = kernel._uses(rt, args)
+        launch = self.launch
+        if host:
+            def work() -> None:
+                with stream_scope(stream):
+                    launch(*args)
+        else:
+            def work() -> None:
+                launch(*args)
+        fenced(rt, handle, uses, kernel.__name__, work, kernel._strict(rt),
+               None if isinstance(stream, int) else stream)
 
 
 def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -1,62 +1,92 @@
-"""The one fenced-launch path shared by tracked kernels and tracked copies."""
+"""The one fenced-launch path shared by tracked kernels and tracked copies.
+
+It performs the recorder protocol of :class:`~numba_streamsafe.LaunchRecorder`
+(preflight, work, commit) directly on the resource, because it runs on every
+launch and a recorder object per launch costs more than the fences.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Callable, TypeVar
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.recorder import LaunchRecorder, RecorderMode
+from numba_streamsafe.errors import StreamMisuse
 from numba_streamsafe.runtime import DeviceRuntime
 
-__all__ = ["fenced"]
+__all__ = ["fenced", "Uses", "single"]
 
 T = TypeVar("T")
 
 
-def fenced(rt: DeviceRuntime, stream: int, uses: Sequence[tuple[Block | None, Access, str]],
-           producers: Sequence[int], label: str, work: Callable[[], T],
-           mode: RecorderMode | None = None) -> T:
+class Uses:
+    """The buffers of one launch: tracked blocks (merged by identity with the
+    access lattice), untracked arrays, and foreign producer streams."""
+
+    __slots__ = ("blocks", "untracked", "producers")
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[Block, Access]] = []
+        self.untracked: list[str] = []
+        self.producers: list[int] = []
+
+    def add(self, block: Block | None, access: Access, what: str) -> None:
+        if block is None:
+            self.untracked.append(what)
+            return
+        blocks = self.blocks
+        for i, (b, a) in enumerate(blocks):
+            if b is block:
+                blocks[i] = (b, Access(a | access))
+                return
+        blocks.append((block, access))
+
+
+def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, work: Callable[[], T],
+           strict: bool, owner: object = None) -> T:
     """Run ``work`` (which queues one launch or copy on ``stream``) between
     preflight and commit.
 
-    ``uses`` lists ``(block or None, access, what)``; ``None`` is memory the
-    library did not allocate, handled by ``mode``. ``producers`` are streams
-    the work must be ordered after (foreign arrays' producer streams). With
-    the runtime's tracking off, ``work`` runs unfenced. A checking driver is
-    told about the accesses either way.
+    Untracked arrays are refused when ``strict``; the producer streams of
+    foreign arrays are waited for. ``owner`` (the user's stream object) is kept
+    alive while recorded uses refer to the stream. With the runtime's tracking off, ``work``
+    runs unfenced. A checking driver is told about the accesses either way.
+
+    Raises
+    ------
+    StreamMisuse
+        Untracked memory in strict mode; nothing is queued.
     """
     driver = rt.driver
+    blocks = uses.blocks
     if not rt.tracking:
         result = work()
         if driver.traces_accesses:
-            driver.trace_access(stream, _accesses(uses), label)
+            driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
         return result
-    rec = LaunchRecorder(rt, stream, mode or rt.mode)
-    for block, access, what in uses:
-        rec.use(block, access, what)
-    for producer in producers:
-        rec.wait_for_stream(producer)
-    try:
-        rec.preflight()
-    except BaseException:
-        rec.abandon()  # refused before any work: not an uncommitted launch
-        raise
-    try:
-        result = work()
-    except BaseException:
-        rec.abandon()
-        raise
+    if uses.untracked and strict:
+        raise StreamMisuse(
+            f"{', '.join(uses.untracked)}: memory not allocated by numba_streamsafe cannot "
+            "be ordered in strict mode. Allocate it through numba_streamsafe (or set "
+            "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), pass mode='permissive', or "
+            "allow_foreign=True for arrays whose producer names its stream"
+        )
+    resource = rt.resource
+    if blocks:
+        resource.prepare_launch(blocks, stream)
+    for producer in uses.producers:
+        rt.order_after_stream(stream, producer)
+    result = work()
     if driver.traces_accesses:
-        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in rec.uses], label)
-    rec.commit()
+        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
+    if blocks:
+        resource.commit_launch(blocks, stream, owner)
     return result
 
 
-def _accesses(uses: Sequence[tuple[Block | None, Access, str]]) -> list[tuple[int, int, Access]]:
-    merged: dict[int, tuple[Block, Access]] = {}
-    for block, access, _ in uses:
-        if block is not None:
-            old = merged.get(block.ptr)
-            merged[block.ptr] = (block, access if old is None else old[1] | access)
-    return [(b.ptr, b.nbytes, a) for b, a in merged.values()]
+def single(block: Block | None, access: Access, what: str) -> Uses:
+    """:class:`Uses` of one buffer."""
+    uses = Uses()
+    uses.add(block, access, what)
+    return uses
+

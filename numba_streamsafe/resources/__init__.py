@@ -8,7 +8,7 @@ from numba_streamsafe.resources.async_resource import AsyncResource
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, ResourceStats
 from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
-from numba_streamsafe.resources.events import EventPool, SharedEvent
+from numba_streamsafe.resources.events import EventPool, Mark
 from numba_streamsafe.resources.logging import LoggingResource
 
 __all__ = [
@@ -20,5 +20,5 @@ __all__ = [
     "LoggingResource",
     "BudgetResource",
     "EventPool",
-    "SharedEvent",
+    "Mark",
 ]

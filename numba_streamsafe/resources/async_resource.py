@@ -21,7 +21,7 @@ from numba_streamsafe.errors import (
     UseAfterFree,
 )
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
-from numba_streamsafe.resources.events import EventPool, SharedEvent
+from numba_streamsafe.resources.events import EventPool, Mark
 
 __all__ = ["AsyncResource"]
 
@@ -33,60 +33,60 @@ class _Entry:
 
     __slots__ = ("block", "last_write", "reads")
 
-    def __init__(self, block: Block, ready: SharedEvent) -> None:
+    def __init__(self, block: Block, ready: Mark) -> None:
         self.block = block
-        #: The last write, or the allocation-ready event before any write.
-        self.last_write: SharedEvent = ready
-        #: The newest read event per stream since ``last_write``. A later event
-        #: on a stream implies the earlier ones, so one per stream suffices.
-        self.reads: dict[int, SharedEvent] = {}
+        #: The last write, or the allocation itself before any write.
+        self.last_write: Mark = ready
+        #: The newest read mark per stream since ``last_write``. A later mark
+        #: on a stream covers the earlier ones, so one per stream suffices.
+        self.reads: dict[int, Mark] = {}
 
-    def waits_for(self, stream: int, access: Access) -> list[SharedEvent]:
-        """Events recorded on other streams that ``access`` on ``stream`` must wait for."""
+    def waits_for(self, stream: int, access: int) -> list[Mark]:
+        """Marks of other streams that ``access`` on ``stream`` must wait for."""
         out = []
         lw = self.last_write
         if lw.stream != stream:
             out.append(lw)
-        if access & Access.WRITE:
-            for s, ev in self.reads.items():
+        if access & 2:
+            for s, mark in self.reads.items():
                 if s != stream:
-                    out.append(ev)
+                    out.append(mark)
         return out
 
-    def apply(self, stream: int, access: Access, event: SharedEvent) -> None:
-        if access & Access.WRITE:
-            self.last_write.release()
-            for ev in self.reads.values():
-                ev.release()
-            self.reads = {}
-            self.last_write = event.acquire()
-        else:
-            old = self.reads.get(stream)
-            self.reads[stream] = event.acquire()
-            if old is not None:
-                old.release()
 
-    def release_all(self) -> None:
-        self.last_write.release()
-        for ev in self.reads.values():
-            ev.release()
-        self.reads = {}
+def _unref(mark: Mark, pool: EventPool) -> None:
+    mark.refs -= 1
+    if mark.refs == 0 and mark.handle is not None:
+        pool.release(mark.handle)
+        mark.handle = None
+        mark.owner = None
 
 
 class AsyncResource(MemoryResource):
     """Blocks from ``cuMemAllocAsync``, freed with ``cuMemFreeAsync``, fully tracked.
 
-    Each block keeps its last write event (first, the allocation-ready event)
-    and, per stream, its newest read event since that write. Before a use on
-    another stream the resource queues ``cuStreamWaitEvent`` for the hazards
-    the access implies; before the free, the alloc stream waits for every
-    cross-stream event, so the pool cannot hand the address to anyone while a
-    use is in flight.
+    Each block keeps the mark of its last write (first, of its allocation)
+    and, per stream, the mark of its newest read since that write. Before a
+    use on another stream the resource queues ``cuStreamWaitEvent`` for the
+    hazards the access implies; before the free, the alloc stream waits for
+    every cross-stream mark, so the pool cannot hand the address to anyone
+    while a use is in flight. Same-stream uses never wait.
+
+    All blocks of one launch share one :class:`~numba_streamsafe.resources.Mark`
+    and so at most one event. With ``fences="lazy"`` (the default) that event
+    is recorded only when another stream first has to wait for the mark, so
+    work that stays on one stream records no event at all; the consumer then
+    waits for everything queued on the producer's stream up to that moment,
+    which covers the producer's launch. ``fences="eager"`` records the event
+    right after every launch (and allocation) instead: waits are then exactly
+    as late as the producer, at one ``cuEventRecord`` per launch.
 
     Parameters
     ----------
     driver : Driver
         Backend (CUDA or simulated).
+    fences : {"lazy", "eager"}
+        When a launch's event is recorded (see above).
     max_idle_events : int
         Idle events the event pool keeps.
 
@@ -98,12 +98,19 @@ class AsyncResource(MemoryResource):
     launch, reap or :meth:`flush`.
     """
 
-    def __init__(self, driver: Driver, *, max_idle_events: int = 1024) -> None:
+    def __init__(self, driver: Driver, *, fences: str = "lazy", max_idle_events: int = 1024
+                 ) -> None:
+        if fences not in ("lazy", "eager"):
+            raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {fences!r}")
+        self.fences = fences
+        self._eager = fences == "eager"
         self.driver = driver
         self.device = driver.device
         self.events = EventPool(driver, max_idle_events)
         self._lock = threading.Lock()
         self._live: dict[int, _Entry] = {}
+        #: The open (not yet sealed) mark of each stream.
+        self._marks: dict[int, Mark] = {}
         self._bases: list[int] = []
         self._live_bytes = 0
         self._pending_bytes = 0
@@ -126,22 +133,24 @@ class AsyncResource(MemoryResource):
         self._drain()
         self.driver.check_stream(stream)
         ptr = self._alloc_with_retry(nbytes, stream)
-        try:
-            ready = self.events.record(stream)
-        except BaseException:
-            self.driver.free_async(ptr, stream)
-            raise
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
                       stream_owner=stream_owner)
         with self._lock:
             if ptr in self._live:
                 # The driver returned an address we hold: never overwrite state.
-                ready.acquire().release()
                 raise StreamSafeError(
                     f"the driver returned {ptr:#x}, which is still live as "
                     f"{self._live[ptr].block.describe()}; the pool is corrupt, report this"
                 )
-            self._live[ptr] = _Entry(block, ready.acquire())
+            mark = self._open_mark(stream, stream_owner)
+            if self._eager:
+                try:
+                    self._seal(mark)  # the allocation-ready event
+                except BaseException:
+                    self.driver.free_async(ptr, stream)
+                    raise
+            mark.refs += 1
+            self._live[ptr] = _Entry(block, mark)
             bisect.insort(self._bases, ptr)
             self._live_bytes += nbytes
             self._allocations += 1
@@ -206,49 +215,115 @@ class AsyncResource(MemoryResource):
     def finish_use(self, block: Block, stream: int, access: Access) -> None:
         self.commit_launch(((block, access),), stream)
 
+    def _entries(self, uses: Sequence[Use], what: str) -> list[tuple[_Entry, int]]:
+        """Validated entries of ``uses``; caller holds the lock."""
+        live = self._live
+        epoch = self._epoch
+        out = []
+        for block, access in uses:
+            entry = live.get(block.ptr)
+            if (entry is None or block.epoch != epoch
+                    or (entry.block is not block and entry.block.generation != block.generation)
+                    or block.device != self.device):
+                entry = self._entry(block, what)  # raises the precise error
+            out.append((entry, access))
+        return out
+
+    def _open_mark(self, stream: int, owner: Any = None) -> Mark:
+        """The stream's open mark; caller holds the lock."""
+        mark = self._marks.get(stream)
+        if mark is None:
+            mark = self._marks[stream] = Mark(stream, owner)
+        elif owner is not None and mark.owner is None:
+            mark.owner = owner
+        return mark
+
+    def _seal(self, mark: Mark) -> Any:
+        """The event of ``mark``, recorded now if it has none; caller holds the lock."""
+        handle = mark.handle
+        if handle is None:
+            handle = mark.handle = self.events.record(mark.stream)
+            if self._marks.get(mark.stream) is mark:
+                del self._marks[mark.stream]  # later work needs a new mark
+        return handle
+
+    def _wait_all(self, stream: int, marks: list[Mark]) -> None:
+        """Queue waits of ``stream`` on ``marks``, each once; caller holds the lock."""
+        wait = self.driver.stream_wait_event
+        if len(marks) == 1:
+            wait(stream, self._seal(marks[0]))
+            return
+        seen: set[int] = set()
+        for mark in marks:
+            if id(mark) not in seen:
+                seen.add(id(mark))
+                wait(stream, self._seal(mark))
+
     def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
         if self._deferred:
             self._drain()
-        wait = self.driver.stream_wait_event
         with self._lock:
-            entries = [(self._entry(b, "prepare_use"), a) for b, a in uses]
-            seen: set[int] = set()
-            for entry, access in entries:
-                for ev in entry.waits_for(stream, access):
-                    if id(ev) not in seen:
-                        seen.add(id(ev))
-                        wait(stream, ev.handle)
+            marks: list[Mark] = []
+            for entry, access in self._entries(uses, "prepare_use"):
+                lw = entry.last_write
+                if lw.stream != stream:
+                    marks.append(lw)
+                if access & 2 and entry.reads:
+                    for s, mark in entry.reads.items():
+                        if s != stream:
+                            marks.append(mark)
+            if marks:
+                self._wait_all(stream, marks)
 
-    def commit_launch(self, uses: Sequence[Use], stream: int) -> None:
+    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        """Record ``uses`` against the stream's current mark (sealed now when eager).
+
+        ``owner`` is kept alive with the mark (the stream object, so the stream
+        outlives every use recorded on it).
+        """
         with self._lock:
-            entries = [(self._entry(b, "finish_use"), a) for b, a in uses]
+            entries = self._entries(uses, "finish_use")
             if not entries:
                 return
-            event = self.events.record(stream)
+            mark = self._open_mark(stream, owner)
+            pool = self.events
             for entry, access in entries:
-                entry.apply(stream, access, event)
+                if access & 2:
+                    _unref(entry.last_write, pool)
+                    for old in entry.reads.values():
+                        _unref(old, pool)
+                    entry.reads = {}
+                    entry.last_write = mark
+                    mark.refs += 1
+                else:
+                    old = entry.reads.get(stream)
+                    if old is not mark:
+                        entry.reads[stream] = mark
+                        mark.refs += 1
+                        if old is not None:
+                            _unref(old, pool)
+            if self._eager:
+                self._seal(mark)
 
-    def block_events(self, block: Block) -> tuple[int, dict[int, Any]]:
-        """Diagnostics: ``(last_write_stream, {read_stream: event})`` of a live block."""
+    def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
+        """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live block."""
         with self._lock:
             entry = self._entry(block, "block_events")
-            return entry.last_write.stream, {s: e.handle for s, e in entry.reads.items()}
+            return entry.last_write, dict(entry.reads)
 
     # ------------------------------------------------------------------ freeing
     def deallocate(self, block: Block) -> None:
         with self._lock:
             entry = self._entry(block, "deallocate")
             stream = block.stream
-            waited: set[int] = set()
-            for ev in entry.waits_for(stream, Access.READ_WRITE):
-                if id(ev) not in waited:
-                    waited.add(id(ev))
-                    self.driver.stream_wait_event(stream, ev.handle)
+            marks = entry.waits_for(stream, Access.READ_WRITE)
+            if marks:
+                self._wait_all(stream, marks)
             self.driver.free_async(block.ptr, stream)
             # The free is queued: from here on nothing can fail.
             del self._live[block.ptr]
             self._bases.pop(bisect.bisect_left(self._bases, block.ptr))
-            entry.release_all()
+            self._release_entry(entry)
             self._live_bytes -= block.nbytes
             self._pending_bytes += block.nbytes
             slot = self._pending.get(stream)
@@ -260,6 +335,13 @@ class AsyncResource(MemoryResource):
             self._frees += 1
             block.state = BlockState.FREED
             block.stream_owner = None
+
+    def _release_entry(self, entry: _Entry) -> None:
+        pool = self.events
+        _unref(entry.last_write, pool)
+        for mark in entry.reads.values():
+            _unref(mark, pool)
+        entry.reads = {}
 
     def defer_free(self, block: Block) -> None:
         self._deferred.append(block)
@@ -376,8 +458,9 @@ class AsyncResource(MemoryResource):
             self._epoch += 1
             entries = list(self._live.values())
             for entry in entries:
-                entry.release_all()
+                self._release_entry(entry)
             self._live.clear()
+            self._marks.clear()
             self._bases.clear()
             self._pending.clear()
             self._live_bytes = 0

@@ -130,8 +130,8 @@ class MemoryResource(abc.ABC):
         """:meth:`prepare_use` for every use of one launch, each event waited once."""
         raise self._refuse("prepare_launch")
 
-    def commit_launch(self, uses: Sequence[Use], stream: int) -> None:
-        """:meth:`finish_use` for every use of one launch, sharing one event."""
+    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        """:meth:`finish_use` for every use of one launch, sharing one mark (one event)."""
         raise self._refuse("commit_launch")
 
 
@@ -189,8 +189,8 @@ class ResourceAdaptor(MemoryResource):
     def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
         self.upstream.prepare_launch(uses, stream)
 
-    def commit_launch(self, uses: Sequence[Use], stream: int) -> None:
-        self.upstream.commit_launch(uses, stream)
+    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        self.upstream.commit_launch(uses, stream, owner)
 
     def __getattr__(self, name: str) -> Any:
         # Diagnostics of the tracking resource (block_events, event_pool, ...)

@@ -1,4 +1,4 @@
-"""Pooled, reference-counted events shared by the blocks of one launch."""
+"""Event pool and stream marks: the shared, reference-counted fences of the tracker."""
 
 from __future__ import annotations
 
@@ -8,38 +8,42 @@ from typing import Any
 
 from numba_streamsafe._driver.base import Driver
 
-__all__ = ["EventPool", "SharedEvent"]
+__all__ = ["EventPool", "Mark"]
 
 
-class SharedEvent:
-    """One recorded event, shared by every block a launch touched.
+class Mark:
+    """A point on a stream that uses of blocks are recorded against.
 
-    ``refs`` counts the block states holding it; at zero the handle goes back
-    to its pool. Callers change ``refs`` only under their resource's lock.
+    Every block used by a launch on ``stream`` refers to the stream's current
+    mark. The mark stands for "all work queued on ``stream`` so far": once an
+    event is recorded for it (the mark is *sealed*), waiting on that event
+    orders a consumer after every use that refers to the mark. A sealed mark
+    accepts no more uses; the stream gets a fresh mark.
+
+    ``refs`` counts the block states holding the mark; at zero a sealed mark's
+    event goes back to the pool. ``owner`` keeps the stream's owning object
+    alive while a use refers to the mark, so the stream cannot be destroyed
+    before the event is recorded. Callers change a mark only under their
+    resource's lock.
     """
 
-    __slots__ = ("handle", "stream", "refs", "pool")
+    __slots__ = ("stream", "handle", "refs", "owner")
 
-    def __init__(self, handle: Any, stream: int, pool: EventPool) -> None:
-        self.handle = handle
+    def __init__(self, stream: int, owner: Any = None) -> None:
         self.stream = stream
+        self.handle: Any = None
         self.refs = 0
-        self.pool = pool
+        self.owner = owner
 
-    def acquire(self) -> SharedEvent:
-        self.refs += 1
-        return self
-
-    def release(self) -> None:
-        self.refs -= 1
-        if self.refs == 0:
-            self.pool.release(self.handle)
+    def __repr__(self) -> str:
+        state = "sealed" if self.handle is not None else "open"
+        return f"<Mark stream={self.stream:#x} {state} refs={self.refs}>"
 
 
 class EventPool:
     """A free list of timing-disabled events.
 
-    A handle may be reused as soon as no block state refers to it: a
+    A handle may be reused as soon as no mark refers to it: a
     ``cuStreamWaitEvent`` already queued captured the event as it was when the
     wait was queued, so re-recording the handle later does not disturb it.
 
@@ -61,13 +65,15 @@ class EventPool:
     def acquire(self) -> Any:
         """Return an idle handle, creating one when none is idle."""
         with self._lock:
-            if self._idle:
-                self.in_use += 1
-                return self._idle.pop()
-        handle = self._driver.event_create()
-        with self._lock:
             self.in_use += 1
-        return handle
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return self._driver.event_create()
+        except BaseException:
+            with self._lock:
+                self.in_use -= 1
+            raise
 
     def release(self, handle: Any) -> None:
         with self._lock:
@@ -77,15 +83,15 @@ class EventPool:
                 return
         self._driver.event_destroy(handle)
 
-    def record(self, stream: int) -> SharedEvent:
-        """Record a pooled event on ``stream`` and wrap it, with no references yet."""
+    def record(self, stream: int) -> Any:
+        """A pooled event recorded on ``stream``."""
         handle = self.acquire()
         try:
             self._driver.event_record(handle, stream)
         except BaseException:
             self.release(handle)
             raise
-        return SharedEvent(handle, stream, self)
+        return handle
 
     @property
     def idle(self) -> int:

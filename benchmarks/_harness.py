@@ -1,0 +1,50 @@
+"""Shared pieces of the benchmarks: target set-up, timing, results as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import common  # noqa: E402,F401  (picks GPU or simulator before numba.cuda loads)
+from numba import cuda  # noqa: E402
+
+from numba_streamsafe.numba.target import SIMULATOR  # noqa: E402
+
+__all__ = ["SIMULATOR", "median_time", "write_result", "device_name", "cuda"]
+
+
+def device_name() -> str:
+    if SIMULATOR:
+        return "CUDA simulator (simulated driver)"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None] = cuda.synchronize
+                ) -> tuple[float, list[float]]:
+    """Median wall seconds of ``fn()`` followed by ``sync()``, over ``repeats`` runs."""
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` to ``$NSS_BENCH_DIR/<name>.json`` (default: ./bench-results)."""
+    out = Path(os.environ.get("NSS_BENCH_DIR", "bench-results"))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    payload = {"benchmark": name, "device": device_name(), **payload}
+    path.write_text(json.dumps(payload, indent=2, default=float))
+    return path
