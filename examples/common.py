@@ -255,6 +255,15 @@ def device_synchronize() -> None:
     cuda.synchronize()
 
 
+def host_sync(stream: Any) -> None:
+    """Synchronise the host with ``stream`` (on the simulator, tell the model too)."""
+    if SIMULATOR:
+        rt = nss.get_runtime()
+        rt.driver.stream_synchronize(rt.stream_handle(stream))
+    else:
+        stream.synchronize()
+
+
 class Timer:
     def __enter__(self) -> Timer:
         self.start = time.perf_counter()
@@ -265,65 +274,214 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
+# ------------------------------------------------------------------ ordering
+class Ordering:
+    """How a run orders its streams and where its memory comes from.
+
+    The default is the product: memory from numba_streamsafe and no ordering
+    code at all (tracked kernels and copies order themselves). The other
+    kinds exist to compare against, with tracking turned off:
+    ``DeviceSync`` (a device-wide synchronize after every stage) and
+    ``HandEvents`` (hand-placed events at exactly the cross-stream edges).
+    Those keep every buffer alive until the run ends, as hand-ordered code must.
+    """
+
+    tracking = True
+
+    def __init__(self, allocator: str = "streamsafe") -> None:
+        if allocator not in ("streamsafe", "numba"):
+            raise ValueError(f"allocator must be 'streamsafe' or 'numba', got {allocator!r}")
+        self.allocator = allocator
+        self.kept: list[Any] = []
+
+    def alloc(self, shape: Any, dtype: Any, stream: Any, tag: str) -> Any:
+        if self.allocator == "numba":
+            return self.keep(cuda.device_array(shape, dtype, stream=stream))
+        return self.keep(nss.device_array(shape, dtype, stream=stream, tag=tag))
+
+    def upload(self, host: np.ndarray, stream: Any, tag: str) -> Any:
+        if self.allocator == "numba":
+            return self.keep(cuda.to_device(host, stream=stream))
+        return self.keep(nss.to_device(host, stream=stream, tag=tag))
+
+    def keep(self, array: Any) -> Any:
+        return array
+
+    def mark(self, stream: Any) -> Any:
+        """After the work queued on ``stream`` so far: a token others can wait for."""
+        return None
+
+    def wait(self, stream: Any, token: Any) -> None:
+        """Order later work on ``stream`` after ``token``."""
+
+    def stage(self) -> None:
+        """The end of a pipeline stage."""
+
+    def finish(self) -> None:
+        """The run is over and synchronised: release what it kept."""
+        self.kept.clear()
+
+
+class Unordered(Ordering):
+    """No ordering at all: the race the library prevents."""
+
+    tracking = False
+
+
+class _Manual(Ordering):
+    tracking = False
+
+    def keep(self, array: Any) -> Any:
+        self.kept.append(array)
+        return array
+
+
+class DeviceSync(_Manual):
+    """A device-wide synchronize after every stage."""
+
+    def stage(self) -> None:
+        nss.get_runtime().driver.synchronize()  # cuCtxSynchronize (or the model's)
+
+
+class HandEvents(_Manual):
+    """One event per cross-stream edge, placed by hand (through the runtime's
+    driver, so the simulated driver checks them too)."""
+
+    def __init__(self, allocator: str = "streamsafe") -> None:
+        super().__init__(allocator)
+        self.events: list[Any] = []
+
+    def mark(self, stream: Any) -> Any:
+        rt = nss.get_runtime()
+        event = rt.driver.event_create()
+        rt.driver.event_record(event, rt.stream_handle(stream))
+        self.events.append(event)
+        return event
+
+    def wait(self, stream: Any, token: Any) -> None:
+        if token is not None:
+            rt = nss.get_runtime()
+            rt.driver.stream_wait_event(rt.stream_handle(stream), token)
+
+    def finish(self) -> None:
+        super().finish()
+        driver = nss.get_runtime().driver
+        for event in self.events:
+            driver.event_destroy(event)
+        self.events.clear()
+
+
+ORDERINGS = {"tracked": Ordering, "unordered": Unordered, "sync": DeviceSync,
+             "events": HandEvents}
+
+
 # ------------------------------------------------------------------ algorithms
-def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any) -> Any:
+def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any,
+                     order: Ordering | None = None) -> Any:
     """Sort ``d_keys`` (uniform keys below 2**KEY_BITS) with one bucket per stream.
 
     A histogram on ``collect`` sizes the buckets; each worker stream gathers
     and bitonic-sorts its bucket; ``collect`` then copies the buckets into one
     sorted array, reading what the workers wrote.
     """
+    order = order or Ordering()
     nb = len(streams)
     shift = KEY_BITS - (nb.bit_length() - 1)
-    counts = nss.device_array(nb, np.int64, stream=collect, tag="bucket counts")
+    counts = order.alloc(nb, np.int64, collect, "bucket counts")
     nss.memset(counts, 0, stream=collect)
     g, b = launch_shape(n)
     histogram[g, b, collect](d_keys, counts, shift)
     sizes = nss.copy_to_host(counts, stream=collect)
-    collect.synchronize()
+    host_sync(collect)  # the bucket sizes are needed on the host
 
     buckets = []
+    done = []
     for i, s in enumerate(streams):
         cap = next_pow2(max(int(sizes[i]), 1))
-        out = nss.device_array(cap, np.int64, stream=s, tag=f"bucket {i}")
-        cursor = nss.device_array(1, np.int64, stream=s, tag=f"cursor {i}")
+        out = order.alloc(cap, np.int64, s, f"bucket {i}")
+        cursor = order.alloc(1, np.int64, s, f"cursor {i}")
         gc_, bc = launch_shape(cap)
         fill[gc_, bc, s](out, PAD)
         nss.memset(cursor, 0, stream=s)
         gather_bucket[g, b, s](d_keys, out, cursor, i, shift)
         bitonic_sort(out, s)
         buckets.append(out)
+        done.append(order.mark(s))
+    order.stage()
 
-    result = nss.device_array(n, np.int64, stream=collect, tag="sorted")
+    result = order.alloc(n, np.int64, collect, "sorted")
     offset = 0
     for i, out in enumerate(buckets):
         size = int(sizes[i])
+        order.wait(collect, done[i])
         if size:
             gs, bs = launch_shape(size)
             copy_into[gs, bs, collect](out[:size], result[offset:offset + size])
         offset += size
-    del buckets  # freed on their worker streams, after collect's reads
+    del buckets, out  # freed on their worker streams, after collect's reads
+    order.stage()
     return result
 
 
-def hash_join(d_build: Any, d_probe_parts: list[Any], build_stream: Any, probe_streams: list[Any]
+def hash_join(d_build: Any, d_probe_parts: list[Any], build_stream: Any, probe_streams: list[Any],
+              order: Ordering | None = None, build_ready: Any = None
               ) -> tuple[list[Any], Any, Any]:
-    """Build a table of ``d_build`` on ``build_stream``; probe each part on its own stream."""
+    """Build a table of ``d_build`` on ``build_stream``; probe each part on its own stream.
+
+    ``build_ready`` is the ordering token after which ``d_build`` may be read.
+    """
+    order = order or Ordering()
     nb = d_build.size
     cap = next_pow2(2 * max(nb, 1))
-    table_keys = nss.device_array(cap, np.int64, stream=build_stream, tag="table keys")
-    table_vals = nss.device_array(cap, np.int64, stream=build_stream, tag="table values")
+    table_keys = order.alloc(cap, np.int64, build_stream, "table keys")
+    table_vals = order.alloc(cap, np.int64, build_stream, "table values")
     g, b = launch_shape(cap)
     fill[g, b, build_stream](table_keys, EMPTY)
+    order.wait(build_stream, build_ready)
     g, b = launch_shape(nb)
     hash_build[g, b, build_stream](d_build, table_keys, table_vals, cap - 1)
+    built = order.mark(build_stream)
+    order.stage()
     outs = []
     for part, s in zip(d_probe_parts, probe_streams):
-        out = nss.device_array(part.size, np.int64, stream=s, tag="probe result")
+        out = order.alloc(part.size, np.int64, s, "probe result")
+        order.wait(s, built)
         g, b = launch_shape(part.size)
         hash_probe[g, b, s](part, table_keys, table_vals, out, cap - 1)
         outs.append(out)
+    order.stage()
     return outs, table_keys, table_vals
+
+
+def sort_join(build: np.ndarray, probe: np.ndarray, collect: Any, workers: list[Any],
+              build_stream: Any, probe_streams: list[Any], order: Ordering | None = None
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The sort -> join pipeline; returns the match count and each part's results."""
+    order = order or Ordering()
+    n = build.size
+    d_build = order.upload(build, collect, "build keys")
+    d_sorted = multistream_sort(d_build, n, workers, collect, order)
+    sorted_ready = order.mark(collect)
+    del d_build  # freed on the collector stream after the workers' reads
+    parts = np.array_split(probe, len(probe_streams))
+    d_parts = [order.upload(p, s, "probe keys") for p, s in zip(parts, probe_streams)]
+    outs, table_keys, table_vals = hash_join(d_sorted, d_parts, build_stream, probe_streams,
+                                             order, sorted_ready)
+    del d_sorted, table_keys, table_vals  # still being read by the probes: frees are fenced
+    probed = [order.mark(s) for s in probe_streams]
+    total = order.alloc(1, np.int64, collect, "match count")
+    nss.memset(total, 0, stream=collect)
+    for out, token in zip(outs, probed):
+        order.wait(collect, token)
+        g, b = launch_shape(out.size)
+        count_matches[g, b, collect](out, total)
+    order.stage()
+    results = [nss.copy_to_host(o, stream=s) for o, s in zip(outs, probe_streams)]
+    count = nss.copy_to_host(total, stream=collect)
+    for s in [collect, *probe_streams]:
+        host_sync(s)
+    order.finish()
+    return count, results
 
 
 def make_relations(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,142 @@
+"""The sort -> join pipeline, ordered four ways, timed side by side in one process.
+
+* ``tracked``: the library orders the streams (lazy events, the default);
+* ``tracked-eager``: the same with an event recorded after every launch;
+* ``sync``: no tracking, a device-wide synchronize after every stage;
+* ``events``: no tracking, one hand-placed event per cross-stream edge (the limit).
+
+The kinds run interleaved, round after round, after a warm-up; medians are
+reported. Peak device memory is sampled at every stage boundary (driver
+``cuMemGetInfo``) for the tracked run and for the same pipeline on Numba's
+default memory manager with a synchronize after every stage (what users write
+today).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from _harness import SIMULATOR, cuda, device_name, write_result
+
+import common  # examples/common.py, put on the path by _harness
+
+import numba_streamsafe as nss
+from numba_streamsafe import AsyncResource, DeviceRuntime
+
+
+def sampling(cls: type) -> type:
+    """``cls`` with device memory sampled at every stage boundary."""
+
+    class Sampled(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.samples: list[int] = []
+
+        def sample(self) -> None:
+            free, total = nss.get_runtime().driver.mem_info()
+            self.samples.append(total - free)
+
+        def stage(self) -> None:
+            super().stage()
+            self.sample()
+
+    return Sampled
+
+
+def one_run(kind: str, build, probe, streams, allocator: str = "streamsafe",
+            sample: bool = False):
+    cls = common.ORDERINGS["tracked" if kind == "tracked-eager" else kind]
+    order = sampling(cls)(allocator) if sample else cls(allocator)
+    collect, workers, build_stream, probe_streams = streams
+    if sample:
+        order.sample()
+    cuda.synchronize()
+    start = time.perf_counter()
+    with nss.tracking(order.tracking):
+        count, results = common.sort_join(build, probe, collect, workers, build_stream,
+                                          probe_streams, order)
+    cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return seconds, count, results, getattr(order, "samples", [])
+
+
+def release_everything() -> None:
+    """Return cached memory of both allocators, so memory samples start level."""
+    import gc
+
+    gc.collect()
+    cuda.synchronize()
+    for rt in {nss.get_runtime()}:
+        rt.flush()
+        rt.reap()
+        rt.driver.pool_trim(0)
+    if not SIMULATOR:
+        cuda.current_context().deallocations.clear()
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1 << 9 if SIMULATOR else 1 << 24)
+    parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 7)
+    parser.add_argument("--streams", type=int, default=4)
+    args = parser.parse_args()
+
+    build, probe = common.make_relations(args.n, 1)
+    sorted_build = np.sort(build)
+    pos = np.minimum(np.searchsorted(sorted_build, probe), args.n - 1)
+    expected = np.where(sorted_build[pos] == probe, pos, -1)
+    streams = (cuda.stream(), [cuda.stream() for _ in range(args.streams)], cuda.stream(),
+               [cuda.stream() for _ in range(args.streams)])
+
+    lazy_rt = nss.get_runtime()
+    eager_rt = DeviceRuntime(AsyncResource(lazy_rt.driver, fences="eager"))
+    kinds = ["tracked", "tracked-eager", "sync", "events"]
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    correct: dict[str, bool] = {k: True for k in kinds}
+    for round_ in range(args.rounds + 1):  # the first round warms up
+        for kind in kinds:
+            nss.set_runtime(eager_rt if kind == "tracked-eager" else lazy_rt)
+            seconds, count, results, _ = one_run(kind, build, probe, streams)
+            ok = np.array_equal(np.concatenate(results), expected)
+            correct[kind] &= bool(ok) and int(count[0]) == int((expected >= 0).sum())
+            if round_:
+                times[kind].append(seconds)
+    nss.set_runtime(lazy_rt)
+
+    release_everything()
+    _, _, _, ours = one_run("tracked", build, probe, streams, sample=True)
+    release_everything()
+    _, _, _, numba = one_run("sync", build, probe, streams, allocator="numba", sample=True)
+    peak_ours = max(ours) - ours[0]
+    peak_numba = max(numba) - numba[0]
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "n": args.n,
+        "rounds": args.rounds,
+        "median_s": med,
+        "samples_s": times,
+        "correct": correct,
+        "tracked_over_sync": med["tracked"] / med["sync"],
+        "tracked_throughput_vs_events": med["events"] / med["tracked"],
+        "eager_over_lazy": med["tracked-eager"] / med["tracked"],
+        "peak_bytes": {"ours": peak_ours, "numba_default": peak_numba},
+        "peak_ours_over_numba": peak_ours / peak_numba if peak_numba else float("nan"),
+    }
+    print(f"sort -> join pipeline, n={args.n}, {args.rounds} rounds, on {device_name()}")
+    for kind in kinds:
+        print(f"  {kind:14s} median {med[kind] * 1e3:8.2f} ms  "
+              f"{'correct' if correct[kind] else 'WRONG'}")
+    print(f"  tracked / sync            {result['tracked_over_sync']:.3f}")
+    print(f"  throughput vs hand events {result['tracked_throughput_vs_events']:.3f}")
+    print(f"  eager / lazy              {result['eager_over_lazy']:.3f}")
+    print(f"  peak bytes ours {peak_ours}  numba default {peak_numba}")
+    write_result("pipeline", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Run every benchmark and print the table of figures, targets and pass / miss.
+
+Each benchmark runs in its own process (the memory manager is chosen per
+process) and writes JSON under ``$NSS_BENCH_DIR`` (default ``bench-results``);
+this script reads them back. ``--quick`` runs tiny sizes (CI uses it on the
+simulator so the benchmark code cannot rot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(script: str, *args: str, env: dict[str, str] | None = None) -> None:
+    cmd = [sys.executable, str(HERE / script), *args]
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
+
+
+def load(name: str) -> dict:
+    out = Path(os.environ.get("NSS_BENCH_DIR", "bench-results"))
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def rmm_available() -> bool:
+    try:
+        import rmm.allocators.numba  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    args = parser.parse_args()
+    quick = ["--launches", "4", "--rounds", "1"] if args.quick else []
+    run("launch_overhead.py", *quick)
+    quick = ["--cycles", "4", "--rounds", "1"] if args.quick else []
+    run("alloc_free.py", *quick, env={"NUMBA_CUDA_MEMORY_MANAGER": "default"})
+    run("alloc_free.py", *quick, env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"})
+    have_rmm = rmm_available()
+    if have_rmm:
+        run("alloc_free.py", *quick, env={"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba"})
+    run("pipeline.py", *(["--n", "256", "--rounds", "1"] if args.quick else []))
+
+    launch = load("launch_overhead")["results"]
+    default = load("alloc_free_default")["results"]
+    ours = load("alloc_free_numba_streamsafe")["results"]
+    rmm = load("alloc_free_rmm_allocators_numba")["results"] if have_rmm else None
+    pipe = load("pipeline")
+
+    rows = [
+        ("tracked / untracked launch, cross stream", launch["cross stream"]["ratio"], "<=", 1.10),
+        ("tracked / untracked launch, same stream", launch["same stream"]["ratio"], "<=", 1.05),
+    ]
+    for size in ("4KiB", "64MiB"):
+        rows.append((f"alloc+free {size}: ours / Numba default",
+                     ours[size]["us_per_cycle"] / default[size]["us_per_cycle"], "<=", 0.5))
+    for size in ("4KiB", "64MiB"):
+        value = (ours[size]["us_per_cycle"] / rmm[size]["us_per_cycle"]) if rmm else None
+        rows.append((f"alloc+free {size}: ours / RMM async plugin", value, "<=", 1.0))
+    rows += [
+        ("pipeline: tracked / device sync per stage", pipe["tracked_over_sync"], "<=", 0.67),
+        ("pipeline: throughput vs hand-placed events", pipe["tracked_throughput_vs_events"],
+         ">=", 0.95),
+        ("pipeline: peak bytes ours / Numba default", pipe["peak_ours_over_numba"], "<=", 1.0),
+    ]
+    print()
+    print(f"{'figure':48s} {'ours':>8s} {'target':>9s}  verdict")
+    for name, value, op, target in rows:
+        if value is None:
+            print(f"{name:48s} {'-':>8s} {op}{target:>7.2f}  not run (rmm not installed)")
+            continue
+        ok = value <= target if op == "<=" else value >= target
+        print(f"{name:48s} {value:8.3f} {op}{target:>7.2f}  {'pass' if ok else 'MISS'}")
+    print(f"pipeline correct: {pipe['correct']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
