@@ -1,0 +1,48 @@
+"""Nox sessions: tests, lint, typecheck, gpu, bench, demo."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests", "lint", "typecheck"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Test suite on the CPU (Numba's CUDA simulator, simulated driver)."""
+    session.install("-e", ".[test,cpu]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "numba_streamsafe", "tests", "examples", "benchmarks")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    session.install("-e", ".", "mypy")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session
+def gpu(session: nox.Session) -> None:
+    """Tests that need a CUDA GPU."""
+    session.install("-e", ".[test,cpu]")
+    # tests/gpu on its own: the CPU suite's conftest switches the simulator on.
+    session.run("pytest", "-m", "gpu", *(session.posargs or ["tests/gpu"]))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    session.install("-e", ".[cpu]")
+    session.run("python", "benchmarks/run_all.py", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The sort -> join pipeline (simulator when no GPU is present)."""
+    session.install("-e", ".[cpu]")
+    session.run("python", "examples/sort_join_pipeline.py", *session.posargs)
