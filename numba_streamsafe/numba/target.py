@@ -117,7 +117,12 @@ else:
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
         mp = memory_pointer(cuda.current_context(), rt, block)
-        return DeviceNDArray(shape, strides, dtype, stream=numba_stream(stream), gpu_data=mp)
+        array = DeviceNDArray(shape, strides, dtype, stream=numba_stream(stream), gpu_data=mp)
+        if array.gpu_data is not mp:
+            # Numba gives an empty array a null pointer and drops ours: keep the
+            # block, so the array has an identity as on the simulator.
+            array.gpu_data = mp
+        return array
 
     def resolve(rt: DeviceRuntime, arg: Any) -> Resolved:
         gpu_data = getattr(arg, "gpu_data", _MISSING)
