@@ -55,8 +55,12 @@ def main() -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
-if __name__ == "__main__" and "--components" not in sys.argv:
+if __name__ == "__main__" and not {"--components", "--count"} & set(sys.argv):
     main()
+
+
+def busy() -> int:
+    return sum(range(60))
 
 
 def components() -> None:
@@ -92,13 +96,76 @@ def components() -> None:
         "numba launch disp[1,32,s,0](...)": lambda: disp[1, 32, s1, 0](a, b, c),
         "tracked launch, same stream": lambda: tracked[1, 32, s1](a, b, c),
     }
+    disp_cfg = (1, 32, s1, 0)
+    from numba_streamsafe.numba.launch import fenced
+
+    def c2():
+        nss.get_runtime()
+        u = tracked._uses(rt, (a, b, c))[0]
+        h = rt.stream_handle(s1)
+        res.prepare_launch(u.blocks, h)
+        disp[disp_cfg](a, b, c)
+        res.commit_launch(u.blocks, h, s1)
+
+    pieces.update({
+        "A: disp[cfg](...)": lambda: disp[disp_cfg](a, b, c),
+        "B: A + _uses": lambda: (tracked._uses(rt, (a, b, c)), disp[disp_cfg](a, b, c)),
+        "C: _launch(s, disp[cfg], args)": lambda: tracked._launch(s1, disp[disp_cfg], (a, b, c)),
+        "D: tracked[1, 32, s](...)": lambda: tracked[1, 32, s1](a, b, c),
+        "B1: A + 3 x target.resolve": lambda: (target.resolve(rt, a), target.resolve(rt, b),
+                                               target.resolve(rt, c), disp[disp_cfg](a, b, c)),
+        "C1: A + runtime, _uses, stream_handle": lambda: (
+            nss.get_runtime(), tracked._uses(rt, (a, b, c)), rt.stream_handle(s1),
+            disp[disp_cfg](a, b, c)),
+        "C2: C1 + prepare + commit": lambda: c2(),
+        "C3: fenced(..., disp[cfg], args)": lambda: fenced(
+            rt, h1, tracked._uses(rt, (a, b, c))[0], "k", True, s1, disp[disp_cfg], a, b, c),
+        "B3: A + 1.7 us of unrelated Python": lambda: (busy(), disp[disp_cfg](a, b, c)),
+        "B4: A + 5 us of unrelated Python": lambda: (busy(), busy(), busy(),
+                                                     disp[disp_cfg](a, b, c)),
+    })
+    import gc
+
     for name, fn in pieces.items():
-        n = 2000 if "launch" in name and "_launch" not in name else 20000
+        n = 2000 if "launch" in name or ":" in name else 20000
         t = min(timeit.repeat(fn, number=n, repeat=3)) / n * 1e6
-        print(f"  {name:36s} {t:7.2f} us")
+        tgc = min(timeit.repeat(fn, setup=gc.enable, number=n, repeat=3)) / n * 1e6
+        print(f"  {name:36s} {t:7.2f} us   with gc {tgc:7.2f} us")
     cuda.synchronize()
     res.events.release(ev)
 
 
 if __name__ == "__main__" and "--components" in sys.argv:
     components()
+
+
+def count_driver_calls() -> None:
+    """Driver calls per tracked launch, same stream and alternating streams."""
+    import collections
+
+    tracked = tracked_kernel(body, access={"a": Read, "b": Read, "c": Write})
+    s1, s2 = cuda.stream(), cuda.stream()
+    a, b, c = (nss.device_array(256, np.float32, stream=s1) for _ in range(3))
+    tracked[1, 32, s1](a, b, c)
+    cuda.synchronize()
+    drv = nss.get_runtime().driver
+    counts: collections.Counter[str] = collections.Counter()
+    for name in ("event_record", "stream_wait_event", "event_create", "alloc_async",
+                 "free_async", "check_stream", "stream_synchronize", "event_query"):
+        original = getattr(drv, name)
+
+        def counted(*args, _name=name, _original=original):
+            counts[_name] += 1
+            return _original(*args)
+
+        setattr(drv, name, counted)
+    for label, streams in (("same", (s1, s1)), ("cross", (s1, s2))):
+        counts.clear()
+        for i in range(1000):
+            tracked[1, 32, streams[i & 1]](a, b, c)
+        cuda.synchronize()
+        print(f"  {label}: driver calls per launch", {k: v / 1000 for k, v in counts.items()})
+
+
+if __name__ == "__main__" and "--count" in sys.argv:
+    count_driver_calls()

@@ -27,6 +27,11 @@ def _strict(rt: Any) -> bool:
     return rt.mode is RecorderMode.STRICT
 
 
+def _owner(stream: Any) -> Any:
+    """What keeps ``stream`` alive: the user's stream object (None for handles)."""
+    return None if stream is None or isinstance(stream, int) else stream
+
+
 def _stream(stream: Any) -> Any:
     return current_stream() if stream is None else stream
 
@@ -73,17 +78,17 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
 
 def block_of(array: Any) -> Block | None:
     """The live block behind ``array`` (or any view of it), or None."""
-    return target.resolve(target.runtime(), array).block
+    return target.resolve(target.runtime(), array)[1]
 
 
 def _device_block(rt: Any, array: Any, what: str) -> Block | None:
-    res = target.resolve(rt, array)
-    if res.kind != target.DEVICE:
+    kind, block, _ = target.resolve(rt, array)
+    if kind != target.DEVICE:
         raise InvalidArgument(
             f"{what} must be a device array, got {type(array).__name__}; "
             "copy host data with numba_streamsafe.to_device(host, stream=...) first"
         )
-    return res.block
+    return block
 
 
 def to_device(host: Any, *, stream: Any = None, to: Any = None,
@@ -101,12 +106,9 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     block = _device_block(rt, to, "to")
     handle = rt.stream_handle(stream)
 
-    def work() -> None:
-        if host.nbytes:
-            to.copy_to_device(host, stream=target.numba_stream(stream))
-
-    fenced(rt, handle, single(block, Access.WRITE, "to"), f"copy to device ({tag})", work,
-           _strict(rt))
+    if host.nbytes:
+        fenced(rt, handle, single(block, Access.WRITE, "to"), f"copy to device ({tag})",
+               _strict(rt), _owner(stream), to.copy_to_device, host, target.numba_stream(stream))
     return to
 
 
@@ -123,11 +125,8 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     if out is not None and not isinstance(out, np.ndarray):
         raise InvalidArgument(f"out must be a NumPy array, got {type(out).__name__}")
 
-    def work() -> np.ndarray:
-        return array.copy_to_host(out, stream=target.numba_stream(stream))
-
-    return fenced(rt, handle, single(block, Access.READ, "array"), "copy to host", work,
-                  _strict(rt))
+    return fenced(rt, handle, single(block, Access.READ, "array"), "copy to host", _strict(rt),
+                  _owner(stream), array.copy_to_host, out, target.numba_stream(stream))
 
 
 def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
@@ -143,13 +142,11 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
         )
     handle = rt.stream_handle(stream)
 
-    def work() -> None:
-        dst.copy_to_device(src, stream=target.numba_stream(stream))
-
     uses = Uses()
     uses.add(src_block, Access.READ, "src")
     uses.add(dst_block, Access.WRITE, "dst")
-    fenced(rt, handle, uses, "device copy", work, _strict(rt))
+    fenced(rt, handle, uses, "device copy", _strict(rt), _owner(stream), dst.copy_to_device, src,
+           target.numba_stream(stream))
 
 
 def memset(array: Any, value: int, *, stream: Any = None) -> None:
@@ -163,13 +160,5 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     if not (array.flags["C_CONTIGUOUS"] or array.flags["F_CONTIGUOUS"]):
         raise StreamMisuse("memset needs a contiguous array; copy the view first")
 
-    def work() -> None:
-        if target.SIMULATOR:
-            array._ary.view(np.uint8)[...] = value
-        else:
-            from numba.cuda.cudadrv import driver as numba_driver
-
-            numba_driver.device_memset(array, int(value), array.nbytes,
-                                       stream=target.numba_stream(stream))
-
-    fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", work, _strict(rt))
+    fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
+           _owner(stream), target.memset, array, int(value), target.numba_stream(stream))

@@ -124,17 +124,11 @@ class TrackedKernel:
                 f"launch configuration must be [grid, block], [grid, block, stream] or "
                 f"[grid, block, stream, shmem]; got {config!r}"
             )
-        grid, block, *rest = config
-        stream = rest[0] if rest else 0
-        shmem = rest[1] if len(rest) > 1 else 0
-        return _Launch(self, stream, lambda *args: self.dispatcher[grid, block,
-                                                                   target.numba_stream(stream),
-                                                                   shmem](*args))
+        return _Launch(self, config)
 
-    def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> _Launch:
+    def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> _ForAll:
         """A 1-D launch over ``ntasks`` threads, as :meth:`numba.cuda.Dispatcher.forall`."""
-        return _Launch(self, stream, lambda *args: self.dispatcher.forall(
-            ntasks, tpb, target.numba_stream(stream), sharedmem)(*args))
+        return _ForAll(self, ntasks, tpb, stream, sharedmem)
 
     def __call__(self, *args: Any) -> None:
         raise StreamMisuse(
@@ -164,7 +158,7 @@ class TrackedKernel:
             if kind == DEVICE and access is not None:
                 if block is None:
                     if producer is not None:
-                        uses.producers.append(producer)
+                        uses.add_producer(producer)
                     if self.allow_foreign:
                         continue
                     uses.add(None, access, f"argument {name!r} of {self.__name__}")
@@ -192,33 +186,54 @@ class TrackedKernel:
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT
 
+    def _launch(self, stream: Any, launch: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Preflight, ``launch(*args)``, commit."""
+        rt = get_runtime()
+        uses, host = self._uses(rt, args)
+        owner = None if isinstance(stream, int) else stream
+        if host:
+            with stream_scope(stream):
+                fenced(rt, rt.stream_handle(stream), uses, self.__name__, self._strict(rt),
+                       owner, launch, *args)
+        else:
+            fenced(rt, rt.stream_handle(stream), uses, self.__name__, self._strict(rt), owner,
+                   launch, *args)
+
 
 class _Launch:
-    """One configured launch of a :class:`TrackedKernel`."""
+    """One configured launch of a :class:`TrackedKernel`: ``k[grid, block, stream, shmem]``."""
 
-    __slots__ = ("kernel", "stream", "launch")
+    __slots__ = ("kernel", "config", "stream")
 
-    def __init__(self, kernel: TrackedKernel, stream: Any, launch: Callable[..., Any]) -> None:
+    def __init__(self, kernel: TrackedKernel, config: tuple[Any, ...]) -> None:
         self.kernel = kernel
-        self.stream = stream
-        self.launch = launch
+        self.config = config
+        self.stream = config[2] if len(config) > 2 else 0
 
     def __call__(self, *args: Any) -> None:
-        kernel = self.kernel
-        rt = get_runtime()
-        stream = self.stream
-        handle = rt.stream_handle(stream)
-        uses, host = kernel._uses(rt, args)
-        launch = self.launch
-        if host:
-            def work() -> None:
-                with stream_scope(stream):
-                    launch(*args)
-        else:
-            def work() -> None:
-                launch(*args)
-        fenced(rt, handle, uses, kernel.__name__, work, kernel._strict(rt),
-               None if isinstance(stream, int) else stream)
+        config = self.config
+        if len(config) > 2:
+            config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
+        self.kernel._launch(self.stream, self.kernel.dispatcher[config], args)
+
+
+class _ForAll:
+    """A configured ``k.forall(n, tpb, stream, sharedmem)``."""
+
+    __slots__ = ("kernel", "ntasks", "tpb", "stream", "sharedmem")
+
+    def __init__(self, kernel: TrackedKernel, ntasks: int, tpb: int, stream: Any,
+                 sharedmem: int) -> None:
+        self.kernel = kernel
+        self.ntasks = ntasks
+        self.tpb = tpb
+        self.stream = stream
+        self.sharedmem = sharedmem
+
+    def __call__(self, *args: Any) -> None:
+        launch = self.kernel.dispatcher.forall(self.ntasks, self.tpb,
+                                               target.numba_stream(self.stream), self.sharedmem)
+        self.kernel._launch(self.stream, launch, args)
 
 
 def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -27,11 +27,13 @@ class Uses:
 
     def __init__(self) -> None:
         self.blocks: list[tuple[Block, Access]] = []
-        self.untracked: list[str] = []
-        self.producers: list[int] = []
+        self.untracked: list[str] | None = None
+        self.producers: list[int] | None = None
 
     def add(self, block: Block | None, access: Access, what: str) -> None:
         if block is None:
+            if self.untracked is None:
+                self.untracked = []
             self.untracked.append(what)
             return
         blocks = self.blocks
@@ -41,28 +43,33 @@ class Uses:
                 return
         blocks.append((block, access))
 
+    def add_producer(self, stream: int) -> None:
+        if self.producers is None:
+            self.producers = []
+        self.producers.append(stream)
 
-def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, work: Callable[[], T],
-           strict: bool, owner: object = None) -> T:
-    """Run ``work`` (which queues one launch or copy on ``stream``) between
-    preflight and commit.
+
+def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool, owner: object,
+           work: Callable[..., T], *args: object) -> T:
+    """Run ``work(*args)`` (which queues one launch or copy on ``stream``)
+    between preflight and commit.
 
     Untracked arrays are refused when ``strict``; the producer streams of
-    foreign arrays are waited for. ``owner`` (the user's stream object) is kept
-    alive while recorded uses refer to the stream. With the runtime's tracking off, ``work``
-    runs unfenced. A checking driver is told about the accesses either way.
+    foreign arrays are waited for. ``owner`` (the user's stream object, or
+    None) is kept alive while recorded uses refer to the stream. With the
+    runtime's tracking off, ``work`` runs unfenced. A checking driver is told
+    about the accesses either way.
 
     Raises
     ------
     StreamMisuse
         Untracked memory in strict mode; nothing is queued.
     """
-    driver = rt.driver
     blocks = uses.blocks
     if not rt.tracking:
-        result = work()
-        if driver.traces_accesses:
-            driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
+        result = work(*args)
+        if rt.driver.traces_accesses:
+            rt.driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
         return result
     if uses.untracked and strict:
         raise StreamMisuse(
@@ -74,11 +81,12 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, work: Callabl
     resource = rt.resource
     if blocks:
         resource.prepare_launch(blocks, stream)
-    for producer in uses.producers:
-        rt.order_after_stream(stream, producer)
-    result = work()
-    if driver.traces_accesses:
-        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
+    if uses.producers:
+        for producer in uses.producers:
+            rt.order_after_stream(stream, producer)
+    result = work(*args)
+    if rt.driver.traces_accesses:
+        rt.driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
     if blocks:
         resource.commit_launch(blocks, stream, owner)
     return result
@@ -89,4 +97,3 @@ def single(block: Block | None, access: Access, what: str) -> Uses:
     uses = Uses()
     uses.add(block, access, what)
     return uses
-

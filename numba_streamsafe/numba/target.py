@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import weakref
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from numba import config
@@ -29,18 +29,15 @@ SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
 DEVICE, HOST, OTHER = 0, 1, 2
 
 
-class Resolved(NamedTuple):
-    """A kernel argument, as the tracker sees it."""
+#: A kernel argument as the tracker sees it: ``(kind, block, producer)`` with
+#: ``kind`` one of DEVICE / HOST / OTHER, ``block`` the live block the data lies
+#: in (None for memory the library did not allocate) and ``producer`` the stream
+#: a foreign array's interface names, if any. A plain tuple: it is built for
+#: every argument of every launch.
+Resolved = tuple[int, "Block | None", "int | None"]
 
-    kind: int
-    #: The live block the data lies in, or None for memory we did not allocate.
-    block: Block | None
-    #: For foreign arrays: the producer stream their interface names, if any.
-    producer: int | None
-
-
-_NOT_ARRAY = Resolved(OTHER, None, None)
-_HOST = Resolved(HOST, None, None)
+_NOT_ARRAY: Resolved = (OTHER, None, None)
+_HOST: Resolved = (HOST, None, None)
 
 
 def runtime(device: int = 0) -> DeviceRuntime:
@@ -95,13 +92,17 @@ if SIMULATOR:
             block = _owner_block(arg._ary)
             if block is None:
                 block = rt.find(arg._ary.__array_interface__["data"][0])
-            return Resolved(DEVICE, block, None)
+            return (DEVICE, block, None)
         if isinstance(arg, np.ndarray):
             return _HOST
         return _resolve_interface(rt, arg)
 
     def pointer_of(arg: Any) -> int:
         return int(arg._ary.__array_interface__["data"][0])
+
+    def memset(array: Any, value: int, stream: Any) -> None:
+        """Set every byte of a contiguous array (the simulator runs it at once)."""
+        array._ary.reshape(-1, order="A").view(np.uint8)[...] = value
 
 else:
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
@@ -128,14 +129,20 @@ else:
         gpu_data = getattr(arg, "gpu_data", _MISSING)
         if gpu_data is not _MISSING:
             if gpu_data is None:
-                return Resolved(DEVICE, None, None)
+                return (DEVICE, None, None)
             block = getattr(gpu_data.owner, "_nss_block", None)
             if block is None:
                 block = rt.find(int(gpu_data.device_pointer_value or 0))
-            return Resolved(DEVICE, block, None)
+            return (DEVICE, block, None)
         if isinstance(arg, np.ndarray):
             return _HOST
         return _resolve_interface(rt, arg)
+
+    def memset(array: Any, value: int, stream: Any) -> None:
+        """Queue ``cuMemsetD8Async`` over a contiguous array on ``stream``."""
+        from numba.cuda.cudadrv import driver as numba_driver
+
+        numba_driver.device_memset(array, value, array.nbytes, stream=stream)
 
     def pointer_of(arg: Any) -> int:
         gpu_data = getattr(arg, "gpu_data", None)
@@ -155,4 +162,4 @@ def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:
     producer = cai.get("stream") if cai.get("version", 0) >= 3 else None
     if producer == 1:  # the interface's name for the legacy default stream
         producer = 0
-    return Resolved(DEVICE, rt.find(ptr) if ptr else None, producer)
+    return (DEVICE, rt.find(ptr) if ptr else None, producer)

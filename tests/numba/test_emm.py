@@ -207,7 +207,7 @@ SCRIPT = textwrap.dedent(r'''
         mm = StreamSafeMemoryManager(context=None)
         ptr = mm.memalloc(64)
         arr = DeviceNDArray((16,), (4,), np.dtype(np.int32), stream=0, gpu_data=ptr)
-        assert target.resolve(rt, arr).block is ptr._nss_block
+        assert target.resolve(rt, arr)[1] is ptr._nss_block
         block = ptr._nss_block
         del ptr, arr
         gc.collect()
