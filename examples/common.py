@@ -423,12 +423,13 @@ def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any,
     return result
 
 
-def hash_join(d_build: Any, d_probe_parts: list[Any], build_stream: Any, probe_streams: list[Any],
-              order: Ordering | None = None, build_ready: Any = None
-              ) -> tuple[list[Any], Any, Any]:
-    """Build a table of ``d_build`` on ``build_stream``; probe each part on its own stream.
+def build_table(d_build: Any, build_stream: Any, order: Ordering | None = None,
+                build_ready: Any = None) -> tuple[Any, Any, int, Any]:
+    """Insert ``d_build`` into an open-addressing table on ``build_stream``.
 
     ``build_ready`` is the ordering token after which ``d_build`` may be read.
+    Returns the table's keys and values, its mask, and the token after which
+    the table may be probed.
     """
     order = order or Ordering()
     nb = d_build.size
@@ -442,46 +443,85 @@ def hash_join(d_build: Any, d_probe_parts: list[Any], build_stream: Any, probe_s
     hash_build[g, b, build_stream](d_build, table_keys, table_vals, cap - 1)
     built = order.mark(build_stream)
     order.stage()
+    return table_keys, table_vals, cap - 1, built
+
+
+@dataclass
+class HostBatches:
+    """The probe relation in batches of pinned host memory, with pinned result buffers."""
+
+    keys: list[np.ndarray]
+    results: list[np.ndarray]
+
+    @classmethod
+    def of(cls, probe: np.ndarray, nbatches: int) -> HostBatches:
+        keys, results = [], []
+        for part in np.array_split(probe, nbatches):
+            pinned = cuda.pinned_array(part.shape, part.dtype)
+            pinned[...] = part
+            keys.append(pinned)
+            results.append(cuda.pinned_array(part.shape, np.int64))
+        return cls(keys, results)
+
+
+def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_streams: list[Any],
+                  order: Ordering | None = None) -> list[Any]:
+    """Stream the probe batches through the table, round robin over ``probe_streams``.
+
+    Each batch is uploaded, probed and its result downloaded (into
+    ``batches.results``) on its stream, so the copies of one batch overlap the
+    probing of others. Returns the device result of every batch.
+    """
+    order = order or Ordering()
+    table_keys, table_vals, mask, built = table
     outs = []
-    for part, s in zip(d_probe_parts, probe_streams):
-        out = order.alloc(part.size, np.int64, s, "probe result")
+    for j, (keys, result) in enumerate(zip(batches.keys, batches.results)):
+        s = probe_streams[j % len(probe_streams)]
+        d_keys = order.upload(keys, s, "probe keys")
+        out = order.alloc(keys.size, np.int64, s, "probe result")
         order.wait(s, built)
-        g, b = launch_shape(part.size)
-        hash_probe[g, b, s](part, table_keys, table_vals, out, cap - 1)
+        g, b = launch_shape(keys.size)
+        hash_probe[g, b, s](d_keys, table_keys, table_vals, out, mask)
+        nss.copy_to_host(out, result, stream=s)
         outs.append(out)
-    order.stage()
-    return outs, table_keys, table_vals
+        order.stage()
+    return outs
 
 
-def sort_join(build: np.ndarray, probe: np.ndarray, collect: Any, workers: list[Any],
+def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
               build_stream: Any, probe_streams: list[Any], order: Ordering | None = None
-              ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The sort -> join pipeline; returns the match count and each part's results."""
+              ) -> np.ndarray:
+    """The sort -> join pipeline.
+
+    The build keys are sorted (one bucket per worker stream), the sorted keys
+    inserted into a hash table (payload: the key's rank), the probe batches
+    streamed through it, and the matches counted on ``collect``. Results land
+    in ``batches.results``; returns the match count.
+    """
     order = order or Ordering()
     n = build.size
     d_build = order.upload(build, collect, "build keys")
     d_sorted = multistream_sort(d_build, n, workers, collect, order)
     sorted_ready = order.mark(collect)
     del d_build  # freed on the collector stream after the workers' reads
-    parts = np.array_split(probe, len(probe_streams))
-    d_parts = [order.upload(p, s, "probe keys") for p, s in zip(parts, probe_streams)]
-    outs, table_keys, table_vals = hash_join(d_sorted, d_parts, build_stream, probe_streams,
-                                             order, sorted_ready)
-    del d_sorted, table_keys, table_vals  # still being read by the probes: frees are fenced
+    table = build_table(d_sorted, build_stream, order, sorted_ready)
+    del d_sorted  # still being read by the build: the free is fenced
+    outs = probe_batches(batches, table, probe_streams, order)
+    del table  # still being read by the probes: the frees are fenced
     probed = [order.mark(s) for s in probe_streams]
     total = order.alloc(1, np.int64, collect, "match count")
     nss.memset(total, 0, stream=collect)
-    for out, token in zip(outs, probed):
+    for token in probed:
         order.wait(collect, token)
+    for out in outs:
         g, b = launch_shape(out.size)
         count_matches[g, b, collect](out, total)
-    order.stage()
-    results = [nss.copy_to_host(o, stream=s) for o, s in zip(outs, probe_streams)]
     count = nss.copy_to_host(total, stream=collect)
+    order.stage()
     for s in [collect, *probe_streams]:
         host_sync(s)
     order.finish()
-    return count, results
+    return count
 
 
 def make_relations(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

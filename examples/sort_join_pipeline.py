@@ -4,8 +4,10 @@
    the worker streams and collected into one sorted array;
 2. build: the build stream inserts the sorted keys into a hash table, each
    key's payload being its rank;
-3. probe: every probe stream looks up its part of the probe keys;
-4. count: the collector stream counts the matches of every part.
+3. probe: the probe keys are streamed through the table in batches of pinned
+   host memory, round robin over the probe streams, so the upload, probe and
+   download of one batch overlap those of others;
+4. count: the collector stream counts the matches of every batch.
 
 Each stage reads what another stream wrote, and temporaries are freed while
 other streams may still use them; the library orders all of it. The result
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import common  # sets up the target (GPU, or the simulator without one)
 import numpy as np
-from common import Report, Timer, hazards_now, make_relations, parse_args, sort_join
+from common import HostBatches, Report, Timer, hazards_now, make_relations, parse_args, sort_join
 from numba import cuda
 
 import numba_streamsafe as nss
@@ -29,13 +31,14 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
     workers = [cuda.stream() for _ in range(nstreams)]
     build_stream = cuda.stream()
     probe_streams = [cuda.stream() for _ in range(nstreams)]
+    batches = HostBatches.of(probe, 4 * nstreams)
     before = hazards_now()
     with nss.tracking(tracking), Timer() as t:
-        count, results = sort_join(build, probe, collect, workers, build_stream, probe_streams)
+        count = sort_join(build, batches, collect, workers, build_stream, probe_streams)
     sorted_build = np.sort(build)
     pos = np.minimum(np.searchsorted(sorted_build, probe), n - 1)
     expected = np.where(sorted_build[pos] == probe, pos, -1)
-    got = np.concatenate(results)
+    got = np.concatenate(batches.results)
     report = Report("sort -> join pipeline", n, tracking, seconds=t.seconds)
     report.checks["every probe finds its key's rank in the sorted build keys"] = bool(
         np.array_equal(got, expected))
