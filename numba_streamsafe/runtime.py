@@ -126,6 +126,11 @@ class DeviceRuntime:
                 f"stream {handle:#x} still orders {len(on_it)} live block(s): {names}. "
                 "Free them (their frees are queued on this stream) before destroying it"
             )
+        # Seal the uses recorded on the stream and reap its queued frees while
+        # the stream still exists; afterwards neither could be done.
+        retire = getattr(self.resource, "retire_stream", None)
+        if retire is not None:
+            retire(handle)
         self.driver.destroy_stream(handle)  # type: ignore[attr-defined]
 
     def order_after_stream(self, stream: int, producer: int) -> None:

@@ -56,9 +56,12 @@ class _Entry:
 
 def _unref(mark: Mark, pool: EventPool) -> None:
     mark.refs -= 1
-    if mark.refs == 0 and mark.handle is not None:
-        pool.release(mark.handle)
-        mark.handle = None
+    if mark.refs == 0:
+        if mark.handle is not None:
+            pool.release(mark.handle)
+            mark.handle = None
+        # No use refers to the mark any more: stop keeping its stream object
+        # alive (an open mark stays in ``_marks`` until the stream's next use).
         mark.owner = None
 
 
@@ -289,12 +292,12 @@ class AsyncResource(MemoryResource):
             pool = self.events
             for entry, access in entries:
                 if access & 2:
+                    mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
                     _unref(entry.last_write, pool)
                     for old in entry.reads.values():
                         _unref(old, pool)
                     entry.reads = {}
                     entry.last_write = mark
-                    mark.refs += 1
                 else:
                     old = entry.reads.get(stream)
                     if old is not mark:
@@ -422,6 +425,24 @@ class AsyncResource(MemoryResource):
                 return None
             block = self._live[self._bases[i]].block
             return block if address < block.ptr + block.nbytes else None
+
+    def retire_stream(self, stream: int) -> None:
+        """Make ``stream`` safe to destroy (called by ``DeviceRuntime.destroy_stream``).
+
+        Records the event of the stream's open mark, so uses recorded on the
+        stream can still be waited for once it is gone, and reaps when frees
+        are queued on it (a destroyed stream can no longer be synchronised).
+        """
+        with self._lock:
+            mark = self._marks.get(stream)
+            if mark is not None:
+                if mark.refs:
+                    self._seal(mark)
+                else:
+                    del self._marks[stream]
+            pending = stream in self._pending
+        if pending:
+            self.reap_pending()
 
     def blocks_on_stream(self, stream: int) -> list[Block]:
         """Live blocks allocated on ``stream``."""

@@ -33,6 +33,11 @@ class BudgetResource(ResourceAdaptor):
 
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
                  ) -> Block:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+            # Checked before the arithmetic below, which would raise TypeError.
+            raise InvalidArgument(
+                f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
+            )
         with self._lock:
             if self.upstream.bytes_outstanding() + nbytes > self.limit:
                 self.upstream.reap_pending()

@@ -1,0 +1,84 @@
+"""``stream_handle``: one normal form for the stream objects users hold."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from numba_streamsafe.streams import (
+    LEGACY_DEFAULT,
+    PER_THREAD_DEFAULT,
+    default_stream_handle,
+    stream_handle,
+)
+
+
+class CudaStreamProtocol:
+    """Like a ``cuda.core`` Stream: ``__cuda_stream__()`` returns ``(version, handle)``."""
+
+    def __init__(self, handle: int) -> None:
+        self._handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+
+class HandleAttribute:
+    """Like a Numba Stream: ``.handle`` is a ``ctypes.c_void_p``."""
+
+    def __init__(self, handle: int | None) -> None:
+        self.handle = ctypes.c_void_p(handle)
+
+
+def test_none_is_the_legacy_default_stream(monkeypatch):
+    monkeypatch.delenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
+    assert stream_handle(None) == LEGACY_DEFAULT == 0
+    monkeypatch.setenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
+    assert stream_handle(None) == 0
+
+
+def test_none_is_the_per_thread_stream_when_numba_uses_it(monkeypatch):
+    monkeypatch.setenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    assert stream_handle(None) == PER_THREAD_DEFAULT == 2
+    assert default_stream_handle() == 2
+
+
+@pytest.mark.parametrize("handle", [0, 2, 0x1000, 0x7F00DEAD0000, 2**63])
+def test_ints_are_handles(handle):
+    assert stream_handle(handle) == handle
+
+
+def test_negative_int_is_refused():
+    with pytest.raises(TypeError, match="non-negative"):
+        stream_handle(-1)
+
+
+@pytest.mark.parametrize("handle", [0, 0x1000, 0x7F00DEAD0000])
+def test_cuda_stream_protocol(handle):
+    assert stream_handle(CudaStreamProtocol(handle)) == handle
+
+
+def test_cuda_stream_protocol_as_a_tuple_attribute():
+    obj = type("S", (), {"__cuda_stream__": (0, 0x4242)})()
+    assert stream_handle(obj) == 0x4242
+
+
+@pytest.mark.parametrize("handle", [0x1000, 0x7F00DEAD0000])
+def test_handle_attribute_c_void_p(handle):
+    assert stream_handle(HandleAttribute(handle)) == handle
+
+
+def test_null_c_void_p_handle_is_the_legacy_stream():
+    assert stream_handle(HandleAttribute(None)) == 0
+
+
+def test_handle_attribute_none_means_no_handle():
+    obj = type("S", (), {"handle": None})()
+    assert stream_handle(obj) is None
+
+
+@pytest.mark.parametrize("bad", [1.5, 0.0, "0x1000", "stream", b"s", True, [1], object()])
+def test_objects_that_name_no_stream_are_type_errors(bad):
+    with pytest.raises(TypeError, match="cannot use .* as a CUDA stream|non-negative"):
+        stream_handle(bad)
