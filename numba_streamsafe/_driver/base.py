@@ -65,6 +65,10 @@ class Driver(Protocol):
 
     def stream_synchronize(self, stream: int) -> None: ...
 
+    def stream_query(self, stream: int) -> bool:
+        """True when all work queued on ``stream`` has completed (``cuStreamQuery``)."""
+        ...
+
     def check_stream(self, stream: int) -> None:
         """Raise :class:`~numba_streamsafe.errors.StreamMisuse` if ``stream`` is not usable."""
         ...

@@ -156,6 +156,14 @@ class CudaDriver:
         self._ensure_context()
         self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
 
+    def stream_query(self, stream: int) -> bool:
+        self._ensure_context()
+        (err,) = self._drv.cuStreamQuery(stream)
+        if err == self._drv.CUresult.CUDA_ERROR_NOT_READY:
+            return False
+        self._check("cuStreamQuery", (err,))
+        return True
+
     def synchronize(self) -> None:
         self._ensure_context()
         self._check("cuCtxSynchronize", self._drv.cuCtxSynchronize())

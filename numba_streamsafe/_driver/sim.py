@@ -217,6 +217,15 @@ class SimDriver:
             s = self._stream(stream, "cuStreamSynchronize")
             self._join_host(s.clock)
 
+    def stream_query(self, stream: int) -> bool:
+        """Idle when the host has synchronised with everything queued on ``stream``:
+        the model completes work only when the host observes it."""
+        with self._lock:
+            self._enter("cuStreamQuery")
+            clock = self._stream(stream, "cuStreamQuery").clock
+            host = self._host_clock
+            return all(host.get(k, 0) >= v for k, v in clock.items())
+
     def synchronize(self) -> None:
         """Device-wide synchronise: the host is ordered after every stream."""
         with self._lock:

@@ -117,7 +117,7 @@ class AsyncResource(MemoryResource):
         self._bases: list[int] = []
         self._live_bytes = 0
         self._pending_bytes = 0
-        #: stream -> [bytes whose free is queued there, keep-alive owners]
+        #: stream -> [bytes whose free is queued there, the stream's keep-alive owner]
         self._pending: dict[int, list[Any]] = {}
         self._deferred: collections.deque[Block] = collections.deque()
         self._holds = 0
@@ -133,8 +133,10 @@ class AsyncResource(MemoryResource):
             raise InvalidArgument(
                 f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
             )
-        self._drain()
         self.driver.check_stream(stream)
+        self._drain()
+        if self._pending and not self._allocations & 63:
+            self.reap_completed()
         ptr = self._alloc_with_retry(nbytes, stream)
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
                       stream_owner=stream_owner)
@@ -174,15 +176,24 @@ class AsyncResource(MemoryResource):
             self.reap_pending()
         except DriverError:
             pass
-        self.driver.pool_trim(0)
+        self._trim_quietly()
         try:
             return self.driver.alloc_async(nbytes, stream)
         except DriverError as exc:
             if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
                 raise
+            # The failed attempt can leave the pool holding what it reserved:
+            # hand it back, so the caller's next (smaller) allocation can work.
+            self._trim_quietly()
             with self._lock:
                 live, pending = self._live_bytes, self._pending_bytes
             raise OutOfMemory(nbytes, live, pending, str(exc)) from None
+
+    def _trim_quietly(self) -> None:
+        try:
+            self.driver.pool_trim(0)
+        except DriverError as exc:
+            _log.warning("pool trim after out-of-memory failed: %s", exc)
 
     # ------------------------------------------------------------ validation
     def _entry(self, block: Block, what: str) -> _Entry:
@@ -251,16 +262,20 @@ class AsyncResource(MemoryResource):
         return handle
 
     def _wait_all(self, stream: int, marks: list[Mark]) -> None:
-        """Queue waits of ``stream`` on ``marks``, each once; caller holds the lock."""
+        """Queue waits of ``stream`` on ``marks``, each once; caller holds the lock.
+
+        A stream that already waited for a mark is ordered after it for good
+        (stream order), so it never waits for the same mark twice.
+        """
         wait = self.driver.stream_wait_event
-        if len(marks) == 1:
-            wait(stream, self._seal(marks[0]))
-            return
-        seen: set[int] = set()
         for mark in marks:
-            if id(mark) not in seen:
-                seen.add(id(mark))
-                wait(stream, self._seal(mark))
+            waiters = mark.waiters
+            if waiters is None:
+                mark.waiters = waiters = set()
+            elif stream in waiters:
+                continue
+            wait(stream, self._seal(mark))
+            waiters.add(stream)
 
     def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
         if self._deferred:
@@ -331,10 +346,11 @@ class AsyncResource(MemoryResource):
             self._pending_bytes += block.nbytes
             slot = self._pending.get(stream)
             if slot is None:
-                self._pending[stream] = [block.nbytes, [block.stream_owner]]
+                self._pending[stream] = [block.nbytes, block.stream_owner]
             else:
                 slot[0] += block.nbytes
-                slot[1].append(block.stream_owner)
+                if slot[1] is None:
+                    slot[1] = block.stream_owner
             self._frees += 1
             block.state = BlockState.FREED
             block.stream_owner = None
@@ -405,18 +421,39 @@ class AsyncResource(MemoryResource):
         with self._lock:
             drained, self._pending = self._pending, {}
         items = list(drained.items())
-        for i, (stream, (nbytes, _owners)) in enumerate(items):
+        for i, (stream, (nbytes, _owner)) in enumerate(items):
             try:
                 self.driver.stream_synchronize(stream)
             except BaseException:
                 with self._lock:
-                    for s, (n, owners) in items[i:]:
-                        slot = self._pending.setdefault(s, [0, []])
+                    for s, (n, owner) in items[i:]:
+                        slot = self._pending.setdefault(s, [0, None])
                         slot[0] += n
-                        slot[1].extend(owners)
+                        if slot[1] is None:
+                            slot[1] = owner
                 raise
             with self._lock:
                 self._pending_bytes -= nbytes
+
+    def reap_completed(self) -> None:
+        """Release the pending bytes of streams that have gone idle, without waiting.
+
+        An idle stream (``cuStreamQuery``) has run every free queued on it.
+        Called every few allocations, so that pending bytes stay bounded in a
+        program that never reaps.
+        """
+        with self._lock:
+            streams = list(self._pending)
+        for stream in streams:
+            try:
+                idle = self.driver.stream_query(stream)
+            except DriverError:
+                continue
+            if idle:
+                with self._lock:
+                    slot = self._pending.pop(stream, None)
+                    if slot is not None:
+                        self._pending_bytes -= slot[0]
 
     def find(self, address: int) -> Block | None:
         with self._lock:

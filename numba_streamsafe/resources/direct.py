@@ -9,7 +9,7 @@ from typing import Any
 
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.blocks import Block, BlockState, next_generation
-from numba_streamsafe.errors import InvalidArgument, StaleContext, UseAfterFree
+from numba_streamsafe.errors import DriverError, InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats
 
 __all__ = ["DirectResource"]
@@ -57,6 +57,11 @@ class DirectResource(MemoryResource):
         return block
 
     def deallocate(self, block: Block) -> None:
+        if block.device != self.device:
+            raise InvalidArgument(
+                f"deallocate: {block.describe()} belongs to device {block.device}, but this "
+                f"resource serves device {self.device}; use that device's runtime"
+            )
         with self._lock:
             if block.epoch != self._epoch:
                 raise StaleContext(f"deallocate: {block.describe()} predates a context reset")
@@ -84,7 +89,10 @@ class DirectResource(MemoryResource):
             try:
                 self.deallocate(block)
             except UseAfterFree:
-                pass
+                pass  # freed explicitly before its finalizer ran, or stale
+            except DriverError:
+                self._deferred.append(block)  # keep it for the next flush
+                raise
 
     def bytes_outstanding(self) -> int:
         return self._live_bytes
@@ -110,8 +118,18 @@ class DirectResource(MemoryResource):
         return self._epoch
 
     def reset_context(self) -> None:
+        """Free every live block (ignoring driver errors: a gone context took its
+        memory with it), forget queued frees and advance the epoch."""
         with self._lock:
             self._epoch += 1
+            blocks = list(self._live.values())
             self._live.clear()
             self._bases.clear()
             self._live_bytes = 0
+            self._deferred.clear()
+        for block in blocks:
+            block.state = BlockState.FREED
+            try:
+                self.driver.free(block.ptr)
+            except DriverError:
+                pass

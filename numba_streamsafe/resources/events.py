@@ -27,13 +27,15 @@ class Mark:
     resource's lock.
     """
 
-    __slots__ = ("stream", "handle", "refs", "owner")
+    __slots__ = ("stream", "handle", "refs", "owner", "waiters")
 
     def __init__(self, stream: int, owner: Any = None) -> None:
         self.stream = stream
         self.handle: Any = None
         self.refs = 0
         self.owner = owner
+        #: Streams that already wait for this mark's event.
+        self.waiters: set[int] | None = None
 
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"

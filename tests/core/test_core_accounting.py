@@ -245,3 +245,52 @@ def test_other_driver_errors_are_not_retried(small):
     with pytest.raises(OutOfMemory):
         rt.allocate(256, a, "x")
     assert snapshot(res, keep) == before
+
+
+def test_oom_trims_the_pool_again_before_raising(small):
+    sim, res, rt, a, b = small
+    blocks = [rt.allocate(1024, a, f"fill{i}") for i in range(4)]
+    trims = sim.calls["cuMemPoolTrimTo"]
+    with pytest.raises(OutOfMemory):
+        rt.allocate(1024, b, "one too many")
+    assert sim.calls["cuMemPoolTrimTo"] - trims == 2, "once before the retry, once before raising"
+    sim.inject_failure("cuMemPoolTrimTo")
+    sim.inject_failure("cuMemPoolTrimTo")
+    with pytest.raises(OutOfMemory):  # a failing trim does not hide the out-of-memory
+        rt.allocate(1024, b, "still too many")
+    del blocks
+
+
+# ------------------------------------------------------- bounded pending bytes
+def test_idle_streams_release_their_pending_bytes_without_a_reap(rt, res, sim, four_streams):
+    a, b, c, d = four_streams
+    _queue_frees(rt, (a, b, c), (1000, 2000, 3000))
+    res.reap_completed()
+    assert res.pending_bytes == 6000, "nothing completed: the host observed no stream"
+    sim.stream_synchronize(b)  # b is idle now, so its free has run
+    res.reap_completed()
+    assert res.pending_per_stream() == {a: 1000, c: 3000} and res.pending_bytes == 4000
+    assert sim.calls["cuStreamSynchronize"] == 1, "reap_completed never blocks"
+
+
+def test_allocations_reap_completed_streams_now_and_then(rt, res, sim, two_streams):
+    a, b = two_streams
+    for _ in range(200):
+        rt.deallocate(rt.allocate(512, b))
+        sim.stream_synchronize(b)
+    assert res.pending_bytes <= 64 * 512, "pending bytes stay bounded with no explicit reap"
+
+
+# ------------------------------------------------------ waits are never repeated
+def test_a_stream_waits_for_a_mark_once(rt, res, sim, two_streams):
+    a, b = two_streams
+    x = rt.allocate(256, a, "x")
+    launch(rt, a, [(x, W)])
+    waits = sim.calls["cuStreamWaitEvent"]
+    for _ in range(5):
+        launch(rt, b, [(x, R)])
+    assert sim.calls["cuStreamWaitEvent"] - waits == 1, "stream order covers the later reads"
+    launch(rt, a, [(x, W)])
+    launch(rt, b, [(x, R)])
+    assert sim.calls["cuStreamWaitEvent"] - waits == 3, "a new write: b waits for it (a for b)"
+    assert sim.hazards == []
