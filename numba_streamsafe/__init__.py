@@ -28,6 +28,7 @@ from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedL
 from numba_streamsafe.resources import (
     AsyncResource,
     BudgetResource,
+    DebugGuardResource,
     DirectResource,
     LoggingResource,
     MemoryResource,
@@ -75,6 +76,7 @@ __all__ = [
     "DirectResource",
     "LoggingResource",
     "BudgetResource",
+    "DebugGuardResource",
     "DeviceRuntime",
     "get_runtime",
     "set_runtime",

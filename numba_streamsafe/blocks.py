@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -15,13 +14,15 @@ __all__ = ["Block", "BlockId", "BlockState", "Generation", "next_generation"]
 Generation = int
 
 _generations = itertools.count(1)
-_generation_lock = threading.Lock()
 
 
 def next_generation() -> Generation:
-    """Return a process-wide unique, increasing generation."""
-    with _generation_lock:
-        return next(_generations)
+    """Return a process-wide unique, increasing generation.
+
+    ``itertools.count`` hands out each value once even across threads: its
+    ``__next__`` runs in C without releasing the GIL.
+    """
+    return next(_generations)
 
 
 class BlockId(NamedTuple):
@@ -40,7 +41,7 @@ class BlockState(enum.Enum):
     FREED = "freed"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     """A device allocation handed out by a memory resource.
 

@@ -81,6 +81,26 @@ class Driver(Protocol):
         """``(free, total)`` bytes of the device."""
         ...
 
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue on ``stream`` the fill of ``nbytes`` bytes at ``ptr`` with ``value``
+        (``cuMemsetD8Async``).
+
+        ``value`` is a byte (0 to 255). The fill is a write of the range, ordered
+        like a kernel on ``stream``; the simulated backend checks it as one.
+        """
+        ...
+
+    def copy_to_host(self, ptr: int, nbytes: int, stream: int) -> bytes:
+        """Copy ``nbytes`` bytes at ``ptr`` to the host, ordered on ``stream``, and
+        return them once they have arrived.
+
+        Queues ``cuMemcpyDtoHAsync`` on ``stream``, then synchronises ``stream``
+        (``cuStreamSynchronize``), so everything queued on ``stream`` before the
+        call is complete when it returns. The copy is a read of the range,
+        ordered like a kernel on ``stream``; the simulated backend checks it as one.
+        """
+        ...
+
     def trace_access(self, stream: int, accesses: Any, label: str) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.
 

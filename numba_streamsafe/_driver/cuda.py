@@ -122,6 +122,44 @@ class CudaDriver:
         free, total = self._check("cuMemGetInfo", self._drv.cuMemGetInfo())
         return int(free), int(total)
 
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue ``cuMemsetD8Async``: fill ``nbytes`` bytes at ``ptr`` with the byte ``value``.
+
+        Raises
+        ------
+        DriverError
+            ``value`` is not a byte (checked here, as ``CUDA_ERROR_INVALID_VALUE``),
+            or the driver refused the call.
+        """
+        from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_VALUE
+
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+            raise DriverError("cuMemsetD8Async", CUDA_ERROR_INVALID_VALUE,
+                              f"fill value {value!r} is not a byte; pass an int from 0 to 255")
+        self._ensure_context()
+        self._check("cuMemsetD8Async", self._drv.cuMemsetD8Async(ptr, value, nbytes, stream))
+
+    def copy_to_host(self, ptr: int, nbytes: int, stream: int) -> bytes:
+        """``cuMemcpyDtoHAsync`` of ``nbytes`` bytes at ``ptr`` into a host buffer on
+        ``stream``, then ``cuStreamSynchronize(stream)``; returns the bytes.
+
+        Everything queued on ``stream`` before the call is complete when it returns.
+        """
+        import numpy as np
+
+        from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_VALUE
+
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise DriverError("cuMemcpyDtoHAsync", CUDA_ERROR_INVALID_VALUE,
+                              f"size {nbytes!r} is not a non-negative int")
+        host = np.empty(nbytes, dtype=np.uint8)
+        self._ensure_context()
+        if nbytes:
+            self._check("cuMemcpyDtoHAsync",
+                        self._drv.cuMemcpyDtoHAsync(host.ctypes.data, ptr, nbytes, stream))
+        self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
+        return host.tobytes()
+
     # ----------------------------------------------------------------- events
     def event_create(self) -> Any:
         self._ensure_context()

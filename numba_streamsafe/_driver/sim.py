@@ -435,6 +435,78 @@ class SimDriver:
             start = ptr - chunk.buffer.ctypes.data
             return chunk.buffer[start:start + nbytes]
 
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue the fill of ``nbytes`` bytes at ``ptr`` with the byte ``value`` on ``stream``.
+
+        The model of ``cuMemsetD8Async``: checked as a write of the range by
+        ``stream``, like a kernel (:meth:`trace_access`), so an unordered fill is
+        a hazard. The backing bytes are filled at once; a range without backing
+        (``backing=False``, or past the end of its chunk) is checked only.
+
+        Raises
+        ------
+        DriverError
+            ``value`` is not a byte or ``nbytes`` is negative
+            (``CUDA_ERROR_INVALID_VALUE``); ``stream`` does not exist.
+        """
+        with self._lock:
+            self._enter("cuMemsetD8Async")
+            _check_fill_args("cuMemsetD8Async", value, nbytes)
+            op = self._enqueue(stream, "cuMemsetD8Async", "cuMemsetD8Async")
+            if nbytes:
+                self._trace(((ptr, nbytes, Access.WRITE),), op)
+                view = self._backed_view(ptr, nbytes)
+                if view is not None:
+                    view[:] = value
+
+    def copy_to_host(self, ptr: int, nbytes: int, stream: int) -> bytes:
+        """Copy ``nbytes`` bytes at ``ptr`` to the host on ``stream``, then synchronise it.
+
+        The model of ``cuMemcpyDtoHAsync`` followed by ``cuStreamSynchronize``:
+        checked as a read of the range by ``stream``, like a kernel
+        (:meth:`trace_access`); afterwards the host is ordered after everything
+        queued on ``stream``.
+
+        Raises
+        ------
+        DriverError
+            ``nbytes`` is negative, or the range is not memory of this driver
+            (``CUDA_ERROR_INVALID_VALUE``); ``stream`` does not exist.
+        StreamMisuse
+            This driver keeps no bytes (``backing=False``): build it with
+            ``SimDriver(backing=True)`` to read device memory back.
+        """
+        with self._lock:
+            self._enter("cuMemcpyDtoHAsync")
+            _check_fill_args("cuMemcpyDtoHAsync", 0, nbytes)
+            self._stream(stream, "cuMemcpyDtoHAsync")
+            data = b""
+            if nbytes:
+                if not self.backing:
+                    raise StreamMisuse(
+                        f"cannot copy {nbytes} B at {ptr:#x} to the host: this SimDriver was "
+                        "built with backing=False and keeps no bytes; use SimDriver(backing=True)"
+                    )
+                chunk = self._chunk_at(ptr)
+                if chunk is None or ptr + nbytes > chunk.base + chunk.capacity:
+                    raise DriverError("cuMemcpyDtoHAsync", CUDA_ERROR_INVALID_VALUE,
+                                      f"{ptr:#x}+{nbytes} is not memory of this device")
+                op = self._enqueue(stream, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync")
+                self._trace(((ptr, nbytes, Access.READ),), op)
+                view = self._backed_view(ptr, nbytes)
+                data = view.tobytes() if view is not None else b""
+            self.stream_synchronize(stream)
+            return data
+
+    def _backed_view(self, ptr: int, nbytes: int) -> np.ndarray | None:
+        """The backing bytes of ``ptr``..``ptr+nbytes`` up to the end of its chunk, or None."""
+        chunk = self._chunk_at(ptr)
+        if chunk is None or chunk.buffer is None:
+            return None
+        start = ptr - chunk.buffer.ctypes.data
+        end = min(ptr + nbytes, chunk.base + chunk.capacity) - chunk.buffer.ctypes.data
+        return chunk.buffer[start:end]
+
     # ---------------------------------------------------------------- checking
     def _chunk_at(self, address: int) -> _Chunk | None:
         i = bisect.bisect_right(self._bases, address) - 1
@@ -487,3 +559,13 @@ class SimDriver:
         if self.hazards:
             shown = "\n  ".join(str(h) for h in self.hazards[:10])
             raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")
+
+
+def _check_fill_args(call: str, value: int, nbytes: int) -> None:
+    """Refuse a fill value that is not a byte, or a negative size, as the driver would."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+        raise DriverError(call, CUDA_ERROR_INVALID_VALUE,
+                          f"fill value {value!r} is not a byte; pass an int from 0 to 255")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise DriverError(call, CUDA_ERROR_INVALID_VALUE,
+                          f"size {nbytes!r} is not a non-negative int")

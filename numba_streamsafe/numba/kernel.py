@@ -150,12 +150,24 @@ class TrackedKernel:
                 f", got {len(args)}"
             )
         uses = Uses()
+        blocks = uses.blocks
         host = False
         resolve = target.resolve
-        DEVICE = target.DEVICE
         for (name, access), arg in zip(params, args):
+            # Fast path: an array over one of our blocks (GPU), not yet seen in
+            # this launch. Everything else goes through the general resolution.
+            gpu_data = getattr(arg, "gpu_data", None)
+            block = getattr(gpu_data, "_nss_block", None) if gpu_data is not None else None
+            if block is not None and access is not None:
+                for b, _ in blocks:
+                    if b is block:
+                        uses.add(block, access, name)
+                        break
+                else:
+                    blocks.append((block, access))
+                continue
             kind, block, producer = resolve(rt, arg)
-            if kind == DEVICE and access is not None:
+            if kind == target.DEVICE and access is not None:
                 if block is None:
                     if producer is not None:
                         uses.add_producer(producer)

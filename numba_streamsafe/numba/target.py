@@ -107,11 +107,14 @@ if SIMULATOR:
 else:
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
     from numba.cuda.cudadrv.driver import MemoryPointer
+    from numba.cuda.cudadrv.driver import binding as _binding
+
+    _CUdeviceptr = _binding.CUdeviceptr
 
     def memory_pointer(context: Any, rt: DeviceRuntime, block: Block) -> Any:
         """A Numba ``MemoryPointer`` owning ``block``; its finalizer defers the free."""
-        mp = MemoryPointer(context, ctypes.c_void_p(block.ptr), block.nbytes,
-                           finalizer=functools.partial(rt.defer_free, block))
+        mp = MemoryPointer(context, _CUdeviceptr(block.ptr), block.nbytes,
+                           finalizer=functools.partial(rt.resource.defer_free, block))
         mp._nss_block = block
         return mp
 

@@ -9,6 +9,7 @@ from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, Res
 from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
 from numba_streamsafe.resources.events import EventPool, Mark
+from numba_streamsafe.resources.guard import DebugGuardResource
 from numba_streamsafe.resources.logging import LoggingResource
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "DirectResource",
     "LoggingResource",
     "BudgetResource",
+    "DebugGuardResource",
     "EventPool",
     "Mark",
 ]

@@ -114,7 +114,8 @@ class AsyncResource(MemoryResource):
         self._live: dict[int, _Entry] = {}
         #: The open (not yet sealed) mark of each stream.
         self._marks: dict[int, Mark] = {}
-        self._bases: list[int] = []
+        #: Sorted live addresses for :meth:`find`; None when stale.
+        self._index: list[int] | None = []
         self._live_bytes = 0
         self._pending_bytes = 0
         #: stream -> [bytes whose free is queued there, the stream's keep-alive owner]
@@ -129,34 +130,49 @@ class AsyncResource(MemoryResource):
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
                  ) -> Block:
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise InvalidArgument(
-                f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
-            )
-        self.driver.check_stream(stream)
-        self._drain()
+        if nbytes.__class__ is not int or nbytes <= 0:
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
+                raise InvalidArgument(
+                    f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a "
+                    "positive int"
+                )
+            nbytes = int(nbytes)
+        driver = self.driver
+        driver.check_stream(stream)
+        if self._deferred:
+            self._drain()
         if self._pending and not self._allocations & 63:
             self.reap_completed()
-        ptr = self._alloc_with_retry(nbytes, stream)
+        try:
+            ptr = driver.alloc_async(nbytes, stream)
+        except DriverError as exc:
+            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
+                raise
+            ptr = self._retry_after_oom(nbytes, stream)
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
                       stream_owner=stream_owner)
         with self._lock:
-            if ptr in self._live:
+            live = self._live
+            if ptr in live:
                 # The driver returned an address we hold: never overwrite state.
                 raise StreamSafeError(
                     f"the driver returned {ptr:#x}, which is still live as "
-                    f"{self._live[ptr].block.describe()}; the pool is corrupt, report this"
+                    f"{live[ptr].block.describe()}; the pool is corrupt, report this"
                 )
-            mark = self._open_mark(stream, stream_owner)
+            mark = self._marks.get(stream)
+            if mark is None:
+                mark = self._marks[stream] = Mark(stream, stream_owner)
+            elif stream_owner is not None and mark.owner is None:
+                mark.owner = stream_owner
             if self._eager:
                 try:
                     self._seal(mark)  # the allocation-ready event
                 except BaseException:
-                    self.driver.free_async(ptr, stream)
+                    driver.free_async(ptr, stream)
                     raise
             mark.refs += 1
-            self._live[ptr] = _Entry(block, mark)
-            bisect.insort(self._bases, ptr)
+            live[ptr] = _Entry(block, mark)
+            self._index = None
             self._live_bytes += nbytes
             self._allocations += 1
             total = self._live_bytes + self._pending_bytes
@@ -164,13 +180,8 @@ class AsyncResource(MemoryResource):
                 self._peak = total
         return block
 
-    def _alloc_with_retry(self, nbytes: int, stream: int) -> int:
-        try:
-            return self.driver.alloc_async(nbytes, stream)
-        except DriverError as exc:
-            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
-                raise
-        # Out of memory: give back everything we can, then try once more.
+    def _retry_after_oom(self, nbytes: int, stream: int) -> int:
+        """Out of memory: give back everything we can, then try once more."""
         self.flush()
         try:
             self.reap_pending()
@@ -232,14 +243,11 @@ class AsyncResource(MemoryResource):
     def _entries(self, uses: Sequence[Use], what: str) -> list[tuple[_Entry, int]]:
         """Validated entries of ``uses``; caller holds the lock."""
         live = self._live
-        epoch = self._epoch
         out = []
         for block, access in uses:
             entry = live.get(block.ptr)
-            if (entry is None or block.epoch != epoch
-                    or (entry.block is not block and entry.block.generation != block.generation)
-                    or block.device != self.device):
-                entry = self._entry(block, what)  # raises the precise error
+            if entry is None or entry.block is not block:
+                entry = self._entry(block, what)  # a copy of the handle, or an error
             out.append((entry, access))
         return out
 
@@ -281,16 +289,22 @@ class AsyncResource(MemoryResource):
         if self._deferred:
             self._drain()
         with self._lock:
-            marks: list[Mark] = []
+            marks: list[Mark] | None = None
             for entry, access in self._entries(uses, "prepare_use"):
                 lw = entry.last_write
                 if lw.stream != stream:
-                    marks.append(lw)
+                    if marks is None:
+                        marks = [lw]
+                    else:
+                        marks.append(lw)
                 if access & 2 and entry.reads:
                     for s, mark in entry.reads.items():
                         if s != stream:
-                            marks.append(mark)
-            if marks:
+                            if marks is None:
+                                marks = [mark]
+                            else:
+                                marks.append(mark)
+            if marks is not None:
                 self._wait_all(stream, marks)
 
     def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
@@ -303,20 +317,30 @@ class AsyncResource(MemoryResource):
             entries = self._entries(uses, "finish_use")
             if not entries:
                 return
-            mark = self._open_mark(stream, owner)
+            mark = self._marks.get(stream)
+            if mark is None:
+                mark = self._marks[stream] = Mark(stream, owner)
+            elif owner is not None and mark.owner is None:
+                mark.owner = owner
             pool = self.events
             for entry, access in entries:
                 if access & 2:
                     mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
-                    _unref(entry.last_write, pool)
-                    for old in entry.reads.values():
-                        _unref(old, pool)
-                    entry.reads = {}
-                    entry.last_write = mark
+                    lw = entry.last_write
+                    if lw is not mark:
+                        _unref(lw, pool)
+                        entry.last_write = mark
+                    else:
+                        mark.refs -= 1
+                    if entry.reads:
+                        for old in entry.reads.values():
+                            _unref(old, pool)
+                        entry.reads = {}
                 else:
-                    old = entry.reads.get(stream)
+                    reads = entry.reads
+                    old = reads.get(stream)
                     if old is not mark:
-                        entry.reads[stream] = mark
+                        reads[stream] = mark
                         mark.refs += 1
                         if old is not None:
                             _unref(old, pool)
@@ -340,7 +364,7 @@ class AsyncResource(MemoryResource):
             self.driver.free_async(block.ptr, stream)
             # The free is queued: from here on nothing can fail.
             del self._live[block.ptr]
-            self._bases.pop(bisect.bisect_left(self._bases, block.ptr))
+            self._index = None
             self._release_entry(entry)
             self._live_bytes -= block.nbytes
             self._pending_bytes += block.nbytes
@@ -457,10 +481,15 @@ class AsyncResource(MemoryResource):
 
     def find(self, address: int) -> Block | None:
         with self._lock:
-            i = bisect.bisect_right(self._bases, address) - 1
+            index = self._index
+            if index is None:
+                # Rebuilt on demand: the hot paths find blocks through their
+                # arrays, so allocations and frees only mark it stale.
+                index = self._index = sorted(self._live)
+            i = bisect.bisect_right(index, address) - 1
             if i < 0:
                 return None
-            block = self._live[self._bases[i]].block
+            block = self._live[index[i]].block
             return block if address < block.ptr + block.nbytes else None
 
     def retire_stream(self, stream: int) -> None:
@@ -519,7 +548,7 @@ class AsyncResource(MemoryResource):
                 self._release_entry(entry)
             self._live.clear()
             self._marks.clear()
-            self._bases.clear()
+            self._index = None
             self._pending.clear()
             self._live_bytes = 0
             self._pending_bytes = 0
