@@ -13,7 +13,12 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode
-from numba_streamsafe.resources import AsyncResource, MemoryResource, ResourceStats
+from numba_streamsafe.resources import (
+    AsyncResource,
+    DirectResource,
+    MemoryResource,
+    ResourceStats,
+)
 from numba_streamsafe.streams import stream_handle
 
 __all__ = [
@@ -23,6 +28,7 @@ __all__ = [
     "set_runtime",
     "clear_runtimes",
     "default_driver",
+    "default_stack",
 ]
 
 
@@ -85,7 +91,8 @@ class DeviceRuntime:
         self.device = resource.device
         self.mode = RecorderMode(mode)
         #: When False, the Numba layer launches without fences (to show races).
-        self.tracking = True
+        #: A stack that cannot track (DirectResource) starts with it off.
+        self.tracking = resource.supports_tracking()
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stream_lock = threading.Lock()
 
@@ -221,8 +228,7 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
     """The process-wide runtime of ``device``, built once on first use.
 
     Threads racing on the first call all get the same runtime; exactly one is
-    built. The stack is an :class:`~numba_streamsafe.resources.AsyncResource`
-    over :func:`default_driver`.
+    built, by :func:`default_stack` over :func:`default_driver`.
     """
     rt = _runtimes.get(device)
     if rt is not None:
@@ -230,9 +236,27 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
     with _runtimes_lock:
         rt = _runtimes.get(device)
         if rt is None:
-            rt = DeviceRuntime(AsyncResource(default_driver(device)))
+            rt = DeviceRuntime(default_stack(default_driver(device)))
             _runtimes[device] = rt
         return rt
+
+
+def default_stack(driver: Driver) -> MemoryResource:
+    """The resource stack of a process-wide runtime, chosen by environment.
+
+    ``NUMBA_STREAMSAFE_RESOURCE``: ``async`` (default, stream-ordered and
+    tracked) or ``direct`` (``cuMemAlloc`` / ``cuMemFree``, untracked: for
+    compute-sanitizer runs, where a pool hides out-of-bounds accesses).
+    ``NUMBA_STREAMSAFE_FENCES``: ``lazy`` (default) or ``eager``, see
+    :class:`~numba_streamsafe.resources.AsyncResource`.
+    """
+    kind = os.environ.get("NUMBA_STREAMSAFE_RESOURCE", "async").strip().lower() or "async"
+    if kind == "direct":
+        return DirectResource(driver)
+    if kind != "async":
+        raise InvalidArgument(f"NUMBA_STREAMSAFE_RESOURCE={kind!r}: use 'async' or 'direct'")
+    fences = os.environ.get("NUMBA_STREAMSAFE_FENCES", "lazy").strip().lower() or "lazy"
+    return AsyncResource(driver, fences=fences)
 
 
 def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRuntime | None:
