@@ -100,6 +100,49 @@ def bitonic_step(a: ReadWrite, j, k):
 bitonic_step.ptx_signature = "void(int64[:], int64, int64)"
 
 
+#: Elements a block sorts in shared memory; the local passes need arrays of at least this size.
+TILE = 2048
+
+
+@tracked_kernel
+def bitonic_local(a: ReadWrite, k_lo, k_hi):
+    """Every pass with a stride below TILE, for k from ``k_lo`` to ``k_hi``, in shared memory.
+
+    One block owns one TILE of ``a``; the directions follow the global index,
+    so the result is the same as that of the global passes it replaces.
+    """
+    tile = cuda.shared.array(2048, dtype=np.int64)
+    t = cuda.threadIdx.x
+    base = cuda.blockIdx.x * 2048
+    tile[t] = a[base + t]
+    tile[t + 1024] = a[base + t + 1024]
+    cuda.syncthreads()
+    k = k_lo
+    while k <= k_hi:
+        j = k // 2
+        if j > 1024:
+            j = 1024
+        while j > 0:
+            i = 2 * j * (t // j) + t % j
+            x = tile[i]
+            y = tile[i + j]
+            if ((base + i) & k) == 0:
+                if x > y:
+                    tile[i] = y
+                    tile[i + j] = x
+            elif x < y:
+                tile[i] = y
+                tile[i + j] = x
+            cuda.syncthreads()
+            j //= 2
+        k *= 2
+    a[base + t] = tile[t]
+    a[base + t + 1024] = tile[t + 1024]
+
+
+bitonic_local.ptx_signature = "void(int64[:], int64, int64)"
+
+
 @tracked_kernel
 def copy_into(src: Read, dst: Write):
     i = cuda.grid(1)
@@ -182,15 +225,24 @@ def next_pow2(n: int) -> int:
 
 
 def bitonic_sort(a: Any, stream: Any) -> None:
-    """Sort a power-of-two device array in place on ``stream``."""
+    """Sort a power-of-two device array in place on ``stream``.
+
+    Strides below TILE run in shared memory (one launch per merge size
+    instead of one per stride) when the array holds at least one tile.
+    """
     n = a.size
     grid, block = launch_shape(n // 2)
-    k = 2
+    local = n >= TILE and not SIMULATOR
+    if local:
+        bitonic_local[n // TILE, TILE // 2, stream](a, 2, TILE)
+    k = 2 * TILE if local else 2
     while k <= n:
         j = k // 2
-        while j > 0:
+        while j >= (TILE if local else 1):
             bitonic_step[grid, block, stream](a, j, k)
             j //= 2
+        if local:
+            bitonic_local[n // TILE, TILE // 2, stream](a, k, k)
         k *= 2
 
 
