@@ -6,7 +6,8 @@ import collections
 import contextlib
 import logging
 import threading
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -252,11 +253,11 @@ class DebugGuardResource(ResourceAdaptor):
 
     # ---------------------------------------------------------------- tracking
     def prepare_use(self, block: Block, stream: int, access: Access) -> None:
-        """:meth:`MemoryResource.prepare_use` of the inner ``block`` (tracked as its outer block)."""
+        """:meth:`MemoryResource.prepare_use` of the inner ``block``, tracked as its outer one."""
         self.upstream.prepare_use(self._outer(block, "prepare_use"), stream, access)
 
     def finish_use(self, block: Block, stream: int, access: Access) -> None:
-        """:meth:`MemoryResource.finish_use` of the inner ``block`` (tracked as its outer block)."""
+        """:meth:`MemoryResource.finish_use` of the inner ``block``, tracked as its outer one."""
         self.upstream.finish_use(self._outer(block, "finish_use"), stream, access)
 
     def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
@@ -271,8 +272,9 @@ class DebugGuardResource(ResourceAdaptor):
                                     owner)
 
     def block_events(self, block: Block) -> Any:
-        """The upstream's diagnostics of the inner ``block`` (see ``AsyncResource.block_events``)."""
-        return self.upstream.block_events(self._outer(block, "block_events"))  # type: ignore[attr-defined]
+        """The upstream's ``block_events`` diagnostics of the inner ``block``."""
+        outer = self._outer(block, "block_events")
+        return self.upstream.block_events(outer)  # type: ignore[attr-defined]
 
     def find(self, address: int) -> Block | None:
         """The live inner block containing ``address``; None in a guard, a quarantined
