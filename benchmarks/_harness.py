@@ -7,8 +7,9 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
@@ -17,7 +18,7 @@ from numba import cuda  # noqa: E402
 
 from numba_streamsafe.numba.target import SIMULATOR  # noqa: E402
 
-__all__ = ["SIMULATOR", "median_time", "write_result", "device_name", "cuda"]
+__all__ = ["SIMULATOR", "common", "median_time", "write_result", "device_name", "cuda"]
 
 
 def device_name() -> str:

@@ -62,8 +62,8 @@ def main() -> dict:
     print(f"launch overhead on {device_name()} ({args.launches} launches x {args.rounds} rounds)")
     for scenario, r in results.items():
         m = r["us_per_launch"]
-        print(f"  {scenario:12s}: untracked {m['untracked']:7.2f} us  tracked {m['tracked']:7.2f} us"
-              f"  ratio {r['ratio']:.3f}")
+        print(f"  {scenario:12s}: untracked {m['untracked']:7.2f} us  "
+              f"tracked {m['tracked']:7.2f} us  ratio {r['ratio']:.3f}")
     write_result("launch_overhead", {"launches": args.launches, "rounds": args.rounds,
                                      "results": results})
     return results

@@ -23,9 +23,7 @@ import statistics
 import time
 
 import numpy as np
-from _harness import SIMULATOR, cuda, device_name, write_result
-
-import common  # examples/common.py, put on the path by _harness
+from _harness import SIMULATOR, common, cuda, device_name, write_result
 
 import numba_streamsafe as nss
 from numba_streamsafe import AsyncResource, DeviceRuntime

@@ -55,7 +55,9 @@ def main() -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
-if __name__ == "__main__" and not {"--components", "--count"} & set(sys.argv):
+_MODES = {"--components", "--count", "--attribution", "--alloc"}
+
+if __name__ == "__main__" and not _MODES & set(sys.argv):
     main()
 
 
@@ -169,3 +171,93 @@ def count_driver_calls() -> None:
 
 if __name__ == "__main__" and "--count" in sys.argv:
     count_driver_calls()
+
+
+def attribution() -> None:
+    """The composed launch with one piece at a time replaced by a no-op (µs per launch)."""
+    import contextlib
+    import timeit
+
+    tracked = tracked_kernel(body, access={"a": Read, "b": Read, "c": Write})
+    s1 = cuda.stream()
+    a, b, c = (nss.device_array(256, np.float32, stream=s1) for _ in range(3))
+    tracked[1, 32, s1](a, b, c)
+    cuda.synchronize()
+    rt = nss.get_runtime()
+    res = rt.resource
+    disp = tracked.dispatcher
+    cfg = (1, 32, s1, 0)
+    fixed = tracked._uses(rt, (a, b, c))
+
+    def measure(label: str) -> None:
+        t = min(timeit.repeat(lambda: tracked._launch(s1, disp[cfg], (a, b, c)),
+                              number=2000, repeat=7)) / 2000 * 1e6
+        print(f"  {label:44s} {t:7.2f} us")
+
+    base = min(timeit.repeat(lambda: disp[cfg](a, b, c), number=2000, repeat=7)) / 2000 * 1e6
+    print(f"  {'numba launch alone':44s} {base:7.2f} us")
+    measure("full tracked launch")
+    original_uses = tracked._uses
+    tracked._uses = lambda rt_, args: fixed  # type: ignore[method-assign]
+    measure("... with argument resolution precomputed")
+    tracked._uses = original_uses  # type: ignore[method-assign]
+    prep, commit = res.prepare_launch, res.commit_launch
+    res.prepare_launch = lambda *x: None
+    res.commit_launch = lambda *x: None
+    measure("... with prepare and commit as no-ops")
+    res.prepare_launch, res.commit_launch = prep, commit
+    lock = res._lock
+    res._lock = contextlib.nullcontext()
+    measure("... with the resource lock a null context")
+    res._lock = lock
+    measure("full tracked launch again")
+
+
+if __name__ == "__main__" and "--attribution" in sys.argv:
+    attribution()
+
+
+def alloc_attribution() -> None:
+    """Pieces of one allocate + free cycle through the memory-manager plugin (µs).
+
+    Run with ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``.
+    """
+    import gc
+    import timeit
+
+    from numba_streamsafe.numba import target
+
+    rt = nss.get_runtime()
+    cuda.device_array(16)  # context
+    ctx = cuda.current_context()
+    res = rt.resource
+
+    def core_cycle():
+        res.deallocate(res.allocate(4096, 0, "x"))
+
+    def wrap_cycle():
+        blk = res.allocate(4096, 0, "x")
+        mp = target.memory_pointer(ctx, rt, blk)
+        del mp
+        res.flush()
+
+    def numba_cycle():
+        a = cuda.device_array(1024, np.float32)
+        del a
+
+    pieces = {
+        "resource allocate + deallocate": core_cycle,
+        "+ MemoryPointer, finalizer, deferred free": wrap_cycle,
+        "cuda.device_array + del (plugin)": numba_cycle,
+        "nss.device_array + del": lambda: nss.device_array(1024, np.float32),
+        "driver alloc_async + free_async": lambda: rt.driver.free_async(
+            rt.driver.alloc_async(4096, 0), 0),
+    }
+    for name, fn in pieces.items():
+        fn()
+        t = min(timeit.repeat(fn, setup=gc.enable, number=2000, repeat=5)) / 2000 * 1e6
+        print(f"  {name:44s} {t:7.2f} us")
+
+
+if __name__ == "__main__" and "--alloc" in sys.argv:
+    alloc_attribution()

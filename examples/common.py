@@ -527,7 +527,7 @@ def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_
     order = order or Ordering()
     table_keys, table_vals, mask, built = table
     outs = []
-    for j, (keys, result) in enumerate(zip(batches.keys, batches.results)):
+    for j, (keys, result) in enumerate(zip(batches.keys, batches.results, strict=True)):
         s = probe_streams[j % len(probe_streams)]
         d_keys = order.upload(keys, s, "probe keys")
         out = order.alloc(keys.size, np.int64, s, "probe result")

@@ -9,7 +9,6 @@ against a NumPy join. ``--no-tracking`` launches the same kernels unfenced.
 
 from __future__ import annotations
 
-import common  # sets up the target (GPU, or the simulator without one)
 import numpy as np
 from common import (
     HostBatches,
@@ -18,8 +17,8 @@ from common import (
     build_table,
     expected_probe,
     hazards_now,
-    make_relations,
     host_sync,
+    make_relations,
     parse_args,
     probe_batches,
 )

@@ -17,7 +17,6 @@ is checked against NumPy (ranks from numpy.sort, matches from a NumPy join).
 
 from __future__ import annotations
 
-import common  # sets up the target (GPU, or the simulator without one)
 import numpy as np
 from common import HostBatches, Report, Timer, hazards_now, make_relations, parse_args, sort_join
 from numba import cuda

@@ -126,7 +126,7 @@ class DeviceRuntime:
             Naming the live blocks allocated on the stream.
         """
         handle = self.stream_handle(stream)
-        on_it = getattr(self.resource, "blocks_on_stream", lambda s: [])(handle)
+        on_it: list[Block] = getattr(self.resource, "blocks_on_stream", lambda s: [])(handle)
         if on_it:
             names = "; ".join(b.describe() for b in on_it[:5])
             raise StreamMisuse(

@@ -46,7 +46,7 @@ def stream_handle(stream: Any) -> int | None:
     if handle is not _MISSING:
         if handle is None:
             return None
-        value = getattr(handle, "value", handle)  # ctypes.c_void_p
+        value: Any = getattr(handle, "value", handle)  # ctypes.c_void_p
         return int(value or 0)
     if type(stream).__module__.startswith("numba.cuda.simulator"):
         return None

@@ -9,7 +9,8 @@ made current on each thread before its first call.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse

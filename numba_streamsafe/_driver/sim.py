@@ -28,8 +28,9 @@ from __future__ import annotations
 import bisect
 import collections
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,8 @@ class Hazard:
     later: str
 
     def __str__(self) -> str:
-        return f"{self.kind} at {self.address:#x}: {self.earlier} is not ordered before {self.later}"
+        return (f"{self.kind} at {self.address:#x}: {self.earlier} is not ordered before "
+                f"{self.later}")
 
 
 @dataclass
@@ -347,8 +349,9 @@ class SimDriver:
         if self._reserved + cap > self.capacity:
             self._trim_completed(0)
             if self._reserved + cap > self.capacity:
+                free = self.capacity - self._reserved
                 raise DriverError(call, CUDA_ERROR_OUT_OF_MEMORY,
-                                  f"{nbytes} bytes requested, {self.capacity - self._reserved} free")
+                                  f"{nbytes} bytes requested, {free} free")
         if self.backing:
             buffer = np.empty(cap + _ALIGN, dtype=np.uint8)
             base = (buffer.ctypes.data + _ALIGN - 1) // _ALIGN * _ALIGN

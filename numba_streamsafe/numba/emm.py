@@ -11,7 +11,8 @@ freed through the finalizer-safe deferred path.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo
 from numba.cuda.cudadrv.driver import MemoryPointer, binding

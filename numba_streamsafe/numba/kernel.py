@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import typing
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from numba import cuda
 
@@ -153,7 +154,7 @@ class TrackedKernel:
         blocks = uses.blocks
         host = False
         resolve = target.resolve
-        for (name, access), arg in zip(params, args):
+        for (name, access), arg in zip(params, args, strict=True):
             # Fast path: an array over one of our blocks (GPU), not yet seen in
             # this launch. Everything else goes through the general resolution.
             gpu_data = getattr(arg, "gpu_data", None)

@@ -7,7 +7,8 @@ launch and a recorder object per launch costs more than the fences.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block

@@ -13,8 +13,7 @@ import weakref
 from typing import Any
 
 import numpy as np
-from numba import config
-from numba import cuda
+from numba import config, cuda
 
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime
@@ -23,7 +22,7 @@ from numba_streamsafe.streams import stream_handle
 __all__ = ["SIMULATOR", "Resolved", "make_array", "resolve", "numba_stream", "runtime"]
 
 #: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
-SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
+SIMULATOR: bool = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 # Kinds of kernel argument.
 DEVICE, HOST, OTHER = 0, 1, 2
@@ -72,10 +71,11 @@ if SIMULATOR:
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
         buffer = rt.driver.buffer(block.ptr, block.nbytes)  # type: ignore[attr-defined]
         owner = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
-        owner.keep = buffer  # the simulated chunk outlives every view
-        owner._nss_block = block  # as MemoryPointer._nss_block on a GPU
+        owner.keep = buffer  # type: ignore[attr-defined]  # the chunk outlives every view
+        owner._nss_block = block  # type: ignore[attr-defined]  # as on a GPU
         weakref.finalize(owner, rt.defer_free, block)
-        host = np.ndarray(shape, dtype=dtype, buffer=owner, strides=strides)
+        host = np.ndarray(shape, dtype=dtype, buffer=owner,  # type: ignore[arg-type]
+                          strides=strides)
         return _SimArray(host, stream=stream or 0)
 
     def _owner_block(ary: np.ndarray) -> Block | None:
@@ -115,7 +115,7 @@ else:
         """A Numba ``MemoryPointer`` owning ``block``; its finalizer defers the free."""
         mp = MemoryPointer(context, _CUdeviceptr(block.ptr), block.nbytes,
                            finalizer=functools.partial(rt.resource.defer_free, block))
-        mp._nss_block = block
+        mp._nss_block = block  # type: ignore[attr-defined]
         return mp
 
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
@@ -129,7 +129,7 @@ else:
         return array
 
     def resolve(rt: DeviceRuntime, arg: Any) -> Resolved:
-        gpu_data = getattr(arg, "gpu_data", _MISSING)
+        gpu_data: Any = getattr(arg, "gpu_data", _MISSING)
         if gpu_data is not _MISSING:
             if gpu_data is None:
                 return (DEVICE, None, None)

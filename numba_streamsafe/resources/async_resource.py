@@ -7,7 +7,8 @@ import collections
 import contextlib
 import logging
 import threading
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
@@ -243,7 +244,7 @@ class AsyncResource(MemoryResource):
     def _entries(self, uses: Sequence[Use], what: str) -> list[tuple[_Entry, int]]:
         """Validated entries of ``uses``; caller holds the lock."""
         live = self._live
-        out = []
+        out: list[tuple[_Entry, int]] = []
         for block, access in uses:
             entry = live.get(block.ptr)
             if entry is None or entry.block is not block:
@@ -338,12 +339,12 @@ class AsyncResource(MemoryResource):
                         entry.reads = {}
                 else:
                     reads = entry.reads
-                    old = reads.get(stream)
-                    if old is not mark:
+                    prev = reads.get(stream)
+                    if prev is not mark:
                         reads[stream] = mark
                         mark.refs += 1
-                        if old is not None:
-                            _unref(old, pool)
+                        if prev is not None:
+                            _unref(prev, pool)
             if self._eager:
                 self._seal(mark)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
@@ -92,10 +93,10 @@ class MemoryResource(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no deferred frees")
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 - optional hook: nothing is queued by default
         """Free every block queued by :meth:`defer_free`."""
 
-    def reset_context(self) -> None:
+    def reset_context(self) -> None:  # noqa: B027 - optional hook
         """Release every block: their context is being reset. Old handles become stale."""
 
     @contextlib.contextmanager
@@ -170,8 +171,10 @@ class ResourceAdaptor(MemoryResource):
     def reset_context(self) -> None:
         self.upstream.reset_context()
 
-    def hold_frees(self) -> contextlib.AbstractContextManager[None]:
-        return self.upstream.hold_frees()
+    @contextlib.contextmanager
+    def hold_frees(self) -> Iterator[None]:
+        with self.upstream.hold_frees():
+            yield
 
     @property
     def epoch(self) -> int:
