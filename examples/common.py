@@ -12,7 +12,9 @@ import argparse
 import ctypes
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 
@@ -298,6 +300,27 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
     return args
 
 
+def run_main(run: Callable[[int, int, bool, int], Report], description: str) -> int:
+    """Parse the example's arguments, run it ``--repeat`` times and report.
+
+    Exits non-zero when a tracked run is wrong or shows a hazard; an untracked
+    run reports how often the race showed.
+    """
+    args = parse_args(description)
+    reports = [run(args.n, args.streams, not args.no_tracking, args.seed)
+               for _ in range(args.repeat)]
+    reports[-1].print()
+    if args.repeat > 1:
+        wrong = sum(not r.correct for r in reports)
+        racy = sum(r.hazards > 0 for r in reports)
+        median = sorted(r.seconds for r in reports)[len(reports) // 2]
+        print(f"  runs: {args.repeat}, wrong results in {wrong}"
+              + (f", hazards in {racy}" if SIMULATOR else "")
+              + f"; median time {median * 1e3:.1f} ms")
+    ok = all(r.correct and r.hazards == 0 for r in reports)
+    return 0 if (args.no_tracking or ok) else 1
+
+
 def hazards_now() -> int:
     driver = nss.get_runtime().driver
     return len(getattr(driver, "hazards", ()))
@@ -576,6 +599,7 @@ def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: li
     return count
 
 
+@lru_cache(maxsize=2)
 def make_relations(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Unique build keys below 2**KEY_BITS and probe keys, half of them present."""
     rng = np.random.default_rng(seed)

@@ -19,8 +19,8 @@ from common import (
     hazards_now,
     host_sync,
     make_relations,
-    parse_args,
     probe_batches,
+    run_main,
 )
 from numba import cuda
 
@@ -48,11 +48,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
 
 
 def main() -> int:
-    args = parse_args(__doc__.splitlines()[0])
-    for _ in range(args.repeat):
-        report = run(args.n, args.streams, not args.no_tracking, args.seed)
-    report.print()
-    return 0 if (args.no_tracking or (report.correct and report.hazards == 0)) else 1
+    return run_main(run, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

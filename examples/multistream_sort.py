@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import common  # sets up the target (GPU, or the simulator without one)
 import numpy as np
-from common import Report, Timer, hazards_now, multistream_sort, parse_args
+from common import Report, Timer, hazards_now, multistream_sort, run_main
 from numba import cuda
 
 import numba_streamsafe as nss
@@ -34,11 +34,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
 
 
 def main() -> int:
-    args = parse_args(__doc__.splitlines()[0])
-    for _ in range(args.repeat):
-        report = run(args.n, args.streams, not args.no_tracking, args.seed)
-    report.print()
-    return 0 if (args.no_tracking or (report.correct and report.hazards == 0)) else 1
+    return run_main(run, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ is checked against NumPy (ranks from numpy.sort, matches from a NumPy join).
 from __future__ import annotations
 
 import numpy as np
-from common import HostBatches, Report, Timer, hazards_now, make_relations, parse_args, sort_join
+from common import HostBatches, Report, Timer, hazards_now, make_relations, run_main, sort_join
 from numba import cuda
 
 import numba_streamsafe as nss
@@ -47,11 +47,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
 
 
 def main() -> int:
-    args = parse_args(__doc__.splitlines()[0])
-    for _ in range(args.repeat):
-        report = run(args.n, args.streams, not args.no_tracking, args.seed)
-    report.print()
-    return 0 if (args.no_tracking or (report.correct and report.hazards == 0)) else 1
+    return run_main(run, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
