@@ -77,7 +77,10 @@ fi
 if want examples; then
     : > "$OUT/examples.log"
     for ex in multistream_sort hash_join sort_join_pipeline; do
-        step "$ex" examples.log python3 "examples/$ex.py" --n "$N"
+        step "$ex" examples.log python3 "examples/$ex.py" --n "$N" --repeat 3
+        # Tracking off: the same work unfenced; the summary says how many runs were wrong.
+        step "$ex-untracked" examples.log python3 "examples/$ex.py" --n "$N" --no-tracking \
+            --repeat "${UNTRACKED_RUNS:-20}"
     done
 fi
 
