@@ -445,6 +445,9 @@ class AsyncResource(MemoryResource):
         self._drain()
         with self._lock:
             drained, self._pending = self._pending, {}
+            # Forget the open marks no use refers to (streams come and go).
+            for stream in [s for s, m in self._marks.items() if not m.refs]:
+                del self._marks[stream]
         items = list(drained.items())
         for i, (stream, (nbytes, _owner)) in enumerate(items):
             try:

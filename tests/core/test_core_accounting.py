@@ -294,3 +294,12 @@ def test_a_stream_waits_for_a_mark_once(rt, res, sim, two_streams):
     launch(rt, b, [(x, R)])
     assert sim.calls["cuStreamWaitEvent"] - waits == 3, "a new write: b waits for it (a for b)"
     assert sim.hazards == []
+
+
+def test_reap_forgets_marks_of_streams_no_block_uses(rt, res, sim):
+    streams = [sim.create_stream() for _ in range(20)]
+    for s in streams:
+        rt.deallocate(rt.allocate(256, s))
+    assert len(res._marks) >= 20
+    rt.reap()
+    assert res._marks == {}, "no per-stream state is left once nothing refers to a stream"
