@@ -93,6 +93,8 @@ class DeviceRuntime:
         #: When False, the Numba layer launches without fences (to show races).
         #: A stack that cannot track (DirectResource) starts with it off.
         self.tracking = resource.supports_tracking()
+        #: The driver's destroyed stream handles (CudaDriver), refused as ints.
+        self._destroyed: set[int] | None = getattr(self.driver, "destroyed_streams", None)
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stream_lock = threading.Lock()
 
@@ -106,6 +108,14 @@ class DeviceRuntime:
         """
         handle = stream_handle(stream)
         if handle is not None:
+            destroyed = self._destroyed
+            if destroyed and handle in destroyed:
+                if stream.__class__ is int:
+                    raise StreamMisuse(
+                        f"stream {handle:#x} was destroyed (destroy_stream); its handle names "
+                        "no stream any more. Pass a live stream"
+                    )
+                destroyed.discard(handle)  # a live stream object has that address now
             return handle
         with self._stream_lock:
             handle = self._stream_objects.get(stream)

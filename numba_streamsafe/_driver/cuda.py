@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
 from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse
 
@@ -47,6 +48,10 @@ class CudaDriver:
         self._dev = dev
         self._ctx = self._check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
         self._pool = self._check("cuDeviceGetDefaultMemPool", drv.cuDeviceGetDefaultMemPool(dev))
+        #: Handles of the streams this driver destroyed, refused until a new stream
+        #: gets the same address: the driver does not check stream handles, so
+        #: using a destroyed one would crash the process.
+        self.destroyed_streams: set[int] = set()
         self._tls = threading.local()
         self._ensure_context()
         self._event_flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
@@ -171,6 +176,8 @@ class CudaDriver:
         self._check("cuEventDestroy", self._drv.cuEventDestroy(event))
 
     def event_record(self, event: Any, stream: int) -> None:
+        if self.destroyed_streams and stream in self.destroyed_streams:
+            raise self._destroyed("cuEventRecord", stream)
         err = self._record(event, stream)[0]
         if err:
             self._retry_in_context("cuEventRecord", err, self._record, event, stream)
@@ -191,11 +198,20 @@ class CudaDriver:
             self._retry_in_context("cuStreamWaitEvent", err, self._wait, stream, event, 0)
 
     # ---------------------------------------------------------------- streams
+    def _destroyed(self, call: str, stream: int) -> DriverError:
+        return DriverError(call, CUDA_ERROR_INVALID_HANDLE,
+                           f"stream {stream:#x} was destroyed; its handle names no stream any "
+                           "more (the driver would crash on it). Use a live stream")
+
     def stream_synchronize(self, stream: int) -> None:
+        if stream in self.destroyed_streams:
+            raise self._destroyed("cuStreamSynchronize", stream)
         self._ensure_context()
         self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
 
     def stream_query(self, stream: int) -> bool:
+        if stream in self.destroyed_streams:
+            raise self._destroyed("cuStreamQuery", stream)
         self._ensure_context()
         (err,) = self._drv.cuStreamQuery(stream)
         if err == self._drv.CUresult.CUDA_ERROR_NOT_READY:
@@ -210,14 +226,25 @@ class CudaDriver:
     def create_stream(self) -> int:
         self._ensure_context()
         flags = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
-        return int(self._check("cuStreamCreate", self._drv.cuStreamCreate(flags)))
+        handle = int(self._check("cuStreamCreate", self._drv.cuStreamCreate(flags)))
+        self.destroyed_streams.discard(handle)  # a new stream at a destroyed one's address
+        return handle
 
     def destroy_stream(self, stream: int) -> None:
+        if stream in self.destroyed_streams:
+            raise self._destroyed("cuStreamDestroy", stream)
+        self._ensure_context()
         self._check("cuStreamDestroy", self._drv.cuStreamDestroy(stream))
+        self.destroyed_streams.add(stream)
 
     def check_stream(self, stream: int) -> None:
         if stream in (0, 1, 2):  # legacy, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
             return
+        if stream in self.destroyed_streams:
+            raise StreamMisuse(
+                f"stream {stream:#x} was destroyed; its handle names no stream any more "
+                "(the driver would crash on it). Pass a live stream"
+            )
         self._ensure_context()
         err, ctx = self._drv.cuStreamGetCtx(stream)
         if err:

@@ -169,6 +169,8 @@ class AsyncResource(MemoryResource):
                 try:
                     self._seal(mark)  # the allocation-ready event
                 except BaseException:
+                    if mark.refs == 0:
+                        mark.owner = None  # no use refers to it: keep no stream object alive
                     driver.free_async(ptr, stream)
                     raise
             mark.refs += 1

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
+from numba_streamsafe.errors import DriverError
 
 __all__ = ["EventPool", "Mark"]
+
+_log = logging.getLogger("numba_streamsafe")
 
 
 class Mark:
@@ -78,12 +82,21 @@ class EventPool:
             raise
 
     def release(self, handle: Any) -> None:
+        """Give ``handle`` back; destroyed when the pool already keeps ``max_idle``.
+
+        Never raises: it runs when a mark loses its last user, in the middle
+        of a resource's state update (a free, a commit, a context reset). An
+        event the driver refuses to destroy is logged and leaked.
+        """
         with self._lock:
             self.in_use -= 1
             if len(self._idle) < self._max_idle:
                 self._idle.append(handle)
                 return
-        self._driver.event_destroy(handle)
+        try:
+            self._driver.event_destroy(handle)
+        except DriverError as exc:
+            _log.warning("could not destroy event %r (it is leaked): %s", handle, exc)
 
     def record(self, stream: int) -> Any:
         """A pooled event recorded on ``stream``."""

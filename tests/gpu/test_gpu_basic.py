@@ -119,9 +119,6 @@ def test_out_of_memory_is_typed_and_recoverable(gpu, fresh_runtime):
         fresh_runtime.driver.pool_trim(0)
 
 
-@pytest.mark.xfail(reason="after the retried allocation fails, AsyncResource raises OutOfMemory "
-                          "without trimming the pool again: the failed cuMemAllocAsync left "
-                          "nearly all device memory reserved in the default pool", strict=False)
 def test_out_of_memory_gives_the_memory_back(gpu, fresh_runtime):
     free_before, total = gpu.current_context().get_memory_info()
     try:
