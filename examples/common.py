@@ -159,18 +159,25 @@ copy_into.ptx_signature = "void(int64[:], int64[:])"
 
 @tracked_kernel
 def hash_build(keys: Read, table_keys: ReadWrite, table_vals: Write, mask):
-    """Insert ``keys[i] -> i`` into an open-addressing table (linear probing)."""
+    """Insert ``keys[i] -> i`` into an open-addressing table (linear probing).
+
+    Probing stops after one sweep of the table, so a table that is not what
+    the build expects (read before it was cleared: the race) gives wrong
+    results instead of a kernel that never ends.
+    """
     i = cuda.grid(1)
     step = cuda.gridsize(1)
     while i < keys.size:
         k = keys[i]
         h = ((k ^ (k >> 16)) * 73244475) & mask
-        while True:
+        probes = 0
+        while probes <= mask:
             old = cuda.atomic.cas(table_keys, h, -1, k)
             if old == -1 or old == k:
                 table_vals[h] = i
                 break
             h = (h + 1) & mask
+            probes += 1
         i += step
 
 
@@ -186,7 +193,8 @@ def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask)
         k = keys[i]
         h = ((k ^ (k >> 16)) * 73244475) & mask
         result = -1
-        while True:
+        probes = 0
+        while probes <= mask:  # one sweep at most, whatever the table holds
             t = table_keys[h]
             if t == k:
                 result = table_vals[h]
@@ -194,6 +202,7 @@ def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask)
             if t == -1:
                 break
             h = (h + 1) & mask
+            probes += 1
         out[i] = result
         i += step
 
