@@ -40,6 +40,8 @@ from numba_streamsafe.numba.target import SIMULATOR  # noqa: E402
 #: Pad value of sort buckets: above every key.
 PAD = np.int64(1) << 62
 EMPTY = np.int64(-1)
+#: Longest probe sequence of the hash table (see hash_build).
+MAX_PROBES = 1024
 KEY_BITS = 32
 
 
@@ -161,9 +163,10 @@ copy_into.ptx_signature = "void(int64[:], int64[:])"
 def hash_build(keys: Read, table_keys: ReadWrite, table_vals: Write, mask):
     """Insert ``keys[i] -> i`` into an open-addressing table (linear probing).
 
-    Probing stops after one sweep of the table, so a table that is not what
-    the build expects (read before it was cleared: the race) gives wrong
-    results instead of a kernel that never ends.
+    Probing stops after MAX_PROBES slots (at half load a run that long does
+    not occur), so a table that is not what the build expects (read before it
+    was cleared: the race) gives wrong results, quickly, instead of a kernel
+    that never ends.
     """
     i = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -171,7 +174,7 @@ def hash_build(keys: Read, table_keys: ReadWrite, table_vals: Write, mask):
         k = keys[i]
         h = ((k ^ (k >> 16)) * 73244475) & mask
         probes = 0
-        while probes <= mask:
+        while probes < MAX_PROBES:
             old = cuda.atomic.cas(table_keys, h, -1, k)
             if old == -1 or old == k:
                 table_vals[h] = i
@@ -194,7 +197,7 @@ def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask)
         h = ((k ^ (k >> 16)) * 73244475) & mask
         result = -1
         probes = 0
-        while probes <= mask:  # one sweep at most, whatever the table holds
+        while probes < MAX_PROBES:  # bounded, whatever the table holds
             t = table_keys[h]
             if t == k:
                 result = table_vals[h]
