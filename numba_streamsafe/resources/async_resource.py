@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import bisect
-import collections
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
@@ -22,6 +21,7 @@ from numba_streamsafe.errors import (
     UseAfterFree,
 )
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
+from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.events import EventPool, Mark
 
 __all__ = ["AsyncResource"]
@@ -121,8 +121,7 @@ class AsyncResource(MemoryResource):
         self._pending_bytes = 0
         #: stream -> [bytes whose free is queued there, the stream's keep-alive owner]
         self._pending: dict[int, list[Any]] = {}
-        self._deferred: collections.deque[Block] = collections.deque()
-        self._holds = 0
+        self._deferred = DeferredFrees()
         self._epoch = 0
         self._peak = 0
         self._allocations = 0
@@ -390,40 +389,16 @@ class AsyncResource(MemoryResource):
         entry.reads = {}
 
     def defer_free(self, block: Block) -> None:
-        self._deferred.append(block)
+        self._deferred.push(block)
 
     def flush(self) -> None:
         self._drain()
 
-    @contextlib.contextmanager
-    def hold_frees(self) -> Iterator[None]:
-        with self._lock:
-            self._holds += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._holds -= 1
+    def hold_frees(self) -> contextlib.AbstractContextManager[None]:
+        return self._deferred.hold()
 
     def _drain(self) -> None:
-        if self._holds:
-            return
-        deferred = self._deferred
-        for _ in range(len(deferred)):
-            try:
-                block = deferred.popleft()
-            except IndexError:
-                return
-            try:
-                self.deallocate(block)
-            except StaleContext:
-                pass  # its context is gone, and its memory with it
-            except UseAfterFree:
-                pass  # freed explicitly before its finalizer ran
-            except DriverError as exc:
-                deferred.append(block)  # keep it for the next safe point
-                _log.warning("deferred free of %s failed, will retry: %s", block.describe(), exc)
-                return
+        self._deferred.drain(self.deallocate)
 
     # --------------------------------------------------------------- accounting
     def bytes_outstanding(self) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,10 +99,9 @@ class MemoryResource(abc.ABC):
     def reset_context(self) -> None:  # noqa: B027 - optional hook
         """Release every block: their context is being reset. Old handles become stale."""
 
-    @contextlib.contextmanager
-    def hold_frees(self) -> Iterator[None]:
+    def hold_frees(self) -> contextlib.AbstractContextManager[None]:
         """Keep queued frees queued until the block exits (they still count as live)."""
-        yield
+        return contextlib.nullcontext()
 
     @property
     def epoch(self) -> int:
@@ -171,10 +170,8 @@ class ResourceAdaptor(MemoryResource):
     def reset_context(self) -> None:
         self.upstream.reset_context()
 
-    @contextlib.contextmanager
-    def hold_frees(self) -> Iterator[None]:
-        with self.upstream.hold_frees():
-            yield
+    def hold_frees(self) -> contextlib.AbstractContextManager[None]:
+        return self.upstream.hold_frees()
 
     @property
     def epoch(self) -> int:

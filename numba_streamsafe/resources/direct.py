@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-import collections
+import contextlib
 import threading
 from typing import Any
 
@@ -11,6 +11,7 @@ from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.blocks import Block, BlockState, next_generation
 from numba_streamsafe.errors import DriverError, InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats
+from numba_streamsafe.resources.deferred import DeferredFrees
 
 __all__ = ["DirectResource"]
 
@@ -36,7 +37,7 @@ class DirectResource(MemoryResource):
         self._allocations = 0
         self._frees = 0
         self._epoch = 0
-        self._deferred: collections.deque[Block] = collections.deque()
+        self._deferred = DeferredFrees()
 
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
                  ) -> Block:
@@ -81,18 +82,13 @@ class DirectResource(MemoryResource):
     def defer_free(self, block: Block) -> None:
         # cuMemFree synchronises the device, which a finalizer must not do:
         # queue the block for the next flush, as the async resource does.
-        self._deferred.append(block)
+        self._deferred.push(block)
 
     def flush(self) -> None:
-        for _ in range(len(self._deferred)):
-            block = self._deferred.popleft()
-            try:
-                self.deallocate(block)
-            except UseAfterFree:
-                pass  # freed explicitly before its finalizer ran, or stale
-            except DriverError:
-                self._deferred.append(block)  # keep it for the next flush
-                raise
+        self._deferred.drain(self.deallocate, reraise=True)
+
+    def hold_frees(self) -> contextlib.AbstractContextManager[None]:
+        return self._deferred.hold()
 
     def bytes_outstanding(self) -> int:
         return self._live_bytes

@@ -22,6 +22,7 @@ from numba_streamsafe.errors import (
     UseAfterFree,
 )
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, Use
+from numba_streamsafe.resources.deferred import DeferredFrees
 
 __all__ = ["DebugGuardResource"]
 
@@ -142,9 +143,8 @@ class DebugGuardResource(ResourceAdaptor):
         #: inner ptr -> the live allocation.
         self._live: dict[int, _Guarded] = {}
         self._quarantine: collections.deque[_Guarded] = collections.deque()
-        self._deferred: collections.deque[Block] = collections.deque()
+        self._deferred = DeferredFrees()
         self._violations: list[OutOfBounds] = []
-        self._holds = 0
 
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
@@ -474,29 +474,20 @@ class DebugGuardResource(ResourceAdaptor):
 
         Takes no lock and makes no driver call (finalizer-safe).
         """
-        self._deferred.append(block)
+        self._deferred.push(block)
 
     def _drain(self) -> None:
-        if self._holds:
-            return
-        deferred = self._deferred
-        for _ in range(len(deferred)):
-            try:
-                block = deferred.popleft()
-            except IndexError:
-                return
-            try:
-                self._free(block, check=True)
-            except UseAfterFree:
-                pass  # freed explicitly before its finalizer ran, or stale
-            except OutOfBounds as exc:
-                with self._lock:
-                    self._violations.append(exc)
-                _log.error("deferred free: %s", exc)
-            except DriverError as exc:
-                deferred.append(block)  # keep it for the next safe point
-                _log.warning("deferred free of %s failed, will retry: %s", block.describe(), exc)
-                return
+        self._deferred.drain(lambda block: self._free(block, check=True),
+                             on_error=self._note_violation)
+
+    def _note_violation(self, block: Block, exc: Exception) -> bool:
+        """A queued block with a corrupted guard: logged, kept live, raised at flush."""
+        if not isinstance(exc, OutOfBounds):
+            return False
+        with self._lock:
+            self._violations.append(exc)
+        _log.error("deferred free: %s", exc)
+        return True
 
     def _raise_violations(self) -> None:
         with self._lock:
@@ -536,14 +527,8 @@ class DebugGuardResource(ResourceAdaptor):
 
     @contextlib.contextmanager
     def hold_frees(self) -> Iterator[None]:
-        with self._lock:
-            self._holds += 1
-        try:
-            with self.upstream.hold_frees():
-                yield
-        finally:
-            with self._lock:
-                self._holds -= 1
+        with self._deferred.hold(), self.upstream.hold_frees():
+            yield
 
     # ---------------------------------------------------------------- lifecycle
     def reset_context(self) -> None:
