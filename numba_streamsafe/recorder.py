@@ -25,6 +25,15 @@ class RecorderMode(str, enum.Enum):
     PERMISSIVE = "permissive"
 
 
+def refuse_untracked(what: list[str], remedy: str) -> StreamMisuse:
+    """The strict-mode error for memory no resource tracks; ``remedy`` ends the advice."""
+    return StreamMisuse(
+        f"{', '.join(what)}: memory not allocated by numba_streamsafe cannot be ordered in "
+        "strict mode. Allocate it through numba_streamsafe (or set "
+        f"NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), {remedy}"
+    )
+
+
 class UncommittedLaunchWarning(RuntimeWarning):
     """A recorder with registered uses was dropped without :meth:`LaunchRecorder.commit`."""
 
@@ -139,11 +148,7 @@ class LaunchRecorder:
         if self._phase is not _Phase.RECORDING:
             raise StreamMisuse("preflight() was already called; make a new recorder per launch")
         if self._untracked and self.mode is RecorderMode.STRICT:
-            raise StreamMisuse(
-                f"{', '.join(self._untracked)}: memory not allocated by numba_streamsafe cannot "
-                "be ordered in strict mode. Allocate it through numba_streamsafe (or set "
-                "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), or use a permissive recorder"
-            )
+            raise refuse_untracked(self._untracked, "or use a permissive recorder")
         runtime = self.runtime
         if self._uses:
             runtime.resource.prepare_launch(self.uses, self.stream)

@@ -151,21 +151,15 @@ class TrackedKernel:
                 f", got {len(args)}"
             )
         uses = Uses()
-        blocks = uses.blocks
         host = False
         resolve = target.resolve
         for (name, access), arg in zip(params, args, strict=True):
-            # Fast path: an array over one of our blocks (GPU), not yet seen in
-            # this launch. Everything else goes through the general resolution.
+            # Fast path: an array over one of our blocks (GPU). Everything
+            # else goes through the general resolution.
             gpu_data = getattr(arg, "gpu_data", None)
             block = getattr(gpu_data, "_nss_block", None) if gpu_data is not None else None
             if block is not None and access is not None:
-                for b, _ in blocks:
-                    if b is block:
-                        uses.add(block, access, name)
-                        break
-                else:
-                    blocks.append((block, access))
+                uses.add(block, access, name)
                 continue
             kind, block, producer = resolve(rt, arg)
             if kind == target.DEVICE and access is not None:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import StreamMisuse
+from numba_streamsafe.recorder import refuse_untracked
 from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["fenced", "Uses", "single"]
@@ -73,12 +73,8 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
             rt.driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
         return result
     if uses.untracked and strict:
-        raise StreamMisuse(
-            f"{', '.join(uses.untracked)}: memory not allocated by numba_streamsafe cannot "
-            "be ordered in strict mode. Allocate it through numba_streamsafe (or set "
-            "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), pass mode='permissive', or "
-            "allow_foreign=True for arrays whose producer names its stream"
-        )
+        raise refuse_untracked(uses.untracked, "pass mode='permissive', or allow_foreign=True "
+                               "for arrays whose producer names its stream")
     resource = rt.resource
     if blocks:
         resource.prepare_launch(blocks, stream)
