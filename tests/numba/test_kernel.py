@@ -465,3 +465,18 @@ def test_launch_drains_deferred_frees(rt, streams):
     fill[GRID, BLOCK, a](y, 0)
     assert rt.stats().deferred == 0
     assert rt.stats().frees == 1
+
+
+def test_one_array_passed_twice_is_one_read_write_use(rt, streams):
+    a, _ = streams
+
+    @tracked_kernel
+    def shift(src: Read, dst: Write):
+        i = cuda.grid(1)
+        if i + 1 < dst.size:
+            dst[i] = src[i + 1]
+
+    x = nss.device_array(64, np.int64, stream=a)
+    uses, host = shift._uses(rt, (x, x))
+    assert not host
+    assert uses.blocks == [(nss.block_of(x), Access.READ_WRITE)], "merged by the access lattice"
