@@ -3,8 +3,11 @@
 A kernel with three device-array arguments (read, read, write) is launched N
 times per round, tracked and untracked interleaved round by round, in two
 scenarios: all on one stream (no fence needed) and alternating between two
-streams (every launch must wait for the previous one's write). Prints the
-per-launch medians and the ratios; writes the numbers as JSON.
+streams (every launch must wait for the previous one's write). A third
+variant, "tracked, Numba path", turns the direct launches off
+(``rt.direct_launch = False``) to show what fencing alone costs on top of
+Numba's launch. Prints the per-launch medians and the ratios; writes the
+numbers as JSON.
 """
 
 from __future__ import annotations
@@ -45,25 +48,38 @@ def main() -> dict:
             k[1, 32, s1](a, b, c)
     cuda.synchronize()
 
+    rt = nss.get_runtime()
+    direct = rt.direct_launch
+    variants = [("untracked", plain, direct), ("tracked", tracked, direct)]
+    if direct:
+        variants.append(("tracked, Numba path", tracked, False))
     results = {}
     for scenario, streams in (("same stream", (s1, s1)), ("cross stream", (s1, s2))):
-        per = {"untracked": [], "tracked": []}
+        per: dict[str, list[float]] = {label: [] for label, _, _ in variants}
         for _ in range(args.rounds):
-            for label, k in (("untracked", plain), ("tracked", tracked)):
+            for label, k, on in variants:
+                rt.direct_launch = on
                 cuda.synchronize()
                 start = time.perf_counter()
                 for i in range(args.launches):
                     k[1, 32, streams[i & 1]](a, b, c)
                 cuda.synchronize()
                 per[label].append((time.perf_counter() - start) / args.launches * 1e6)
+        rt.direct_launch = direct
         med = {k: statistics.median(v) for k, v in per.items()}
         results[scenario] = {"us_per_launch": med, "samples_us": per,
                              "ratio": med["tracked"] / med["untracked"]}
+        if "tracked, Numba path" in med:
+            results[scenario]["ratio_numba_path"] = med["tracked, Numba path"] / med["untracked"]
     print(f"launch overhead on {device_name()} ({args.launches} launches x {args.rounds} rounds)")
     for scenario, r in results.items():
         m = r["us_per_launch"]
-        print(f"  {scenario:12s}: untracked {m['untracked']:7.2f} us  "
-              f"tracked {m['tracked']:7.2f} us  ratio {r['ratio']:.3f}")
+        line = (f"  {scenario:12s}: untracked {m['untracked']:7.2f} us  "
+                f"tracked {m['tracked']:7.2f} us  ratio {r['ratio']:.3f}")
+        if "ratio_numba_path" in r:
+            line += (f"  (Numba path {m['tracked, Numba path']:7.2f} us, "
+                     f"ratio {r['ratio_numba_path']:.3f})")
+        print(line)
     write_result("launch_overhead", {"launches": args.launches, "rounds": args.rounds,
                                      "results": results})
     return results

@@ -99,7 +99,11 @@ def components() -> None:
         "tracked launch, same stream": lambda: tracked[1, 32, s1](a, b, c),
     }
     disp_cfg = (1, 32, s1, 0)
+    from numba_streamsafe.numba import direct
     from numba_streamsafe.numba.launch import fenced
+
+    plan = tracked._plan(rt, (a, b, c))
+    params = plan.pack((a, b, c)) if plan is not None else 0
 
     def c2():
         nss.get_runtime()
@@ -112,7 +116,8 @@ def components() -> None:
     pieces.update({
         "A: disp[cfg](...)": lambda: disp[disp_cfg](a, b, c),
         "B: A + _uses": lambda: (tracked._uses(rt, (a, b, c)), disp[disp_cfg](a, b, c)),
-        "C: _launch(s, disp[cfg], args)": lambda: tracked._launch(s1, disp[disp_cfg], (a, b, c)),
+        "C: _launch via Numba's path": lambda: tracked._launch(s1, (a, b, c), None,
+                                                              lambda: disp[disp_cfg]),
         "D: tracked[1, 32, s](...)": lambda: tracked[1, 32, s1](a, b, c),
         "B1: A + 3 x target.resolve": lambda: (target.resolve(rt, a), target.resolve(rt, b),
                                                target.resolve(rt, c), disp[disp_cfg](a, b, c)),
@@ -126,6 +131,14 @@ def components() -> None:
         "B4: A + 5 us of unrelated Python": lambda: (busy(), busy(), busy(),
                                                      disp[disp_cfg](a, b, c)),
     })
+    if plan is not None:  # direct launches (a GPU)
+        pieces.update({
+            "E: direct.argtypes_of (3 arrays)": lambda: direct.argtypes_of((a, b, c)),
+            "E1: kernel._plan (3 arrays)": lambda: tracked._plan(rt, (a, b, c)),
+            "E2: plan.pack (3 arrays)": lambda: plan.pack((a, b, c)),
+            "E3: driver.launch_kernel": lambda: drv.launch_kernel(plan.function, (1, 1, 1),
+                                                                   (32, 1, 1), 0, h1, params),
+        })
     import gc
 
     for name, fn in pieces.items():
@@ -190,7 +203,7 @@ def attribution() -> None:
     fixed = tracked._uses(rt, (a, b, c))
 
     def measure(label: str) -> None:
-        t = min(timeit.repeat(lambda: tracked._launch(s1, disp[cfg], (a, b, c)),
+        t = min(timeit.repeat(lambda: tracked._launch(s1, (a, b, c), None, lambda: disp[cfg]),
                               number=2000, repeat=7)) / 2000 * 1e6
         print(f"  {label:44s} {t:7.2f} us")
 

@@ -93,6 +93,12 @@ class DeviceRuntime:
         #: When False, the Numba layer launches without fences (to show races).
         #: A stack that cannot track (DirectResource) starts with it off.
         self.tracking = resource.supports_tracking()
+        #: When True, tracked kernels launch covered overloads with one
+        #: ``cuLaunchKernel`` (drivers that offer ``launch_kernel``) instead of
+        #: Numba's launch path. ``NUMBA_STREAMSAFE_DIRECT_LAUNCH=0`` turns it off.
+        self.direct_launch = (hasattr(self.driver, "launch_kernel")
+                              and os.environ.get("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "1").strip()
+                              not in ("0", "false", "no", "off"))
         #: The driver's destroyed stream handles (CudaDriver), refused as ints.
         self._destroyed: set[int] | None = getattr(self.driver, "destroyed_streams", None)
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()

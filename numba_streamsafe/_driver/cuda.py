@@ -58,6 +58,7 @@ class CudaDriver:
         # Bound methods, looked up once: these sit on the launch path.
         self._record = drv.cuEventRecord
         self._wait = drv.cuStreamWaitEvent
+        self._launch = drv.cuLaunchKernel
 
     def _check(self, call: str, result: Any) -> Any:
         if isinstance(result, tuple):
@@ -196,6 +197,26 @@ class CudaDriver:
         err = self._wait(stream, event, 0)[0]
         if err:
             self._retry_in_context("cuStreamWaitEvent", err, self._wait, stream, event, 0)
+
+    # ---------------------------------------------------------------- kernels
+    def launch_kernel(self, function: int, grid: tuple[int, int, int],
+                      block: tuple[int, int, int], shared_mem: int, stream: int,
+                      params: int) -> None:
+        """Queue ``cuLaunchKernel`` of ``function`` (a ``CUfunction`` or a
+        ``CUkernel`` handle) on ``stream``; ``params`` is the address of the
+        kernel's parameter pointer array.
+
+        Not part of the :class:`~numba_streamsafe._driver.base.Driver`
+        protocol: the Numba layer's direct launches use it where present.
+        """
+        if self.destroyed_streams and stream in self.destroyed_streams:
+            raise self._destroyed("cuLaunchKernel", stream)
+        err = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                           shared_mem, stream, params, 0)[0]
+        if err:
+            self._retry_in_context("cuLaunchKernel", err, self._launch, function, grid[0],
+                                   grid[1], grid[2], block[0], block[1], block[2], shared_mem,
+                                   stream, params, 0)
 
     # ---------------------------------------------------------------- streams
     def _destroyed(self, call: str, stream: int) -> DriverError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -11,7 +12,7 @@ from numba import cuda
 
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
-from numba_streamsafe.numba import target
+from numba_streamsafe.numba import direct, target
 from numba_streamsafe.numba.launch import Uses, fenced
 from numba_streamsafe.numba.scope import stream_scope
 from numba_streamsafe.recorder import RecorderMode
@@ -49,8 +50,11 @@ class TrackedKernel:
        slices included),
     2. queues on the launch stream the waits its declared accesses need
        (preflight),
-    3. launches through Numba, with allocations Numba makes for the launch
-       (auto-transferred host inputs) ordered on the launch stream,
+    3. launches: directly (one ``cuLaunchKernel`` of the compiled overload,
+       see :mod:`numba_streamsafe.numba.direct`) when the arguments are device
+       arrays and scalars of an overload compiled before, otherwise through
+       Numba, with allocations Numba makes for the launch (auto-transferred
+       host inputs) ordered on the launch stream,
     4. records one event after the launch into every block (commit).
 
     Parameters
@@ -83,6 +87,10 @@ class TrackedKernel:
             self.dispatcher = cuda.jit(**jit_options)(func)
         else:
             self.dispatcher = cuda.jit(signature, **jit_options)(func)
+        #: Direct-launch plans per tuple of argument types (or UNSUPPORTED).
+        self._plans: dict[tuple[Any, ...], direct.LaunchPlan | str] = {}
+        #: Grids Numba's low-occupancy warning was given for (direct launches).
+        self._warned_grids: set[tuple[int, int, int]] = set()
 
     @staticmethod
     def _parse_access(func: Callable[..., Any], overrides: Mapping[str, Any]
@@ -193,18 +201,71 @@ class TrackedKernel:
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT
 
-    def _launch(self, stream: Any, launch: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        """Preflight, ``launch(*args)``, commit."""
+    def _plan(self, rt: Any, args: tuple[Any, ...]) -> direct.LaunchPlan | None:
+        """The direct-launch plan for ``args``, or None (Numba launches)."""
+        argtypes = direct.argtypes_of(args)
+        if argtypes is None:
+            return None
+        plan = self._plans.get(argtypes)
+        if plan is None:
+            plan = direct.build_plan(self.dispatcher, argtypes)
+            if plan is None:  # not compiled yet: Numba compiles it on this launch
+                return None
+            self._plans[argtypes] = plan
+        if plan is direct.UNSUPPORTED:
+            return None
+        assert isinstance(plan, direct.LaunchPlan)
+        if not plan.current(rt.device):  # the module was unloaded (context reset)
+            del self._plans[argtypes]
+            return None
+        return plan
+
+    def _launch(self, stream: Any, args: tuple[Any, ...],
+                dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
+                numba_launch: Callable[[], Callable[..., Any]]) -> None:
+        """Preflight, the launch (direct when ``dims`` is given and a plan
+        applies, else ``numba_launch()(*args)``), commit."""
         rt = get_runtime()
         uses, host = self._uses(rt, args)
+        handle = rt.stream_handle(stream)
         owner = None if isinstance(stream, int) else stream
+        strict = self._strict(rt)
+        if dims is not None and not host and rt.direct_launch:
+            plan = self._plan(rt, args)
+            if plan is not None:
+                params = plan.pack(args)
+                if params is not None:
+                    grid, block, shmem = dims
+                    if grid[0] * grid[1] * grid[2] < 128:
+                        _warn_low_occupancy(self, grid)
+                    driver: Any = rt.driver  # a CudaDriver: rt.direct_launch says so
+                    fenced(rt, handle, uses, self.__name__, strict, owner, driver.launch_kernel,
+                           plan.function, grid, block, shmem, handle, params)
+                    return
+        launch = numba_launch()
         if host:
             with stream_scope(stream):
-                fenced(rt, rt.stream_handle(stream), uses, self.__name__, self._strict(rt),
-                       owner, launch, *args)
+                fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args)
         else:
-            fenced(rt, rt.stream_handle(stream), uses, self.__name__, self._strict(rt), owner,
-                   launch, *args)
+            fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args)
+
+
+def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
+    """Numba's low-occupancy warning for a direct launch: once per kernel and
+    grid, when Numba's settings ask for it (Numba warns once per configuration)."""
+    size = grid[0] * grid[1] * grid[2]
+    if size >= 128 or grid in kernel._warned_grids:
+        return
+    from numba.cuda.core import config as numba_config
+
+    if (getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+            and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False)):
+        from numba.cuda.core.errors import NumbaPerformanceWarning
+
+        kernel._warned_grids.add(grid)
+        warnings.warn(NumbaPerformanceWarning(
+            f"Grid size {size} will likely result in GPU under-utilization due to low "
+            "occupancy."), stacklevel=4)
 
 
 class _Launch:
@@ -217,11 +278,22 @@ class _Launch:
         self.config = config
         self.stream = config[2] if len(config) > 2 else 0
 
-    def __call__(self, *args: Any) -> None:
+    def _numba(self) -> Callable[..., Any]:
         config = self.config
         if len(config) > 2:
             config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
-        self.kernel._launch(self.stream, self.kernel.dispatcher[config], args)
+        return self.kernel.dispatcher[config]
+
+    def __call__(self, *args: Any) -> None:
+        config = self.config
+        dims = None
+        grid = direct.normalize_dims(config[0])
+        if grid is not None:
+            block = direct.normalize_dims(config[1])
+            shmem = config[3] if len(config) > 3 else 0
+            if block is not None and type(shmem) is int:
+                dims = (grid, block, shmem)
+        self.kernel._launch(self.stream, args, dims, self._numba)
 
 
 class _ForAll:
@@ -237,10 +309,18 @@ class _ForAll:
         self.stream = stream
         self.sharedmem = sharedmem
 
+    def _numba(self) -> Callable[..., Any]:
+        return self.kernel.dispatcher.forall(self.ntasks, self.tpb,
+                                             target.numba_stream(self.stream), self.sharedmem)
+
     def __call__(self, *args: Any) -> None:
-        launch = self.kernel.dispatcher.forall(self.ntasks, self.tpb,
-                                               target.numba_stream(self.stream), self.sharedmem)
-        self.kernel._launch(self.stream, launch, args)
+        dims = None
+        tpb, ntasks = self.tpb, self.ntasks
+        # With no threads per block given Numba asks the occupancy calculator.
+        if (type(tpb) is int and tpb > 0 and type(ntasks) is int and ntasks > 0
+                and type(self.sharedmem) is int):
+            dims = (((ntasks + tpb - 1) // tpb, 1, 1), (tpb, 1, 1), self.sharedmem)
+        self.kernel._launch(self.stream, args, dims, self._numba)
 
 
 def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:
