@@ -182,3 +182,20 @@ def test_plan_choice():
 ])
 def test_dims(dim, expected):
     assert direct.normalize_dims(dim) == expected
+
+
+def test_runtime_switch(monkeypatch):
+    from numba_streamsafe import AsyncResource, DeviceRuntime
+    from numba_streamsafe._driver.sim import SimDriver
+
+    class Launching(SimDriver):
+        def launch_kernel(self, *args):
+            raise AssertionError("not called here")
+
+    # The simulated driver cannot launch: tracked kernels use Numba's path.
+    assert DeviceRuntime(AsyncResource(SimDriver())).direct_launch is False
+    monkeypatch.delenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", raising=False)
+    assert DeviceRuntime(AsyncResource(Launching())).direct_launch is True
+    for off in ("0", "off", " false "):
+        monkeypatch.setenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", off)
+        assert DeviceRuntime(AsyncResource(Launching())).direct_launch is False
