@@ -82,6 +82,13 @@ def main() -> int:
         ok = value <= target if op == "<=" else value >= target
         print(f"{name:48s} {value:8.3f} {op}{target:>7.2f}  {'pass' if ok else 'MISS'}")
     print(f"pipeline correct: {pipe['correct']}")
+    if "ratio_numba_path" in launch["same stream"]:
+        print("tracked launch through Numba's launch path (direct launches off): "
+              f"same stream {launch['same stream']['ratio_numba_path']:.3f}, "
+              f"cross stream {launch['cross stream']['ratio_numba_path']:.3f}")
+    sync_s, events_s = pipe["median_s"]["sync"], pipe["median_s"]["events"]
+    print(f"pipeline: hand-placed events / device sync per stage {events_s / sync_s:.3f} "
+          "(the best any ordering reaches on this pipeline)")
     return 0
 
 
