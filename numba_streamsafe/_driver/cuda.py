@@ -59,6 +59,8 @@ class CudaDriver:
         self._record = drv.cuEventRecord
         self._wait = drv.cuStreamWaitEvent
         self._launch = drv.cuLaunchKernel
+        self._alloc_async = drv.cuMemAllocAsync
+        self._free_async = drv.cuMemFreeAsync
 
     def _check(self, call: str, result: Any) -> Any:
         if isinstance(result, tuple):
@@ -91,12 +93,19 @@ class CudaDriver:
 
     # ----------------------------------------------------------------- memory
     def alloc_async(self, nbytes: int, stream: int) -> int:
-        self._ensure_context()
-        return int(self._check("cuMemAllocAsync", self._drv.cuMemAllocAsync(nbytes, stream)))
+        err, ptr = self._alloc_async(nbytes, stream)
+        if err:
+            if int(err) == _CUDA_ERROR_INVALID_CONTEXT and not getattr(self._tls, "ready", False):
+                self._ensure_context()
+                err, ptr = self._alloc_async(nbytes, stream)
+            if err:
+                self._check("cuMemAllocAsync", (err,))
+        return int(ptr)
 
     def free_async(self, ptr: int, stream: int) -> None:
-        self._ensure_context()
-        self._check("cuMemFreeAsync", self._drv.cuMemFreeAsync(ptr, stream))
+        err = self._free_async(ptr, stream)[0]
+        if err:
+            self._retry_in_context("cuMemFreeAsync", err, self._free_async, ptr, stream)
 
     def alloc(self, nbytes: int) -> int:
         self._ensure_context()

@@ -113,6 +113,30 @@ SCRIPT = textwrap.dedent(r'''
 
 
     @check
+    def explicit_free_and_views():
+        rt = get_runtime()
+        rt.flush()
+        rt.reap()
+        mm = StreamSafeMemoryManager(context=None)
+        ptr = mm.memalloc(4096)
+        block = ptr._nss_block
+        view = ptr.view(1024)  # Numba's owned view: a weak proxy of the owner
+        assert view.device_pointer_value == block.ptr + 1024
+        frees = rt.stats().frees
+        assert ptr._finalizer.alive
+        ptr.free()  # MemoryPointer.free(): the free is queued, once
+        assert not ptr._finalizer.alive
+        rt.flush()
+        assert rt.find(block.ptr) is None
+        assert rt.stats().frees == frees + 1
+        del ptr, view
+        gc.collect()
+        assert rt.stats().deferred == 0  # dropping it afterwards queues nothing more
+        rt.flush()
+        assert rt.stats().frees == frees + 1
+
+
+    @check
     def defer_cleanup_holds_frees():
         rt = get_runtime()
         rt.flush()
@@ -227,7 +251,8 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 NAMES = ["not_simulated", "base_class", "package_plugin_attribute", "set_memory_manager",
-         "memalloc", "memalloc_zero", "free_on_drop", "defer_cleanup_holds_frees", "memory_info",
+         "memalloc", "memalloc_zero", "free_on_drop", "explicit_free_and_views",
+         "defer_cleanup_holds_frees", "memory_info",
          "no_ipc", "stream_scope_allocation", "reset_advances_epoch",
          "device_array_through_plugin"]
 
