@@ -13,7 +13,7 @@
 #   direct-basic  tests/gpu/test_gpu_basic.py with NUMBA_STREAMSAFE_RESOURCE=direct (plain
 #                 cuMemAlloc, so bounds are exact; tracking is off there, so only this
 #                 file, whose tests do not rely on cross-stream ordering, is run)
-#   basic guard races lifecycle faults stress
+#   basic direct guard races lifecycle faults stress
 #                 each file of tests/gpu with the default AsyncResource
 # Every step runs under
 #   compute-sanitizer --tool memcheck --error-exitcode 1 --target-processes all
@@ -149,7 +149,7 @@ step() {
     rm -f "$tmp"
 }
 
-ALL=(oob oob-pool direct-basic basic guard races lifecycle faults stress)
+ALL=(oob oob-pool direct-basic basic direct guard races lifecycle faults stress)
 STEPS=("$@")
 (( ${#STEPS[@]} )) || STEPS=("${ALL[@]}")
 
@@ -161,6 +161,7 @@ for s in "${STEPS[@]}"; do
         direct-basic) NUMBA_STREAMSAFE_RESOURCE=direct step direct-basic 0 \
                           "${PYTEST[@]}" tests/gpu/test_gpu_basic.py ;;
         basic) step basic 0 "${PYTEST[@]}" tests/gpu/test_gpu_basic.py ;;
+        direct) step direct 0 "${PYTEST[@]}" tests/gpu/test_direct_launch.py ;;
         guard) step guard 0 "${PYTEST[@]}" tests/gpu/test_guard_gpu.py ;;
         races) step races 0 "${PYTEST[@]}" tests/gpu/test_races.py ;;
         lifecycle) step lifecycle 0 "${PYTEST[@]}" tests/gpu/test_lifecycle.py ;;
