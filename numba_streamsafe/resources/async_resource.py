@@ -93,6 +93,16 @@ class AsyncResource(MemoryResource):
         When a launch's event is recorded (see above).
     max_idle_events : int
         Idle events the event pool keeps.
+    reuse_bytes : int
+        Bytes of freed blocks kept for reuse by the next allocation of the
+        same size on the same stream (0: none). The free of such a block is
+        complete in stream order once its cross-stream waits are queued, so
+        the next allocation on that stream may take it without a driver call;
+        blocks of other sizes or streams go back to the pool. Kept blocks
+        count as pending until :meth:`reap_pending` (or an allocation that
+        runs out of memory) returns them to the pool. Only blocks of streams
+        whose owning object is known (kept alive while they wait) and of the
+        default streams are kept.
 
     Notes
     -----
@@ -102,10 +112,13 @@ class AsyncResource(MemoryResource):
     launch, reap or :meth:`flush`.
     """
 
-    def __init__(self, driver: Driver, *, fences: str = "lazy", max_idle_events: int = 1024
-                 ) -> None:
+    def __init__(self, driver: Driver, *, fences: str = "lazy", max_idle_events: int = 1024,
+                 reuse_bytes: int = 64 << 20) -> None:
         if fences not in ("lazy", "eager"):
             raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {fences!r}")
+        if not isinstance(reuse_bytes, int) or isinstance(reuse_bytes, bool) or reuse_bytes < 0:
+            raise InvalidArgument(f"reuse_bytes must be an int >= 0, got {reuse_bytes!r}")
+        self.reuse_bytes = reuse_bytes
         self.fences = fences
         self._eager = fences == "eager"
         self.driver = driver
@@ -122,6 +135,12 @@ class AsyncResource(MemoryResource):
         #: stream -> [bytes whose free is queued there, the stream's keep-alive owner]
         self._pending: dict[int, list[Any]] = {}
         self._deferred = DeferredFrees()
+        self._deferred_queue = self._deferred.queue  # truthiness checked on every allocation
+        #: (stream, nbytes) -> addresses of freed blocks kept for reuse on that stream.
+        self._kept: dict[tuple[int, int], list[int]] = {}
+        #: stream -> its owning object, alive while blocks are kept for it.
+        self._kept_owners: dict[int, Any] = {}
+        self._kept_bytes = 0
         self._epoch = 0
         self._peak = 0
         self._allocations = 0
@@ -138,19 +157,31 @@ class AsyncResource(MemoryResource):
                 )
             nbytes = int(nbytes)
         driver = self.driver
-        driver.check_stream(stream)
-        if self._deferred:
+        if stream > 2:  # not the legacy or per-thread default stream
+            driver.check_stream(stream)
+        if self._deferred_queue:
             self._drain()
         if self._pending and not self._allocations & 63:
             self.reap_completed()
-        try:
-            ptr = driver.alloc_async(nbytes, stream)
-        except DriverError as exc:
-            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
-                raise
-            ptr = self._retry_after_oom(nbytes, stream)
+        ptr = 0
+        if self._kept:
+            key = (stream, nbytes)
+            with self._lock:
+                ptrs = self._kept.get(key)
+                if ptrs:
+                    ptr = ptrs.pop()
+                    if not ptrs:
+                        del self._kept[key]
+                    self._kept_bytes -= nbytes
+        if not ptr:
+            try:
+                ptr = driver.alloc_async(nbytes, stream)
+            except DriverError as exc:
+                if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
+                    raise
+                ptr = self._retry_after_oom(nbytes, stream)
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
-                      stream_owner=stream_owner)
+                      BlockState.LIVE, stream_owner)
         with self._lock:
             live = self._live
             if ptr in live:
@@ -177,10 +208,40 @@ class AsyncResource(MemoryResource):
             self._index = None
             self._live_bytes += nbytes
             self._allocations += 1
-            total = self._live_bytes + self._pending_bytes
+            total = self._live_bytes + self._pending_bytes + self._kept_bytes
             if total > self._peak:
                 self._peak = total
         return block
+
+    def _release_kept(self) -> None:
+        """Queue the frees of every kept block on its stream; caller holds the lock."""
+        kept, self._kept = self._kept, {}
+        owners, self._kept_owners = self._kept_owners, {}
+        free = self.driver.free_async
+        items = list(kept.items())
+        for i, ((stream, nbytes), ptrs) in enumerate(items):
+            while ptrs:
+                try:
+                    free(ptrs[-1], stream)
+                except BaseException:
+                    # Keep what is not freed yet, for the next reap.
+                    for key, rest in items[i:]:
+                        if rest:
+                            self._kept[key] = rest
+                            owner = owners.get(key[0])
+                            if owner is not None:
+                                self._kept_owners[key[0]] = owner
+                    raise
+                ptrs.pop()
+                self._kept_bytes -= nbytes
+                self._pending_bytes += nbytes
+                slot = self._pending.get(stream)
+                if slot is None:
+                    self._pending[stream] = [nbytes, owners.get(stream)]
+                else:
+                    slot[0] += nbytes
+                    if slot[1] is None:
+                        slot[1] = owners.get(stream)
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""
@@ -199,7 +260,7 @@ class AsyncResource(MemoryResource):
             # hand it back, so the caller's next (smaller) allocation can work.
             self._trim_quietly()
             with self._lock:
-                live, pending = self._live_bytes, self._pending_bytes
+                live, pending = self._live_bytes, self._pending_bytes + self._kept_bytes
             raise OutOfMemory(nbytes, live, pending, str(exc)) from None
 
     def _trim_quietly(self) -> None:
@@ -358,25 +419,43 @@ class AsyncResource(MemoryResource):
     # ------------------------------------------------------------------ freeing
     def deallocate(self, block: Block) -> None:
         with self._lock:
-            entry = self._entry(block, "deallocate")
+            entry = self._live.get(block.ptr)
+            if entry is None or entry.block is not block:
+                entry = self._entry(block, "deallocate")  # a copy of the handle, or an error
             stream = block.stream
-            marks = entry.waits_for(stream, Access.READ_WRITE)
-            if marks:
-                self._wait_all(stream, marks)
-            self.driver.free_async(block.ptr, stream)
-            # The free is queued: from here on nothing can fail.
+            if entry.reads or entry.last_write.stream != stream:
+                marks = entry.waits_for(stream, Access.READ_WRITE)
+                if marks:
+                    self._wait_all(stream, marks)
+            nbytes = block.nbytes
+            owner = block.stream_owner
+            keep = (self._kept_bytes + nbytes <= self.reuse_bytes
+                    and (owner is not None or stream in (0, 1, 2)))
+            if not keep:
+                self.driver.free_async(block.ptr, stream)
+            # The free is queued (or the block kept): from here on nothing can fail.
             del self._live[block.ptr]
             self._index = None
             self._release_entry(entry)
-            self._live_bytes -= block.nbytes
-            self._pending_bytes += block.nbytes
-            slot = self._pending.get(stream)
-            if slot is None:
-                self._pending[stream] = [block.nbytes, block.stream_owner]
+            self._live_bytes -= nbytes
+            if keep:
+                ptrs = self._kept.get((stream, nbytes))
+                if ptrs is None:
+                    self._kept[(stream, nbytes)] = [block.ptr]
+                else:
+                    ptrs.append(block.ptr)
+                self._kept_bytes += nbytes
+                if owner is not None:
+                    self._kept_owners[stream] = owner
             else:
-                slot[0] += block.nbytes
-                if slot[1] is None:
-                    slot[1] = block.stream_owner
+                self._pending_bytes += nbytes
+                slot = self._pending.get(stream)
+                if slot is None:
+                    self._pending[stream] = [nbytes, owner]
+                else:
+                    slot[0] += nbytes
+                    if slot[1] is None:
+                        slot[1] = owner
             self._frees += 1
             block.state = BlockState.FREED
             block.stream_owner = None
@@ -384,9 +463,10 @@ class AsyncResource(MemoryResource):
     def _release_entry(self, entry: _Entry) -> None:
         pool = self.events
         _unref(entry.last_write, pool)
-        for mark in entry.reads.values():
-            _unref(mark, pool)
-        entry.reads = {}
+        if entry.reads:
+            for mark in entry.reads.values():
+                _unref(mark, pool)
+            entry.reads = {}
 
     def defer_free(self, block: Block) -> None:
         self._deferred.push(block)
@@ -403,7 +483,7 @@ class AsyncResource(MemoryResource):
     # --------------------------------------------------------------- accounting
     def bytes_outstanding(self) -> int:
         with self._lock:
-            return self._live_bytes + self._pending_bytes
+            return self._live_bytes + self._pending_bytes + self._kept_bytes
 
     @property
     def live_bytes(self) -> int:
@@ -411,16 +491,23 @@ class AsyncResource(MemoryResource):
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending_bytes
+        """Bytes freed by their owner and not yet back in the pool (queued
+        frees and blocks kept for reuse)."""
+        return self._pending_bytes + self._kept_bytes
 
     def pending_per_stream(self) -> dict[int, int]:
         """Bytes whose free is queued, per stream."""
         with self._lock:
-            return {s: slot[0] for s, slot in self._pending.items()}
+            out = {s: slot[0] for s, slot in self._pending.items()}
+            for (s, nbytes), ptrs in self._kept.items():
+                out[s] = out.get(s, 0) + nbytes * len(ptrs)
+            return out
 
     def reap_pending(self) -> None:
         self._drain()
         with self._lock:
+            if self._kept:
+                self._release_kept()
             drained, self._pending = self._pending, {}
             # Forget the open marks no use refers to (streams come and go).
             for stream in [s for s, m in self._marks.items() if not m.refs]:
@@ -487,7 +574,7 @@ class AsyncResource(MemoryResource):
                     self._seal(mark)
                 else:
                     del self._marks[stream]
-            pending = stream in self._pending
+            pending = stream in self._pending or any(s == stream for s, _ in self._kept)
         if pending:
             self.reap_pending()
 
@@ -500,7 +587,7 @@ class AsyncResource(MemoryResource):
         with self._lock:
             return ResourceStats(
                 live_bytes=self._live_bytes,
-                pending_bytes=self._pending_bytes,
+                pending_bytes=self._pending_bytes + self._kept_bytes,
                 peak_bytes=self._peak,
                 live_blocks=len(self._live),
                 allocations=self._allocations,
@@ -531,6 +618,10 @@ class AsyncResource(MemoryResource):
             self._marks.clear()
             self._index = None
             self._pending.clear()
+            kept = [ptr for ptrs in self._kept.values() for ptr in ptrs]
+            self._kept.clear()
+            self._kept_owners.clear()
+            self._kept_bytes = 0
             self._live_bytes = 0
             self._pending_bytes = 0
             self._deferred.clear()
@@ -539,6 +630,11 @@ class AsyncResource(MemoryResource):
             entry.block.stream_owner = None
             try:
                 self.driver.free(entry.block.ptr)
+            except DriverError:
+                pass
+        for ptr in kept:
+            try:
+                self.driver.free(ptr)
             except DriverError:
                 pass
         self.events.forget()

@@ -37,6 +37,11 @@ class DeferredFrees:
     def push(self, block: Block) -> None:
         self._queue.append(block)
 
+    @property
+    def queue(self) -> collections.deque[Block]:
+        """The queue itself, for a cheap emptiness check on hot paths."""
+        return self._queue
+
     def __len__(self) -> int:
         return len(self._queue)
 

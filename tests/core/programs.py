@@ -146,6 +146,13 @@ class Program:
     steps: tuple[Step, ...]
 
 
+class StreamOwner:
+    """Stands for the user's object owning a stream handle."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+
 @dataclass
 class Run:
     """The state after :func:`execute`."""
@@ -166,8 +173,11 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
     res = AsyncResource(sim, fences=fences)
     rt = DeviceRuntime(res)
     streams = [sim.create_stream() for _ in range(program.n_streams)]
+    # One owning object per stream, as a user's stream objects: blocks freed on
+    # a stream with an owner may be kept and reused there (reuse_bytes).
+    owners = [StreamOwner(h) for h in streams]
     blocks: list[Block | None] = [
-        rt.allocate(n, streams[h], tag=f"buf{i}")
+        res.allocate(n, streams[h], f"buf{i}", stream_owner=owners[h])
         for i, (n, h) in enumerate(zip(program.sizes, program.homes, strict=True))
     ]
     run = Run(sim, res, rt, streams, blocks)
@@ -180,7 +190,8 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
             _free(run, step.buf)
         elif isinstance(step, Realloc):
             _free(run, step.buf)
-            block = rt.allocate(step.nbytes, streams[step.stream], tag=f"buf{step.buf}@{k}")
+            block = res.allocate(step.nbytes, streams[step.stream], f"buf{step.buf}@{k}",
+                                 stream_owner=owners[step.stream])
             if block.ptr in run.freed_ptrs:
                 run.reused += 1
             blocks[step.buf] = block

@@ -110,6 +110,7 @@ def test_hold_frees_keeps_deferred_frees_queued(rt, res, two_streams):
 
 
 def test_deferred_free_whose_free_fails_is_kept_for_the_next_safe_point(rt, res, sim, caplog):
+    res.reuse_bytes = 0  # the free must reach the driver, not the reuse list
     blk = rt.allocate(256, 0, "x")
     rt.defer_free(blk)
     sim.inject_failure("cuMemFreeAsync")

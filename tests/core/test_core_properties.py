@@ -29,7 +29,7 @@ def _assert_clean_after_fenced(run: P.Run) -> None:
 
 
 def test_fenced_programs_have_no_hazards():
-    seen = {"programs": 0, "unfenced with hazards": 0, "with reuse": 0}
+    seen = {"programs": 0, "unfenced with hazards": 0, "with reuse": 0, "with kept reuse": 0}
 
     @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(program=P.program_strategy(max_steps=25), fences=st.sampled_from(["lazy", "eager"]))
@@ -39,12 +39,16 @@ def test_fenced_programs_have_no_hazards():
         seen["unfenced with hazards"] += bool(raw.sim.hazards)
         run = P.execute(program, fenced=True, fences=fences)
         seen["with reuse"] += bool(run.reused)
+        # Allocations served from blocks kept on their stream, not by the driver.
+        seen["with kept reuse"] += (run.res.stats().allocations
+                                    > run.sim.calls["cuMemAllocAsync"])
         _assert_clean_after_fenced(run)
 
     fenced_program_is_safe()
     assert seen["programs"] >= 2000, seen
     # The generated programs exercise what the property is about.
     assert seen["unfenced with hazards"] > 0 and seen["with reuse"] > 0, seen
+    assert seen["with kept reuse"] > 0, seen
 
 
 def test_unfenced_programs_show_hazards_and_fenced_ones_none():
