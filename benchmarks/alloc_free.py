@@ -2,7 +2,9 @@
 
 Run it once per manager (``NUMBA_CUDA_MEMORY_MANAGER`` unset for Numba's
 default, ``=numba_streamsafe`` for ours, ``=rmm.allocators.numba`` for RMM's
-plugin); ``run_all.py`` runs them side by side and prints the ratios. Each
+plugin); ``run_all.py`` runs them side by side, three processes per manager
+interleaved (host timings drift between processes), and prints the ratios of
+the medians. Each
 cycle allocates an array, touches nothing, and drops it; the median cost per
 cycle over several rounds is reported for 4 KiB and 64 MiB.
 """
@@ -39,6 +41,8 @@ def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=4 if SIMULATOR else 2000)
     parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 9)
+    parser.add_argument("--run", type=int, default=0,
+                        help="index of this process among repeated runs (names the JSON)")
     args = parser.parse_args()
     manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "default")
     if manager == "rmm.allocators.numba":
@@ -53,7 +57,8 @@ def main() -> dict:
         results[label] = {"us_per_cycle": statistics.median(samples), "samples_us": samples}
     print(json.dumps({"manager": manager, "results": {k: v["us_per_cycle"]
                                                        for k, v in results.items()}}))
-    write_result(f"alloc_free_{manager.replace('.', '_')}",
+    suffix = f"_{args.run}" if args.run else ""
+    write_result(f"alloc_free_{manager.replace('.', '_')}{suffix}",
                  {"manager": manager, "device": device_name(), "results": results})
     return results
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,18 @@ def load(name: str) -> dict:
     return json.loads((out / f"{name}.json").read_text())
 
 
+#: Processes per memory manager in the allocation benchmark.
+ALLOC_RUNS = 3
+
+
+def alloc_medians(manager: str, runs: int) -> dict[str, dict[str, float]]:
+    """Per size, the median over ``runs`` processes of each one's median cycle cost."""
+    name = "alloc_free_" + manager.replace(".", "_")
+    per = [load(name + (f"_{i}" if i else ""))["results"] for i in range(runs)]
+    return {size: {"us_per_cycle": statistics.median(p[size]["us_per_cycle"] for p in per)}
+            for size in per[0]}
+
+
 def rmm_available() -> bool:
     try:
         import rmm.allocators.numba  # noqa: F401
@@ -44,17 +57,19 @@ def main() -> int:
     quick = ["--launches", "4", "--rounds", "1"] if args.quick else []
     run("launch_overhead.py", *quick)
     quick = ["--cycles", "4", "--rounds", "1"] if args.quick else []
-    run("alloc_free.py", *quick, env={"NUMBA_CUDA_MEMORY_MANAGER": "default"})
-    run("alloc_free.py", *quick, env={"NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"})
     have_rmm = rmm_available()
-    if have_rmm:
-        run("alloc_free.py", *quick, env={"NUMBA_CUDA_MEMORY_MANAGER": "rmm.allocators.numba"})
+    managers = ["default", "numba_streamsafe"] + (["rmm.allocators.numba"] if have_rmm else [])
+    runs = 1 if args.quick else ALLOC_RUNS
+    for i in range(runs):  # interleaved: host timings drift between processes
+        for manager in managers:
+            run("alloc_free.py", *quick, "--run", str(i),
+                env={"NUMBA_CUDA_MEMORY_MANAGER": manager})
     run("pipeline.py", *(["--n", "256", "--rounds", "1"] if args.quick else []))
 
     launch = load("launch_overhead")["results"]
-    default = load("alloc_free_default")["results"]
-    ours = load("alloc_free_numba_streamsafe")["results"]
-    rmm = load("alloc_free_rmm_allocators_numba")["results"] if have_rmm else None
+    default = alloc_medians("default", runs)
+    ours = alloc_medians("numba_streamsafe", runs)
+    rmm = alloc_medians("rmm.allocators.numba", runs) if have_rmm else None
     pipe = load("pipeline")
 
     rows = [

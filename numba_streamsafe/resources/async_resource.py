@@ -163,23 +163,16 @@ class AsyncResource(MemoryResource):
             self._drain()
         if self._pending and not self._allocations & 63:
             self.reap_completed()
-        ptr = 0
         if self._kept:
-            key = (stream, nbytes)
-            with self._lock:
-                ptrs = self._kept.get(key)
-                if ptrs:
-                    ptr = ptrs.pop()
-                    if not ptrs:
-                        del self._kept[key]
-                    self._kept_bytes -= nbytes
-        if not ptr:
-            try:
-                ptr = driver.alloc_async(nbytes, stream)
-            except DriverError as exc:
-                if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
-                    raise
-                ptr = self._retry_after_oom(nbytes, stream)
+            block = self._allocate_kept(nbytes, stream, tag, stream_owner)
+            if block is not None:
+                return block
+        try:
+            ptr = driver.alloc_async(nbytes, stream)
+        except DriverError as exc:
+            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
+                raise
+            ptr = self._retry_after_oom(nbytes, stream)
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
                       BlockState.LIVE, stream_owner)
         with self._lock:
@@ -190,28 +183,55 @@ class AsyncResource(MemoryResource):
                     f"the driver returned {ptr:#x}, which is still live as "
                     f"{live[ptr].block.describe()}; the pool is corrupt, report this"
                 )
-            mark = self._marks.get(stream)
-            if mark is None:
-                mark = self._marks[stream] = Mark(stream, stream_owner)
-            elif stream_owner is not None and mark.owner is None:
-                mark.owner = stream_owner
-            if self._eager:
-                try:
-                    self._seal(mark)  # the allocation-ready event
-                except BaseException:
-                    if mark.refs == 0:
-                        mark.owner = None  # no use refers to it: keep no stream object alive
-                    driver.free_async(ptr, stream)
-                    raise
-            mark.refs += 1
-            live[ptr] = _Entry(block, mark)
-            self._index = None
-            self._live_bytes += nbytes
-            self._allocations += 1
-            total = self._live_bytes + self._pending_bytes + self._kept_bytes
-            if total > self._peak:
-                self._peak = total
+            self._register(block, stream, stream_owner)
         return block
+
+    def _allocate_kept(self, nbytes: int, stream: int, tag: str, stream_owner: Any
+                       ) -> Block | None:
+        """A block from those kept on ``stream`` with ``nbytes``, or None."""
+        key = (stream, nbytes)
+        with self._lock:
+            ptrs = self._kept.get(key)
+            if not ptrs:
+                return None
+            ptr = ptrs.pop()
+            if not ptrs:
+                del self._kept[key]
+            self._kept_bytes -= nbytes
+            block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
+                          BlockState.LIVE, stream_owner)
+            try:
+                self._register(block, stream, stream_owner)
+            except BaseException:
+                # Only an eager fence can fail here; its block went back to the pool.
+                block.state = BlockState.FREED
+                raise
+        return block
+
+    def _register(self, block: Block, stream: int, stream_owner: Any) -> None:
+        """Make ``block`` live, ready after its allocation; caller holds the lock."""
+        mark = self._marks.get(stream)
+        if mark is None:
+            mark = self._marks[stream] = Mark(stream, stream_owner)
+        elif stream_owner is not None and mark.owner is None:
+            mark.owner = stream_owner
+        if self._eager:
+            try:
+                self._seal(mark)  # the allocation-ready event
+            except BaseException:
+                if mark.refs == 0:
+                    mark.owner = None  # no use refers to it: keep no stream object alive
+                self.driver.free_async(block.ptr, stream)
+                raise
+        mark.refs += 1
+        nbytes = block.nbytes
+        self._live[block.ptr] = _Entry(block, mark)
+        self._index = None
+        self._live_bytes += nbytes
+        self._allocations += 1
+        total = self._live_bytes + self._pending_bytes + self._kept_bytes
+        if total > self._peak:
+            self._peak = total
 
     def _release_kept(self) -> None:
         """Queue the frees of every kept block on its stream; caller holds the lock."""
