@@ -95,7 +95,8 @@ class AsyncResource(MemoryResource):
         Idle events the event pool keeps.
     reuse_bytes : int
         Bytes of freed blocks kept for reuse by the next allocation of the
-        same size on the same stream (0: none). The free of such a block is
+        same size on the same stream (0: none); when a freed block does not
+        fit, the oldest kept blocks go back to the pool to make room. The free of such a block is
         complete in stream order once its cross-stream waits are queued, so
         the next allocation on that stream may take it without a driver call;
         blocks of other sizes or streams go back to the pool. Kept blocks
@@ -262,6 +263,40 @@ class AsyncResource(MemoryResource):
                     slot[0] += nbytes
                     if slot[1] is None:
                         slot[1] = owners.get(stream)
+
+    def _evict_kept(self, limit: int) -> bool:
+        """Free the oldest kept blocks until at most ``limit`` bytes stay kept.
+
+        Caller holds the lock. Returns False if a free failed (what was freed
+        stays freed; the rest stays kept).
+        """
+        free = self.driver.free_async
+        for key in list(self._kept):
+            if self._kept_bytes <= limit:
+                break
+            stream, nbytes = key
+            ptrs = self._kept[key]
+            while ptrs and self._kept_bytes > limit:
+                try:
+                    free(ptrs[-1], stream)
+                except DriverError:
+                    return False
+                ptrs.pop()
+                self._kept_bytes -= nbytes
+                self._pending_bytes += nbytes
+                owner = self._kept_owners.get(stream)
+                slot = self._pending.get(stream)
+                if slot is None:
+                    self._pending[stream] = [nbytes, owner]
+                else:
+                    slot[0] += nbytes
+                    if slot[1] is None:
+                        slot[1] = owner
+            if not ptrs:
+                del self._kept[key]
+                if not any(s == stream for s, _ in self._kept):
+                    self._kept_owners.pop(stream, None)
+        return True
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""
@@ -449,8 +484,10 @@ class AsyncResource(MemoryResource):
                     self._wait_all(stream, marks)
             nbytes = block.nbytes
             owner = block.stream_owner
-            keep = (self._kept_bytes + nbytes <= self.reuse_bytes
+            keep = (nbytes <= self.reuse_bytes
                     and (owner is not None or stream in (0, 1, 2)))
+            if keep and self._kept_bytes + nbytes > self.reuse_bytes:
+                keep = self._evict_kept(self.reuse_bytes - nbytes)
             if not keep:
                 self.driver.free_async(block.ptr, stream)
             # The free is queued (or the block kept): from here on nothing can fail.

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from numba_streamsafe import AsyncResource, DeviceRuntime, InvalidArgument, UseAfterFree
+from numba_streamsafe import (
+    AsyncResource,
+    DeviceRuntime,
+    DriverError,
+    InvalidArgument,
+    UseAfterFree,
+)
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.access import Access
 
@@ -61,20 +67,50 @@ def test_limit_and_unowned_streams(sim):
     frees = sim.calls["cuMemFreeAsync"]
     for b in blocks:
         res.deallocate(b)
-    assert sim.calls["cuMemFreeAsync"] == frees + 1  # the second would pass the limit
+    # Both would pass the limit: the older goes back to the pool, the newer is kept.
+    assert sim.calls["cuMemFreeAsync"] == frees + 1
+    assert res.pending_per_stream() == {0: 8192}
+    allocs = sim.calls["cuMemAllocAsync"]
+    assert res.allocate(4096, 0, "again").ptr == blocks[1].ptr
+    assert sim.calls["cuMemAllocAsync"] == allocs
+    res.deallocate(res.find(blocks[1].ptr))
+    frees = sim.calls["cuMemFreeAsync"]
     # A stream handle with no owning object may be destroyed and its handle
     # reused by an unrelated stream: its blocks are never kept.
     s = sim.create_stream()
     c = res.allocate(16, s, "c")
     res.deallocate(c)
-    assert sim.calls["cuMemFreeAsync"] == frees + 2
+    assert sim.calls["cuMemFreeAsync"] == frees + 1
     off = AsyncResource(sim, reuse_bytes=0)
     d = off.allocate(16, 0, "d")
     off.deallocate(d)
-    assert sim.calls["cuMemFreeAsync"] == frees + 3
+    assert sim.calls["cuMemFreeAsync"] == frees + 2
     for bad in (-1, 1.5, True, None):
         with pytest.raises(InvalidArgument, match="reuse_bytes"):
             AsyncResource(sim, reuse_bytes=bad)
+
+
+def test_a_block_that_does_not_fit_evicts_the_oldest(sim):
+    res = AsyncResource(sim, reuse_bytes=64 << 20)
+    owner = Owner()
+    s = sim.create_stream()
+    small = [res.allocate(4096, 0, "small"), res.allocate(4096, s, "small", stream_owner=owner)]
+    for b in small:
+        res.deallocate(b)
+    big = res.allocate(64 << 20, 0, "big")
+    frees = sim.calls["cuMemFreeAsync"]
+    res.deallocate(big)  # 64 MiB fits only once both small blocks are gone
+    assert sim.calls["cuMemFreeAsync"] == frees + 2
+    assert res.pending_bytes == (64 << 20) + 8192
+    allocs = sim.calls["cuMemAllocAsync"]
+    again = res.allocate(64 << 20, 0, "big again")
+    assert again.ptr == big.ptr and sim.calls["cuMemAllocAsync"] == allocs
+    res.allocate(4096, s, "small again", stream_owner=owner)  # evicted: from the driver
+    assert sim.calls["cuMemAllocAsync"] == allocs + 1
+    too_big = res.allocate((64 << 20) + 1, 0, "too big")
+    frees = sim.calls["cuMemFreeAsync"]
+    res.deallocate(too_big)  # larger than the whole limit: never kept, nothing evicted
+    assert sim.calls["cuMemFreeAsync"] == frees + 1
 
 
 def test_reuse_after_a_cross_stream_read_is_ordered(res, sim):
@@ -135,3 +171,24 @@ def test_retire_stream_and_reset_give_kept_blocks_back(sim):
     c = res.allocate(256, 0, "c")  # a fresh block, not the address from before the reset
     assert sim.calls["cuMemAllocAsync"] == 3
     res.deallocate(c)
+
+
+def test_a_failed_eviction_keeps_accounting_and_the_block_live(sim):
+    res = AsyncResource(sim, reuse_bytes=8192)
+    kept = [res.allocate(4096, 0, f"k{i}") for i in range(2)]
+    for b in kept:
+        res.deallocate(b)
+    big = res.allocate(8192, 0, "big")
+    before = (res.live_bytes, res.pending_bytes)
+    sim.inject_failure("cuMemFreeAsync", times=2)  # the eviction's free, then the block's
+    with pytest.raises(DriverError):
+        res.deallocate(big)
+    assert (res.live_bytes, res.pending_bytes) == before
+    assert res.find(big.ptr) is big  # still live: the caller may free it again
+    sim.inject_failure("cuMemFreeAsync")  # only the eviction fails: the block is not kept
+    res.deallocate(big)
+    assert res.live_bytes == 0 and res.pending_bytes == 16384
+    allocs = sim.calls["cuMemAllocAsync"]
+    res.deallocate(res.allocate(8192, 0, "again"))  # nothing of 8 KiB kept: from the driver
+    assert sim.calls["cuMemAllocAsync"] == allocs + 1
+    res.reap_pending()
