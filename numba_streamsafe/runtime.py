@@ -19,7 +19,7 @@ from numba_streamsafe.resources import (
     MemoryResource,
     ResourceStats,
 )
-from numba_streamsafe.streams import stream_handle
+from numba_streamsafe.streams import default_stream_handle, stream_handle
 
 __all__ = [
     "DeviceRuntime",
@@ -178,6 +178,8 @@ class DeviceRuntime:
     # ------------------------------------------------------------------ blocks
     def allocate(self, nbytes: int, stream: Any = None, tag: str = "") -> Block:
         """Allocate ``nbytes`` ordered on ``stream`` (default: the default stream)."""
+        if stream is None:
+            return self.resource.allocate(nbytes, default_stream_handle(), tag)
         handle = self.stream_handle(stream)
         owner = stream if stream is not None and not isinstance(stream, int) else None
         return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
