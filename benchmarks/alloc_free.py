@@ -2,7 +2,7 @@
 
 Run it once per manager (``NUMBA_CUDA_MEMORY_MANAGER`` unset for Numba's
 default, ``=numba_streamsafe`` for ours, ``=rmm.allocators.numba`` for RMM's
-plugin); ``run_all.py`` runs them side by side, three processes per manager
+plugin); ``run_all.py`` runs them side by side, five processes per manager
 interleaved (host timings drift between processes), and prints the ratios of
 the medians. Each
 cycle allocates an array, touches nothing, and drops it; the median cost per

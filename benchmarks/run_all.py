@@ -31,7 +31,7 @@ def load(name: str) -> dict:
 
 
 #: Processes per memory manager in the allocation benchmark.
-ALLOC_RUNS = 3
+ALLOC_RUNS = 5
 
 
 def alloc_medians(manager: str, runs: int) -> dict[str, dict[str, float]]:
