@@ -1,65 +1,143 @@
-"""Allocate + free cycles through ``numba.cuda.device_array``, for one memory manager.
+"""Allocate + free cycles through ``numba.cuda.device_array``, memory managers side by side.
 
-Run it once per manager (``NUMBA_CUDA_MEMORY_MANAGER`` unset for Numba's
-default, ``=numba_streamsafe`` for ours, ``=rmm.allocators.numba`` for RMM's
-plugin); ``run_all.py`` runs them side by side, five processes per manager
-interleaved (host timings drift between processes), and prints the ratios of
-the medians. Each
-cycle allocates an array, touches nothing, and drops it; the median cost per
-cycle over several rounds is reported for 4 KiB and 64 MiB.
+The memory manager is chosen per process (``NUMBA_CUDA_MEMORY_MANAGER``), so
+each manager runs in a worker process of its own: Numba's default manager,
+ours (``numba_streamsafe``) and RMM's plugin over its async memory resource
+(``rmm.allocators.numba``, when RMM is installed). The workers stay alive and
+take turns: round by round, each manager times one batch of cycles while the
+others wait, so host speed drifting over the run (other tenants, clocks)
+reaches every manager alike. Ratios are taken per round and their median is
+reported, with each manager's median cost per cycle, for 4 KiB and 64 MiB.
+
+Each cycle allocates an array, touches nothing, and drops it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
-import numpy as np
-from _harness import SIMULATOR, cuda, device_name, write_result
-
 SIZES = {"4KiB": 4 << 10, "64MiB": 64 << 20}
+OURS = "numba_streamsafe"
 
 
-def cycle_cost(nbytes: int, cycles: int, rounds: int) -> list[float]:
-    n = nbytes // 4
-    per = []
-    for _ in range(rounds):
-        cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(cycles):
-            a = cuda.device_array(n, np.float32)
-            del a
-        cuda.synchronize()
-        per.append((time.perf_counter() - start) / cycles * 1e6)
-    return per
+def worker() -> None:
+    """Serve ``<nbytes> <cycles>`` lines from stdin with the cost per cycle in µs."""
+    import numpy as np
+    from _harness import cuda
 
-
-def main() -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cycles", type=int, default=4 if SIMULATOR else 2000)
-    parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 9)
-    parser.add_argument("--run", type=int, default=0,
-                        help="index of this process among repeated runs (names the JSON)")
-    args = parser.parse_args()
-    manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "default")
-    if manager == "rmm.allocators.numba":
+    if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "rmm.allocators.numba":
         import rmm
 
         rmm.reinitialize(pool_allocator=False)
         rmm.mr.set_current_device_resource(rmm.mr.CudaAsyncMemoryResource())
-    cycle_cost(4096, 10, 1)  # create the context, warm up
-    results = {}
-    for label, nbytes in SIZES.items():
-        samples = cycle_cost(nbytes, args.cycles, args.rounds)
-        results[label] = {"us_per_cycle": statistics.median(samples), "samples_us": samples}
-    print(json.dumps({"manager": manager, "results": {k: v["us_per_cycle"]
-                                                       for k, v in results.items()}}))
-    suffix = f"_{args.run}" if args.run else ""
-    write_result(f"alloc_free_{manager.replace('.', '_')}{suffix}",
-                 {"manager": manager, "device": device_name(), "results": results})
+
+    def cycles(nbytes: int, count: int) -> float:
+        n = nbytes // 4
+        cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(count):
+            a = cuda.device_array(n, np.float32)
+            del a
+        cuda.synchronize()
+        return (time.perf_counter() - start) / count * 1e6
+
+    for nbytes in SIZES.values():
+        cycles(nbytes, 20)  # create the context, warm up every path
+    print("ready", flush=True)
+    for line in sys.stdin:
+        nbytes, count = map(int, line.split())
+        print(f"{cycles(nbytes, count):.6f}", flush=True)
+
+
+class Worker:
+    def __init__(self, manager: str) -> None:
+        env = dict(os.environ)
+        if manager == "default":
+            env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+        else:
+            env["NUMBA_CUDA_MEMORY_MANAGER"] = manager
+        self.manager = manager
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
+        line = self.proc.stdout.readline().strip()  # type: ignore[union-attr]
+        if line != word:
+            self.close()
+            raise RuntimeError(f"worker for {self.manager!r} said {line!r}, expected {word!r}")
+
+    def time(self, nbytes: int, count: int) -> float:
+        self.proc.stdin.write(f"{nbytes} {count}\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"worker for {self.manager!r} exited (code {self.proc.wait()})")
+        return float(line)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def main() -> dict:
+    from _harness import SIMULATOR, device_name, write_result
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=4 if SIMULATOR else 1000,
+                        help="cycles per manager per round")
+    parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 41)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+        return {}
+
+    managers = ["default", OURS]
+    if importlib.util.find_spec("rmm") is not None:
+        managers.append("rmm.allocators.numba")
+    workers = [Worker(m) for m in managers]
+    samples: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIZES} for m in managers}
+    try:
+        for label, nbytes in SIZES.items():
+            for r in range(args.rounds):
+                # Rotate who goes first, so no manager always follows the same one.
+                for w in workers[r % len(workers):] + workers[:r % len(workers)]:
+                    samples[w.manager][label].append(w.time(nbytes, args.cycles))
+    finally:
+        for w in workers:
+            w.close()
+
+    results: dict = {"managers": managers, "rounds": args.rounds, "cycles": args.cycles,
+                     "us_per_cycle": {}, "ratio": {}, "samples_us": samples}
+    for m in managers:
+        results["us_per_cycle"][m] = {s: statistics.median(v) for s, v in samples[m].items()}
+    for other in managers:
+        if other == OURS:
+            continue
+        results["ratio"][other] = {
+            s: statistics.median(a / b for a, b in zip(samples[OURS][s], samples[other][s],
+                                                       strict=True))
+            for s in SIZES
+        }
+    print(f"allocate + free through cuda.device_array on {device_name()}, "
+          f"{args.rounds} rounds x {args.cycles} cycles, managers taking turns")
+    for m in managers:
+        costs = "  ".join(f"{s} {v:7.2f} us" for s, v in results["us_per_cycle"][m].items())
+        print(f"  {m:22s} {costs}")
+    for other, by_size in results["ratio"].items():
+        ratios = "  ".join(f"{s} {v:.3f}" for s, v in by_size.items())
+        print(f"  ours / {other:15s} {ratios}  (median of per-round ratios)")
+    write_result("alloc_free", results)
+    print(json.dumps({"ratio": results["ratio"]}))
     return results
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,46 +29,18 @@ def load(name: str) -> dict:
     return json.loads((out / f"{name}.json").read_text())
 
 
-#: Processes per memory manager in the allocation benchmark.
-ALLOC_RUNS = 5
-
-
-def alloc_medians(manager: str, runs: int) -> dict[str, dict[str, float]]:
-    """Per size, the median over ``runs`` processes of each one's median cycle cost."""
-    name = "alloc_free_" + manager.replace(".", "_")
-    per = [load(name + (f"_{i}" if i else ""))["results"] for i in range(runs)]
-    return {size: {"us_per_cycle": statistics.median(p[size]["us_per_cycle"] for p in per)}
-            for size in per[0]}
-
-
-def rmm_available() -> bool:
-    try:
-        import rmm.allocators.numba  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     args = parser.parse_args()
     quick = ["--launches", "4", "--rounds", "1"] if args.quick else []
     run("launch_overhead.py", *quick)
-    quick = ["--cycles", "4", "--rounds", "1"] if args.quick else []
-    have_rmm = rmm_available()
-    managers = ["default", "numba_streamsafe"] + (["rmm.allocators.numba"] if have_rmm else [])
-    runs = 1 if args.quick else ALLOC_RUNS
-    for i in range(runs):  # interleaved: host timings drift between processes
-        for manager in managers:
-            run("alloc_free.py", *quick, "--run", str(i),
-                env={"NUMBA_CUDA_MEMORY_MANAGER": manager})
+    run("alloc_free.py", *(["--cycles", "4", "--rounds", "1"] if args.quick else []))
     run("pipeline.py", *(["--n", "256", "--rounds", "1"] if args.quick else []))
 
     launch = load("launch_overhead")["results"]
-    default = alloc_medians("default", runs)
-    ours = alloc_medians("numba_streamsafe", runs)
-    rmm = alloc_medians("rmm.allocators.numba", runs) if have_rmm else None
+    alloc = load("alloc_free")["ratio"]
+    rmm = alloc.get("rmm.allocators.numba")
     pipe = load("pipeline")
 
     rows = [
@@ -77,11 +48,11 @@ def main() -> int:
         ("tracked / untracked launch, same stream", launch["same stream"]["ratio"], "<=", 1.05),
     ]
     for size in ("4KiB", "64MiB"):
-        rows.append((f"alloc+free {size}: ours / Numba default",
-                     ours[size]["us_per_cycle"] / default[size]["us_per_cycle"], "<=", 0.5))
+        rows.append((f"alloc+free {size}: ours / Numba default", alloc["default"][size],
+                     "<=", 0.5))
     for size in ("4KiB", "64MiB"):
-        value = (ours[size]["us_per_cycle"] / rmm[size]["us_per_cycle"]) if rmm else None
-        rows.append((f"alloc+free {size}: ours / RMM async plugin", value, "<=", 1.0))
+        rows.append((f"alloc+free {size}: ours / RMM async plugin",
+                     rmm[size] if rmm else None, "<=", 1.0))
     rows += [
         ("pipeline: tracked / device sync per stage", pipe["tracked_over_sync"], "<=", 0.67),
         ("pipeline: throughput vs hand-placed events", pipe["tracked_throughput_vs_events"],
