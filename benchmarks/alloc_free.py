@@ -6,7 +6,9 @@ ours (``numba_streamsafe``) and RMM's plugin over its async memory resource
 (``rmm.allocators.numba``, when RMM is installed). The workers stay alive and
 take turns: round by round, each manager times one batch of cycles while the
 others wait, so host speed drifting over the run (other tenants, clocks)
-reaches every manager alike. Ratios are taken per round and their median is
+reaches every manager alike. All of them are pinned to one CPU core (they
+never run at once): the same loop was measured at 36 and at 17 µs per cycle
+in one process, depending on the core it ran on. Ratios are taken per round and their median is
 reported, with each manager's median cost per cycle, for 4 KiB and 64 MiB.
 
 Each cycle allocates an array, touches nothing, and drops it.
@@ -27,8 +29,15 @@ SIZES = {"4KiB": 4 << 10, "64MiB": 64 << 20}
 OURS = "numba_streamsafe"
 
 
-def worker() -> None:
+def pin(cpu: int | None) -> None:
+    """Run this process on ``cpu`` only (where the platform allows it)."""
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+
+
+def worker(cpu: int | None) -> None:
     """Serve ``<nbytes> <cycles>`` lines from stdin with the cost per cycle in µs."""
+    pin(cpu)
     import numpy as np
     from _harness import cuda
 
@@ -57,14 +66,15 @@ def worker() -> None:
 
 
 class Worker:
-    def __init__(self, manager: str) -> None:
+    def __init__(self, manager: str, cpu: int | None) -> None:
         env = dict(os.environ)
         if manager == "default":
             env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
         else:
             env["NUMBA_CUDA_MEMORY_MANAGER"] = manager
         self.manager = manager
-        self.proc = subprocess.Popen([sys.executable, __file__, "--worker"], env=env,
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker",
+                                      *(["--cpu", str(cpu)] if cpu is not None else [])], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._expect("ready")
 
@@ -95,16 +105,22 @@ def main() -> dict:
     parser.add_argument("--cycles", type=int, default=4 if SIMULATOR else 1000,
                         help="cycles per manager per round")
     parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 41)
+    parser.add_argument("--cpu", type=int, default=None,
+                        help="CPU core for every process (default: the last one allowed)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker()
+        worker(args.cpu)
         return {}
+    cpu = args.cpu
+    if cpu is None and hasattr(os, "sched_getaffinity"):
+        cpu = max(os.sched_getaffinity(0))
+    pin(cpu)
 
     managers = ["default", OURS]
     if importlib.util.find_spec("rmm") is not None:
         managers.append("rmm.allocators.numba")
-    workers = [Worker(m) for m in managers]
+    workers = [Worker(m, cpu) for m in managers]
     samples: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIZES} for m in managers}
     try:
         for label, nbytes in SIZES.items():
@@ -117,6 +133,7 @@ def main() -> dict:
             w.close()
 
     results: dict = {"managers": managers, "rounds": args.rounds, "cycles": args.cycles,
+                     "cpu": cpu,
                      "us_per_cycle": {}, "ratio": {}, "samples_us": samples}
     for m in managers:
         results["us_per_cycle"][m] = {s: statistics.median(v) for s, v in samples[m].items()}
@@ -129,7 +146,7 @@ def main() -> dict:
             for s in SIZES
         }
     print(f"allocate + free through cuda.device_array on {device_name()}, "
-          f"{args.rounds} rounds x {args.cycles} cycles, managers taking turns")
+          f"{args.rounds} rounds x {args.cycles} cycles, managers taking turns on CPU {cpu}")
     for m in managers:
         costs = "  ".join(f"{s} {v:7.2f} us" for s, v in results["us_per_cycle"][m].items())
         print(f"  {m:22s} {costs}")
