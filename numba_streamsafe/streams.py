@@ -8,6 +8,7 @@ stream) into the integer ``CUstream`` value the driver takes.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 __all__ = ["stream_handle", "default_stream_handle", "LEGACY_DEFAULT", "PER_THREAD_DEFAULT"]
@@ -18,10 +19,18 @@ PER_THREAD_DEFAULT = 2
 
 
 def default_stream_handle() -> int:
-    """The default stream Numba uses: per-thread when
-    ``NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM`` is set, else the legacy one."""
-    flag = os.environ.get("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
-    return PER_THREAD_DEFAULT if flag not in ("", "0") else LEGACY_DEFAULT
+    """The default stream Numba uses: per-thread when Numba's configuration
+    says so (``NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM``), else the legacy one.
+
+    Once Numba is imported its configuration decides (Numba reads the variable
+    when it loads its configuration, not at every launch); before that, the
+    environment variable does.
+    """
+    config = sys.modules.get("numba.core.config")
+    flag = getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", None)
+    if flag is None:
+        flag = os.environ.get("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+    return PER_THREAD_DEFAULT if flag else LEGACY_DEFAULT
 
 
 def stream_handle(stream: Any) -> int | None:

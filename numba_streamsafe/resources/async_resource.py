@@ -66,6 +66,10 @@ def _unref(mark: Mark, pool: EventPool) -> None:
         mark.owner = None
 
 
+_LIVE = BlockState.LIVE
+_FREED = BlockState.FREED
+
+
 class AsyncResource(MemoryResource):
     """Blocks from ``cuMemAllocAsync``, freed with ``cuMemFreeAsync``, fully tracked.
 
@@ -200,7 +204,7 @@ class AsyncResource(MemoryResource):
                 del self._kept[key]
             self._kept_bytes -= nbytes
             block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
-                          BlockState.LIVE, stream_owner)
+                          _LIVE, stream_owner)
             try:
                 self._register(block, stream, stream_owner)
             except BaseException:
@@ -493,7 +497,14 @@ class AsyncResource(MemoryResource):
             # The free is queued (or the block kept): from here on nothing can fail.
             del self._live[block.ptr]
             self._index = None
-            self._release_entry(entry)
+            if entry.reads:
+                self._release_entry(entry)
+            else:  # the common case, inlined: only the last write's mark to drop
+                mark = entry.last_write
+                if mark.refs == 1:
+                    _unref(mark, self.events)
+                else:
+                    mark.refs -= 1
             self._live_bytes -= nbytes
             if keep:
                 ptrs = self._kept.get((stream, nbytes))
@@ -514,7 +525,7 @@ class AsyncResource(MemoryResource):
                     if slot[1] is None:
                         slot[1] = owner
             self._frees += 1
-            block.state = BlockState.FREED
+            block.state = _FREED
             block.stream_owner = None
 
     def _release_entry(self, entry: _Entry) -> None:

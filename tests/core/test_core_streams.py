@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import sys
+import types
 
 import pytest
 
@@ -31,17 +33,24 @@ class HandleAttribute:
         self.handle = ctypes.c_void_p(handle)
 
 
-def test_none_is_the_legacy_default_stream(monkeypatch):
+def test_none_is_the_legacy_default_stream_before_numba_loads(monkeypatch):
+    monkeypatch.setitem(sys.modules, "numba.core.config", None)  # as if not imported
     monkeypatch.delenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
     assert stream_handle(None) == LEGACY_DEFAULT == 0
     monkeypatch.setenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
     assert stream_handle(None) == 0
-
-
-def test_none_is_the_per_thread_stream_when_numba_uses_it(monkeypatch):
     monkeypatch.setenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
     assert stream_handle(None) == PER_THREAD_DEFAULT == 2
-    assert default_stream_handle() == 2
+
+
+def test_numba_configuration_decides_once_loaded(monkeypatch):
+    config = types.SimpleNamespace(CUDA_PER_THREAD_DEFAULT_STREAM=1)
+    monkeypatch.setitem(sys.modules, "numba.core.config", config)
+    monkeypatch.delenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", raising=False)
+    assert stream_handle(None) == default_stream_handle() == PER_THREAD_DEFAULT
+    config.CUDA_PER_THREAD_DEFAULT_STREAM = 0
+    monkeypatch.setenv("NUMBA_CUDA_PER_THREAD_DEFAULT_STREAM", "1")  # Numba would not see it
+    assert stream_handle(None) == LEGACY_DEFAULT
 
 
 @pytest.mark.parametrize("handle", [0, 2, 0x1000, 0x7F00DEAD0000, 2**63])
