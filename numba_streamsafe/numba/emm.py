@@ -24,6 +24,8 @@ from numba_streamsafe.runtime import DeviceRuntime, get_runtime
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 
+_memory_pointer = target.memory_pointer
+
 
 class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     """Numba memory manager over the numba_streamsafe runtime of the context's device.
@@ -54,9 +56,10 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
             # A null CUdeviceptr: ctypes.c_void_p(0).value is None, which
             # MemoryPointer cannot convert.
             return MemoryPointer(self.context, binding.CUdeviceptr(0), 0)
-        rt = self.runtime
-        block = rt.allocate(size, current_stream(), "numba")
-        return target.memory_pointer(self.context, rt, block)
+        rt = self._runtime
+        if rt is None:
+            rt = self.runtime
+        return _memory_pointer(self.context, rt, rt.allocate(size, current_stream(), "numba"))
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes of the device, as the driver reports them."""

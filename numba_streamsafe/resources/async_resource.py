@@ -165,7 +165,7 @@ class AsyncResource(MemoryResource):
         if stream > 2:  # not the legacy or per-thread default stream
             driver.check_stream(stream)
         if self._deferred_queue:
-            self._drain()
+            self._deferred.drain(self.deallocate)
         if self._pending and not self._allocations & 63:
             self.reap_completed()
         if self._kept:
