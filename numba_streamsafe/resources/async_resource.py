@@ -238,69 +238,41 @@ class AsyncResource(MemoryResource):
         if total > self._peak:
             self._peak = total
 
-    def _release_kept(self) -> None:
-        """Queue the frees of every kept block on its stream; caller holds the lock."""
-        kept, self._kept = self._kept, {}
-        owners, self._kept_owners = self._kept_owners, {}
-        free = self.driver.free_async
-        items = list(kept.items())
-        for i, ((stream, nbytes), ptrs) in enumerate(items):
-            while ptrs:
-                try:
-                    free(ptrs[-1], stream)
-                except BaseException:
-                    # Keep what is not freed yet, for the next reap.
-                    for key, rest in items[i:]:
-                        if rest:
-                            self._kept[key] = rest
-                            owner = owners.get(key[0])
-                            if owner is not None:
-                                self._kept_owners[key[0]] = owner
-                    raise
-                ptrs.pop()
-                self._kept_bytes -= nbytes
-                self._pending_bytes += nbytes
-                slot = self._pending.get(stream)
-                if slot is None:
-                    self._pending[stream] = [nbytes, owners.get(stream)]
-                else:
-                    slot[0] += nbytes
-                    if slot[1] is None:
-                        slot[1] = owners.get(stream)
+    def _add_pending(self, stream: int, nbytes: int, owner: Any) -> None:
+        """Count ``nbytes`` whose free is queued on ``stream``; caller holds the lock."""
+        self._pending_bytes += nbytes
+        slot = self._pending.get(stream)
+        if slot is None:
+            self._pending[stream] = [nbytes, owner]
+        else:
+            slot[0] += nbytes
+            if slot[1] is None:
+                slot[1] = owner
 
-    def _evict_kept(self, limit: int) -> bool:
-        """Free the oldest kept blocks until at most ``limit`` bytes stay kept.
+    def _free_kept(self, limit: int = 0) -> None:
+        """Queue the frees of the oldest kept blocks until at most ``limit``
+        bytes stay kept (all of them by default); caller holds the lock.
 
-        Caller holds the lock. Returns False if a free failed (what was freed
-        stays freed; the rest stays kept).
+        A failing free raises; what was freed is pending, the rest stays kept.
         """
         free = self.driver.free_async
+        owners = self._kept_owners
         for key in list(self._kept):
             if self._kept_bytes <= limit:
                 break
             stream, nbytes = key
             ptrs = self._kept[key]
             while ptrs and self._kept_bytes > limit:
-                try:
-                    free(ptrs[-1], stream)
-                except DriverError:
-                    return False
+                free(ptrs[-1], stream)
                 ptrs.pop()
                 self._kept_bytes -= nbytes
-                self._pending_bytes += nbytes
-                owner = self._kept_owners.get(stream)
-                slot = self._pending.get(stream)
-                if slot is None:
-                    self._pending[stream] = [nbytes, owner]
-                else:
-                    slot[0] += nbytes
-                    if slot[1] is None:
-                        slot[1] = owner
+                self._add_pending(stream, nbytes, owners.get(stream))
             if not ptrs:
                 del self._kept[key]
-                if not any(s == stream for s, _ in self._kept):
-                    self._kept_owners.pop(stream, None)
-        return True
+                if limit and not any(s == stream for s, _ in self._kept):
+                    owners.pop(stream, None)
+        if not self._kept:
+            owners.clear()
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""
@@ -491,7 +463,10 @@ class AsyncResource(MemoryResource):
             keep = (nbytes <= self.reuse_bytes
                     and (owner is not None or stream in (0, 1, 2)))
             if keep and self._kept_bytes + nbytes > self.reuse_bytes:
-                keep = self._evict_kept(self.reuse_bytes - nbytes)
+                try:  # make room: the oldest kept blocks go back to the pool
+                    self._free_kept(self.reuse_bytes - nbytes)
+                except DriverError:
+                    keep = False
             if not keep:
                 self.driver.free_async(block.ptr, stream)
             # The free is queued (or the block kept): from here on nothing can fail.
@@ -516,14 +491,7 @@ class AsyncResource(MemoryResource):
                 if owner is not None:
                     self._kept_owners[stream] = owner
             else:
-                self._pending_bytes += nbytes
-                slot = self._pending.get(stream)
-                if slot is None:
-                    self._pending[stream] = [nbytes, owner]
-                else:
-                    slot[0] += nbytes
-                    if slot[1] is None:
-                        slot[1] = owner
+                self._add_pending(stream, nbytes, owner)
             self._frees += 1
             block.state = _FREED
             block.stream_owner = None
@@ -575,7 +543,7 @@ class AsyncResource(MemoryResource):
         self._drain()
         with self._lock:
             if self._kept:
-                self._release_kept()
+                self._free_kept()
             drained, self._pending = self._pending, {}
             # Forget the open marks no use refers to (streams come and go).
             for stream in [s for s, m in self._marks.items() if not m.refs]:
