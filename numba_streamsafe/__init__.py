@@ -26,6 +26,7 @@ from numba_streamsafe.errors import (
 )
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedLaunchWarning
 from numba_streamsafe.resources import (
+    POOL_KEEP_ALL,
     AsyncResource,
     BudgetResource,
     DebugGuardResource,
@@ -73,6 +74,7 @@ __all__ = [
     "OutOfBounds",
     "MemoryResource",
     "AsyncResource",
+    "POOL_KEEP_ALL",
     "DirectResource",
     "LoggingResource",
     "BudgetResource",

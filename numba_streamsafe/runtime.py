@@ -14,6 +14,7 @@ from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode
 from numba_streamsafe.resources import (
+    POOL_KEEP_ALL,
     AsyncResource,
     DirectResource,
     MemoryResource,
@@ -197,6 +198,12 @@ class DeviceRuntime:
     def reap(self) -> None:
         self.resource.reap_pending()
 
+    def trim(self, keep_bytes: int = 0) -> None:
+        """Run queued frees, wait for pending ones, then hand the pool's unused
+        memory above ``keep_bytes`` back to the system (``cuMemPoolTrimTo``)."""
+        self.resource.reap_pending()
+        self.driver.pool_trim(keep_bytes)
+
     def bytes_outstanding(self) -> int:
         return self.resource.bytes_outstanding()
 
@@ -266,7 +273,9 @@ def default_stack(driver: Driver) -> MemoryResource:
     tracked) or ``direct`` (``cuMemAlloc`` / ``cuMemFree``, untracked: for
     compute-sanitizer runs, where a pool hides out-of-bounds accesses).
     ``NUMBA_STREAMSAFE_FENCES``: ``lazy`` (default) or ``eager``, see
-    :class:`~numba_streamsafe.resources.AsyncResource`.
+    :class:`~numba_streamsafe.resources.AsyncResource`. The async stack keeps
+    freed memory in the device's pool across synchronizes
+    (``release_threshold=POOL_KEEP_ALL``); :meth:`DeviceRuntime.trim` hands it back.
     """
     kind = os.environ.get("NUMBA_STREAMSAFE_RESOURCE", "async").strip().lower() or "async"
     if kind == "direct":
@@ -274,7 +283,7 @@ def default_stack(driver: Driver) -> MemoryResource:
     if kind != "async":
         raise InvalidArgument(f"NUMBA_STREAMSAFE_RESOURCE={kind!r}: use 'async' or 'direct'")
     fences = os.environ.get("NUMBA_STREAMSAFE_FENCES", "lazy").strip().lower() or "lazy"
-    return AsyncResource(driver, fences=fences)
+    return AsyncResource(driver, fences=fences, release_threshold=POOL_KEEP_ALL)
 
 
 def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRuntime | None:

@@ -77,6 +77,11 @@ class Driver(Protocol):
         """Return pooled memory above ``keep_bytes`` to the system."""
         ...
 
+    def set_pool_attribute(self, name: str, value: int) -> None:
+        """Set an attribute of the device's stream-ordered pool, by its short name
+        (``"RELEASE_THRESHOLD"``: pooled bytes kept at a synchronize)."""
+        ...
+
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of the device."""
         ...

@@ -138,6 +138,8 @@ class SimDriver:
         self._bases: list[int] = []
         self._chunks: dict[int, _Chunk] = {}
         self._pool: list[_Chunk] = []
+        #: Attributes set with :meth:`set_pool_attribute`.
+        self.pool_attributes: dict[str, int] = {}
         self._reserved = 0
         self._faults: dict[str, collections.deque[int]] = {}
         self.hazards: list[Hazard] = []
@@ -418,6 +420,16 @@ class SimDriver:
         with self._lock:
             self._enter("cuMemPoolTrimTo")
             self._trim_completed(keep_bytes)
+
+    def set_pool_attribute(self, name: str, value: int) -> None:
+        """Record a pool attribute (the model keeps freed memory pooled until a
+        trim or an out-of-memory, whatever the release threshold)."""
+        with self._lock:
+            self._enter("cuMemPoolSetAttribute")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DriverError("cuMemPoolSetAttribute", CUDA_ERROR_INVALID_VALUE,
+                                  f"pool attribute {name} cannot be {value!r}")
+            self.pool_attributes[name] = value
 
     def mem_info(self) -> tuple[int, int]:
         with self._lock:

@@ -4,7 +4,7 @@ Nothing here imports Numba. Resources call a
 :class:`~numba_streamsafe._driver.base.Driver`, never CUDA directly.
 """
 
-from numba_streamsafe.resources.async_resource import AsyncResource
+from numba_streamsafe.resources.async_resource import POOL_KEEP_ALL, AsyncResource
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, ResourceStats
 from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
@@ -17,6 +17,7 @@ __all__ = [
     "ResourceAdaptor",
     "ResourceStats",
     "AsyncResource",
+    "POOL_KEEP_ALL",
     "DirectResource",
     "LoggingResource",
     "BudgetResource",

@@ -66,6 +66,9 @@ def _unref(mark: Mark, pool: EventPool) -> None:
         mark.owner = None
 
 
+#: ``release_threshold`` that keeps every freed byte in the pool.
+POOL_KEEP_ALL = (1 << 64) - 1
+
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
 
@@ -100,7 +103,14 @@ class AsyncResource(MemoryResource):
     reuse_bytes : int
         Bytes of freed blocks kept for reuse by the next allocation of the
         same size on the same stream (0: none); when a freed block does not
-        fit, the oldest kept blocks go back to the pool to make room. The free of such a block is
+        fit, the oldest kept blocks go back to the pool to make room.
+    release_threshold : int or None
+        Pooled bytes the device's stream-ordered pool keeps at a synchronize
+        (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); None leaves the pool's setting
+        (CUDA's default is 0: every synchronize hands freed memory back to the
+        system, and the next allocations map it again). :data:`POOL_KEEP_ALL`
+        keeps it all; an allocation that runs out of memory still trims the
+        pool before it retries. The free of such a block is
         complete in stream order once its cross-stream waits are queued, so
         the next allocation on that stream may take it without a driver call;
         blocks of other sizes or streams go back to the pool. Kept blocks
@@ -118,12 +128,20 @@ class AsyncResource(MemoryResource):
     """
 
     def __init__(self, driver: Driver, *, fences: str = "lazy", max_idle_events: int = 1024,
-                 reuse_bytes: int = 64 << 20) -> None:
+                 reuse_bytes: int = 64 << 20, release_threshold: int | None = None) -> None:
         if fences not in ("lazy", "eager"):
             raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {fences!r}")
         if not isinstance(reuse_bytes, int) or isinstance(reuse_bytes, bool) or reuse_bytes < 0:
             raise InvalidArgument(f"reuse_bytes must be an int >= 0, got {reuse_bytes!r}")
         self.reuse_bytes = reuse_bytes
+        if release_threshold is not None:
+            if (not isinstance(release_threshold, int) or isinstance(release_threshold, bool)
+                    or not 0 <= release_threshold <= POOL_KEEP_ALL):
+                raise InvalidArgument(
+                    f"release_threshold must be None or an int from 0 to 2**64 - 1, got "
+                    f"{release_threshold!r}"
+                )
+            driver.set_pool_attribute("RELEASE_THRESHOLD", release_threshold)
         self.fences = fences
         self._eager = fences == "eager"
         self.driver = driver

@@ -303,3 +303,33 @@ def test_reap_forgets_marks_of_streams_no_block_uses(rt, res, sim):
     assert len(res._marks) >= 20
     rt.reap()
     assert res._marks == {}, "no per-stream state is left once nothing refers to a stream"
+
+
+# ------------------------------------------------------- the pool's release threshold
+def test_release_threshold_sets_the_pool_attribute(sim):
+    from numba_streamsafe import POOL_KEEP_ALL, InvalidArgument
+    from numba_streamsafe.runtime import default_stack
+
+    AsyncResource(sim)
+    assert "RELEASE_THRESHOLD" not in sim.pool_attributes  # None: the pool is left alone
+    AsyncResource(sim, release_threshold=1 << 30)
+    assert sim.pool_attributes["RELEASE_THRESHOLD"] == 1 << 30
+    default_stack(sim)
+    assert sim.pool_attributes["RELEASE_THRESHOLD"] == POOL_KEEP_ALL
+    for bad in (-1, POOL_KEEP_ALL + 1, 1.5, True, "all"):
+        with pytest.raises(InvalidArgument, match="release_threshold"):
+            AsyncResource(sim, release_threshold=bad)
+    assert sim.pool_attributes["RELEASE_THRESHOLD"] == POOL_KEEP_ALL
+
+
+def test_trim_runs_queued_frees_and_hands_the_pool_back(rt, sim):
+    free0, _ = sim.mem_info()
+    s = sim.create_stream()
+    blocks = [rt.allocate(1 << 20, 0, "kept"), rt.allocate(3 << 20, s, "queued")]
+    rt.deallocate(blocks[0])  # kept for reuse on the default stream
+    rt.defer_free(blocks[1])  # queued, as a finalizer would
+    assert sim.mem_info()[0] < free0
+    rt.trim(keep_bytes=0)
+    assert rt.bytes_outstanding() == 0
+    assert sim.mem_info()[0] == free0
+    assert sim.calls["cuMemPoolTrimTo"] == 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numba_streamsafe as nss
-from numba_streamsafe import Read, ReadWrite, Write, tracked_kernel
+from numba_streamsafe import Read, ReadWrite, Write
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +43,7 @@ def _both_paths(rt, run):
 
 
 def test_arrays_and_scalars_match_numba(gpu, fresh_runtime, monkeypatch):
-    @tracked_kernel
+    @nss.tracked_kernel
     def axpy(x: Read, y: Read, out: Write, a, b, flag, z):
         i = gpu.grid(1)
         if i < out.size:
@@ -74,7 +74,7 @@ def test_arrays_and_scalars_match_numba(gpu, fresh_runtime, monkeypatch):
 
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_2d_arrays_views_and_strides(gpu, fresh_runtime, monkeypatch, order):
-    @tracked_kernel
+    @nss.tracked_kernel
     def scale2d(src: Read, dst: ReadWrite, k):
         i, j = gpu.grid(2)
         if i < dst.shape[0] and j < dst.shape[1]:
@@ -99,7 +99,7 @@ def test_2d_arrays_views_and_strides(gpu, fresh_runtime, monkeypatch, order):
 
 
 def test_specialized_signature_converts_scalars(gpu, fresh_runtime, monkeypatch):
-    @tracked_kernel(signature="void(float32[:], float32[:], int32, float32)",
+    @nss.tracked_kernel(signature="void(float32[:], float32[:], int32, float32)",
                     access={"src": "r", "dst": "w"})
     def shift(src, dst, k, c):
         i = gpu.grid(1)
@@ -122,7 +122,7 @@ def test_specialized_signature_converts_scalars(gpu, fresh_runtime, monkeypatch)
 
 
 def test_uncovered_arguments_fall_back(gpu, fresh_runtime, monkeypatch):
-    @tracked_kernel
+    @nss.tracked_kernel
     def add_pair(out: Write, pair):
         i = gpu.grid(1)
         if i < out.size:
@@ -138,7 +138,7 @@ def test_uncovered_arguments_fall_back(gpu, fresh_runtime, monkeypatch):
 
 
 def test_forall_and_shared_memory_launches(gpu, fresh_runtime, monkeypatch):
-    @tracked_kernel
+    @nss.tracked_kernel
     def reverse_tiles(src: Read, dst: Write):
         tile = gpu.shared.array(0, dtype=np.float32)  # dynamic shared memory
         t = gpu.threadIdx.x
@@ -162,7 +162,7 @@ def test_forall_and_shared_memory_launches(gpu, fresh_runtime, monkeypatch):
     np.testing.assert_array_equal(nss.copy_to_host(dst, stream=s), expected)
     assert count.calls == 1
 
-    @tracked_kernel
+    @nss.tracked_kernel
     def neg(src: Read, dst: Write):
         i = gpu.grid(1)
         if i < dst.size:
@@ -178,7 +178,7 @@ def test_cross_stream_direct_launches_are_ordered(gpu, fresh_runtime, monkeypatc
     """A producer on one stream and a consumer on another, both direct, with a
     slow producer: the consumer must see the producer's writes."""
 
-    @tracked_kernel
+    @nss.tracked_kernel
     def slow_fill(out: Write, v, spins):
         i = gpu.grid(1)
         if i < out.size:
@@ -187,7 +187,7 @@ def test_cross_stream_direct_launches_are_ordered(gpu, fresh_runtime, monkeypatc
                 acc += k & 1
             out[i] = v + (acc - acc)
 
-    @tracked_kernel
+    @nss.tracked_kernel
     def copy(src: Read, dst: Write):
         i = gpu.grid(1)
         if i < dst.size:
@@ -231,7 +231,7 @@ def test_low_occupancy_warning_as_numba(gpu, fresh_runtime, monkeypatch):
     monkeypatch.setattr(config, "CUDA_LOW_OCCUPANCY_WARNINGS", 1)
     monkeypatch.setattr(config, "DISABLE_PERFORMANCE_WARNINGS", 0)
 
-    @tracked_kernel
+    @nss.tracked_kernel
     def fill(out: Write, v):
         i = gpu.grid(1)
         if i < out.size:

@@ -137,6 +137,41 @@ def test_out_of_memory_gives_the_memory_back(gpu, fresh_runtime):
         fresh_runtime.driver.pool_trim(0)
 
 
+@pytest.mark.parametrize("threshold", ["keep all", 0])
+def test_pool_release_threshold(gpu, threshold):
+    """The default stack keeps freed memory pooled across a synchronize (the
+    next allocations need not map it again) until ``trim``; with a threshold
+    of 0 (CUDA's default) a synchronize hands it back."""
+    from numba_streamsafe import POOL_KEEP_ALL
+    from numba_streamsafe._driver.cuda import CudaDriver
+    from numba_streamsafe.runtime import DeviceRuntime, default_stack
+
+    driver = CudaDriver(0)
+    if threshold == "keep all":
+        rt = DeviceRuntime(default_stack(driver))
+    else:
+        rt = DeviceRuntime(nss.AsyncResource(driver, release_threshold=threshold))
+    size, slack = 1 << 30, 64 << 20
+    try:
+        rt.trim()
+        free0, _ = driver.mem_info()
+        block = rt.allocate(size)  # larger than reuse_bytes: not kept, freed to the pool
+        rt.deallocate(block)
+        rt.reap()
+        gpu.synchronize()
+        free1, _ = driver.mem_info()
+        if threshold == "keep all":
+            assert free1 <= free0 - size + slack, "the pool gave the memory back at a sync"
+            rt.trim()
+            assert driver.mem_info()[0] >= free0 - slack
+        else:
+            assert free1 >= free0 - slack, "a threshold of 0 keeps nothing past a sync"
+    finally:
+        # The device's pool is shared: leave it as the process-wide runtime sets it.
+        driver.set_pool_attribute("RELEASE_THRESHOLD", POOL_KEEP_ALL)
+        rt.trim()
+
+
 def test_bytes_outstanding_returns_to_zero(gpu, kernels, fresh_runtime):
     rt = fresh_runtime
     a, b = gpu.stream(), gpu.stream()
