@@ -74,14 +74,21 @@ class CudaDriver:
             raise DriverError(call, int(err), text)
         return value
 
-    def _retry_in_context(self, call: str, err: Any, fn: Any, *args: Any) -> None:
+    def _retry_in_context(self, call: str, err: Any, fn: Any, *args: Any) -> Any:
         """The fast paths skip the context check; on a thread that has no
-        context yet, make it current and try once more."""
+        context yet, make it current and try once more.
+
+        Raises the call's error unless the retry succeeded; returns the
+        retry's result tuple.
+        """
+        result = None
         if int(err) == _CUDA_ERROR_INVALID_CONTEXT and not getattr(self._tls, "ready", False):
             self._ensure_context()
-            err = fn(*args)[0]
+            result = fn(*args)
+            err = result[0]
         if err:
             self._check(call, (err,))
+        return result
 
     def _ensure_context(self) -> None:
         if getattr(self._tls, "ready", False):
@@ -95,11 +102,8 @@ class CudaDriver:
     def alloc_async(self, nbytes: int, stream: int) -> int:
         err, ptr = self._alloc_async(nbytes, stream)
         if err:
-            if int(err) == _CUDA_ERROR_INVALID_CONTEXT and not getattr(self._tls, "ready", False):
-                self._ensure_context()
-                err, ptr = self._alloc_async(nbytes, stream)
-            if err:
-                self._check("cuMemAllocAsync", (err,))
+            ptr = self._retry_in_context("cuMemAllocAsync", err, self._alloc_async, nbytes,
+                                         stream)[1]
         return int(ptr)
 
     def free_async(self, ptr: int, stream: int) -> None:

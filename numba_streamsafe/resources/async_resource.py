@@ -102,22 +102,22 @@ class AsyncResource(MemoryResource):
         Idle events the event pool keeps.
     reuse_bytes : int
         Bytes of freed blocks kept for reuse by the next allocation of the
-        same size on the same stream (0: none); when a freed block does not
-        fit, the oldest kept blocks go back to the pool to make room.
+        same size on the same stream (0: none). The free of such a block is
+        complete in stream order once its cross-stream waits are queued, so
+        the next allocation on that stream may take it without a driver call;
+        blocks of other sizes or streams go back to the pool. When a freed
+        block does not fit, the oldest kept blocks go back to the pool to make
+        room. Kept blocks count as pending until :meth:`reap_pending` (or an
+        allocation that runs out of memory) returns them to the pool. Only
+        blocks of streams whose owning object is known (kept alive while they
+        wait) and of the default streams are kept.
     release_threshold : int or None
         Pooled bytes the device's stream-ordered pool keeps at a synchronize
         (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); None leaves the pool's setting
         (CUDA's default is 0: every synchronize hands freed memory back to the
         system, and the next allocations map it again). :data:`POOL_KEEP_ALL`
         keeps it all; an allocation that runs out of memory still trims the
-        pool before it retries. The free of such a block is
-        complete in stream order once its cross-stream waits are queued, so
-        the next allocation on that stream may take it without a driver call;
-        blocks of other sizes or streams go back to the pool. Kept blocks
-        count as pending until :meth:`reap_pending` (or an allocation that
-        runs out of memory) returns them to the pool. Only blocks of streams
-        whose owning object is known (kept alive while they wait) and of the
-        default streams are kept.
+        pool before it retries.
 
     Notes
     -----
@@ -197,7 +197,7 @@ class AsyncResource(MemoryResource):
                 raise
             ptr = self._retry_after_oom(nbytes, stream)
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
-                      BlockState.LIVE, stream_owner)
+                      _LIVE, stream_owner)
         with self._lock:
             live = self._live
             if ptr in live:
@@ -227,7 +227,7 @@ class AsyncResource(MemoryResource):
                 self._register(block, stream, stream_owner)
             except BaseException:
                 # Only an eager fence can fail here; its block went back to the pool.
-                block.state = BlockState.FREED
+                block.state = _FREED
                 raise
         return block
 
@@ -490,14 +490,7 @@ class AsyncResource(MemoryResource):
             # The free is queued (or the block kept): from here on nothing can fail.
             del self._live[block.ptr]
             self._index = None
-            if entry.reads:
-                self._release_entry(entry)
-            else:  # the common case, inlined: only the last write's mark to drop
-                mark = entry.last_write
-                if mark.refs == 1:
-                    _unref(mark, self.events)
-                else:
-                    mark.refs -= 1
+            self._release_entry(entry)
             self._live_bytes -= nbytes
             if keep:
                 ptrs = self._kept.get((stream, nbytes))
@@ -550,7 +543,8 @@ class AsyncResource(MemoryResource):
         return self._pending_bytes + self._kept_bytes
 
     def pending_per_stream(self) -> dict[int, int]:
-        """Bytes whose free is queued, per stream."""
+        """Bytes freed and not yet back in the pool (queued frees and kept
+        blocks), per stream."""
         with self._lock:
             out = {s: slot[0] for s, slot in self._pending.items()}
             for (s, nbytes), ptrs in self._kept.items():
@@ -682,11 +676,7 @@ class AsyncResource(MemoryResource):
         for entry in entries:
             entry.block.state = BlockState.FREED
             entry.block.stream_owner = None
-            try:
-                self.driver.free(entry.block.ptr)
-            except DriverError:
-                pass
-        for ptr in kept:
+        for ptr in [entry.block.ptr for entry in entries] + kept:
             try:
                 self.driver.free(ptr)
             except DriverError:
