@@ -1,8 +1,10 @@
 """The sort -> join pipeline, ordered four ways, timed side by side in one process.
 
-The pipeline is the one of ``examples/sort_join_pipeline.py``: a bucketed
-multi-stream sort of the build keys, a hash table built from them, and the
-probe keys streamed through it in batches of pinned host memory.
+The pipeline is the one of ``examples/sort_join_pipeline.py``: the build keys
+uploaded in chunks and sorted as they arrive, a hash table built from them,
+and the probe keys streamed through it in batches of pinned host memory.
+``--sort bucket`` times the serial variant instead (upload everything, then a
+bucketed multi-stream sort); it writes ``pipeline-bucket.json``.
 
 * ``tracked``: the library orders the streams (lazy events, the default);
 * ``tracked-eager``: the same with an event recorded after every launch;
@@ -19,6 +21,7 @@ today).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -49,7 +52,7 @@ def sampling(cls: type) -> type:
 
 
 def one_run(kind: str, build, batches, streams, allocator: str = "streamsafe",
-            sample: bool = False):
+            sample: bool = False, pipeline=common.sort_join):
     cls = common.ORDERINGS["tracked" if kind == "tracked-eager" else kind]
     order = sampling(cls)(allocator) if sample else cls(allocator)
     collect, workers, build_stream, probe_streams = streams
@@ -58,8 +61,7 @@ def one_run(kind: str, build, batches, streams, allocator: str = "streamsafe",
     cuda.synchronize()
     start = time.perf_counter()
     with nss.tracking(order.tracking):
-        count = common.sort_join(build, batches, collect, workers, build_stream,
-                                 probe_streams, order)
+        count = pipeline(build, batches, collect, workers, build_stream, probe_streams, order)
     cuda.synchronize()
     seconds = time.perf_counter() - start
     results = np.concatenate(batches.results)
@@ -88,7 +90,13 @@ def main() -> dict:
     parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 7)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--batches", type=int, default=16, help="probe batches")
+    parser.add_argument("--sort", choices=("streamed", "bucket"), default="streamed",
+                        help="the pipeline's sort (default: the example's, streamed)")
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="build-key chunks of the streamed sort (default: one per stream)")
     args = parser.parse_args()
+    pipeline = (common.bucket_sort_join if args.sort == "bucket"
+                else functools.partial(common.sort_join, chunks=args.chunks))
 
     build, probe = common.make_relations(args.n, 1)
     batches = common.HostBatches.of(probe, args.batches)
@@ -108,7 +116,8 @@ def main() -> dict:
         for kind in kinds:
             nss.set_runtime(eager_rt if kind == "tracked-eager" else lazy_rt)
             before = common.hazards_now()
-            seconds, count, results, _ = one_run(kind, build, batches, streams)
+            seconds, count, results, _ = one_run(kind, build, batches, streams,
+                                                 pipeline=pipeline)
             ok = np.array_equal(results, expected) and common.hazards_now() == before
             correct[kind] &= bool(ok) and int(count[0]) == int((expected >= 0).sum())
             if round_:
@@ -116,15 +125,18 @@ def main() -> dict:
     nss.set_runtime(lazy_rt)
 
     release_everything()
-    _, _, _, ours = one_run("tracked", build, batches, streams, sample=True)
+    _, _, _, ours = one_run("tracked", build, batches, streams, sample=True, pipeline=pipeline)
     release_everything()
-    _, _, _, numba = one_run("sync", build, batches, streams, allocator="numba", sample=True)
+    _, _, _, numba = one_run("sync", build, batches, streams, allocator="numba", sample=True,
+                             pipeline=pipeline)
     peak_ours = max(ours) - ours[0]
     peak_numba = max(numba) - numba[0]
 
     med = {k: statistics.median(v) for k, v in times.items()}
     result = {
         "n": args.n,
+        "sort": args.sort,
+        "chunks": (args.chunks or args.streams) if args.sort == "streamed" else None,
         "rounds": args.rounds,
         "median_s": med,
         "samples_s": times,
@@ -135,7 +147,8 @@ def main() -> dict:
         "peak_bytes": {"ours": peak_ours, "numba_default": peak_numba},
         "peak_ours_over_numba": peak_ours / peak_numba if peak_numba else float("nan"),
     }
-    print(f"sort -> join pipeline, n={args.n}, {args.rounds} rounds, on {device_name()}")
+    print(f"sort -> join pipeline ({args.sort} sort), n={args.n}, {args.rounds} rounds, "
+          f"on {device_name()}")
     for kind in kinds:
         print(f"  {kind:14s} median {med[kind] * 1e3:8.2f} ms  "
               f"{'correct' if correct[kind] else 'WRONG'}")
@@ -143,7 +156,7 @@ def main() -> dict:
     print(f"  throughput vs hand events {result['tracked_throughput_vs_events']:.3f}")
     print(f"  eager / lazy              {result['eager_over_lazy']:.3f}")
     print(f"  peak bytes ours {peak_ours}  numba default {peak_numba}")
-    write_result("pipeline", result)
+    write_result("pipeline" if args.sort == "streamed" else "pipeline-bucket", result)
     return result
 
 

@@ -1,10 +1,11 @@
 """Where the time of the sort -> join pipeline goes, phase by phase.
 
 Not a benchmark of record: a diagnostic for ``pipeline.py``. Runs the
-pipeline's phases (upload, sort, table build, probe batches, count) one after
-the other with a device synchronize between them, for the tracked ordering and
+pipeline's phases (upload and sort, table build, probe batches) one after the
+other with a device synchronize between them, for the tracked ordering and
 for a device-wide synchronize after every stage, and prints the median wall
-time of each phase.
+time of each phase. ``--sort bucket`` times the serial variant, whose upload
+and sort are separate phases.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from _harness import SIMULATOR, common, cuda, device_name
 import numba_streamsafe as nss
 
 
-def phases(kind: str, build, batches, streams) -> dict[str, float]:
+def phases(kind: str, build, batches, streams, sort: str) -> dict[str, float]:
     order = common.ORDERINGS[kind]()
     collect, workers, build_stream, probe_streams = streams
     out: dict[str, float] = {}
@@ -32,10 +33,14 @@ def phases(kind: str, build, batches, streams) -> dict[str, float]:
         return value
 
     with nss.tracking(order.tracking):
-        d_build = timed("upload build", lambda: order.upload(build, collect, "build keys"))
-        d_sorted = timed("sort", lambda: common.multistream_sort(
-            d_build, build.size, workers, collect, order))
-        ready = order.mark(collect)
+        if sort == "bucket":
+            d_build = timed("upload build", lambda: order.upload(build, collect, "build keys"))
+            d_sorted = timed("sort", lambda: common.multistream_sort(
+                d_build, build.size, workers, collect, order))
+            ready = order.mark(collect)
+        else:
+            d_sorted, ready = timed("upload and sort", lambda: common.streamed_sort(
+                build, workers, collect, len(workers), order))
         table = timed("build table", lambda: common.build_table(d_sorted, build_stream, order,
                                                                 ready))
         timed("probe batches", lambda: common.probe_batches(batches, table, probe_streams,
@@ -50,6 +55,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 5)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--batches", type=int, default=16)
+    parser.add_argument("--sort", choices=("streamed", "bucket"), default="streamed")
     args = parser.parse_args()
     build, probe = common.make_relations(args.n, 1)
     batches = common.HostBatches.of(probe, args.batches)
@@ -59,10 +65,11 @@ def main() -> None:
     samples: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
     for round_ in range(args.rounds + 1):
         for kind in kinds:
-            for name, seconds in phases(kind, build, batches, streams).items():
+            for name, seconds in phases(kind, build, batches, streams, args.sort).items():
                 if round_:
                     samples[kind].setdefault(name, []).append(seconds)
-    print(f"pipeline phases, n={args.n}, median of {args.rounds}, on {device_name()}")
+    print(f"pipeline phases ({args.sort} sort), n={args.n}, median of {args.rounds}, "
+          f"on {device_name()}")
     for kind in kinds:
         row = "  ".join(f"{name} {statistics.median(v) * 1e3:7.2f} ms"
                         for name, v in samples[kind].items())

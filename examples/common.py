@@ -104,6 +104,45 @@ def bitonic_step(a: ReadWrite, j, k):
 bitonic_step.ptx_signature = "void(int64[:], int64, int64)"
 
 
+@tracked_kernel
+def bitonic_step2(a: ReadWrite, j, k):
+    """The compare-exchange passes of strides ``j`` and ``j // 2`` in one pass over ``a``.
+
+    Each thread owns the four elements ``i, i + j/2, i + j, i + j + j/2`` (bits
+    ``j`` and ``j/2`` of ``i`` clear): both strides exchange only within that
+    group, so the two passes cost one read and one write of ``a``.
+    """
+    h = j // 2
+    lh = 0
+    while (1 << lh) < h:
+        lh += 1
+    t = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while t < a.size // 4:
+        i = ((t >> lh) << (lh + 2)) | (t & (h - 1))
+        up = (i & k) == 0
+        e0 = a[i]
+        e1 = a[i + h]
+        e2 = a[i + j]
+        e3 = a[i + j + h]
+        if (e0 > e2) == up:
+            e0, e2 = e2, e0
+        if (e1 > e3) == up:
+            e1, e3 = e3, e1
+        if (e0 > e1) == up:
+            e0, e1 = e1, e0
+        if (e2 > e3) == up:
+            e2, e3 = e3, e2
+        a[i] = e0
+        a[i + h] = e1
+        a[i + j] = e2
+        a[i + j + h] = e3
+        t += step
+
+
+bitonic_step2.ptx_signature = "void(int64[:], int64, int64)"
+
+
 #: Elements a block sorts in shared memory; the local passes need arrays of at least this size.
 TILE = 2048
 
@@ -157,6 +196,47 @@ def copy_into(src: Read, dst: Write):
 
 
 copy_into.ptx_signature = "void(int64[:], int64[:])"
+
+
+@tracked_kernel
+def merge_runs(a: Read, b: Read, out: Write):
+    """Merge the sorted runs ``a`` and ``b`` into ``out`` (``a.size + b.size`` long).
+
+    An element's place is its index in its own run plus the number of
+    elements of the other run before it (binary search; ``a`` first on ties).
+    Neighbouring threads search for neighbouring keys, so a warp's searches
+    share their cache lines.
+    """
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    na = a.size
+    while i < out.size:
+        if i < na:  # x's place: i + how many of b are below x
+            x = a[i]
+            lo = 0
+            hi = b.size
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if b[mid] < x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[i + lo] = x
+        else:  # x's place: its index in b + how many of a are at most x
+            x = b[i - na]
+            lo = 0
+            hi = na
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if a[mid] <= x:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            out[i - na + lo] = x
+        i += step
+
+
+merge_runs.ptx_signature = "void(int64[:], int64[:], int64[:])"
 
 
 @tracked_kernel
@@ -242,7 +322,8 @@ def bitonic_sort(a: Any, stream: Any) -> None:
     """Sort a power-of-two device array in place on ``stream``.
 
     Strides below TILE run in shared memory (one launch per merge size
-    instead of one per stride) when the array holds at least one tile.
+    instead of one per stride) when the array holds at least one tile; the
+    strides above it run two per pass over global memory.
     """
     n = a.size
     grid, block = launch_shape(n // 2)
@@ -250,11 +331,15 @@ def bitonic_sort(a: Any, stream: Any) -> None:
     if local:
         bitonic_local[n // TILE, TILE // 2, stream](a, 2, TILE)
     k = 2 * TILE if local else 2
+    lowest = TILE if local else 1
+    grid4, block4 = launch_shape(n // 4)
     while k <= n:
         j = k // 2
-        while j >= (TILE if local else 1):
+        while j >= 2 * lowest:  # two strides per pass
+            bitonic_step2[grid4, block4, stream](a, j, k)
+            j //= 4
+        if j >= lowest:
             bitonic_step[grid, block, stream](a, j, k)
-            j //= 2
         if local:
             bitonic_local[n // TILE, TILE // 2, stream](a, k, k)
         k *= 2
@@ -510,6 +595,65 @@ def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any,
     return result
 
 
+def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunks: int,
+                  order: Ordering | None = None) -> tuple[Any, Any]:
+    """Sort host keys while they upload: chunk by chunk, each sorted as it arrives.
+
+    Chunk ``i`` is uploaded and bitonic-sorted on ``streams[i % len(streams)]``,
+    so the host's upload of one chunk overlaps the sort of the chunks before it.
+    An upload from pageable memory waits for its stream's earlier work, so more
+    chunks than streams make the host wait for sorts.
+    The sorted runs are merged pairwise as soon as two of the same length are
+    ready (a binary counter), on the stream of the older run; the last merge
+    runs on ``collect``. Returns the sorted device array and the ordering token
+    after which it may be read.
+    """
+    order = order or Ordering()
+    n = host_keys.size
+    if n == 0:
+        raise ValueError("streamed_sort needs at least one key")
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    runs: list[tuple[Any, int, Any, Any]] = []  # (sorted run, chunks merged, stream, token)
+
+    def merge(last: bool) -> None:
+        (a, wa, sa, ta), (b, wb, _, tb) = runs[-2], runs[-1]
+        del runs[-2:]
+        s = collect if last else sa
+        order.wait(s, ta)
+        order.wait(s, tb)
+        out = order.alloc(a.size + b.size, np.int64, s, "merged run")
+        g, bl = launch_shape(out.size)
+        merge_runs[g, bl, s](a, b, out)
+        runs.append((out, wa + wb, s, order.mark(s)))
+        # a and b are freed here, on their own streams, after the merge's reads
+
+    for i, chunk in enumerate(np.array_split(host_keys, max(1, min(chunks, n)))):
+        s = streams[i % len(streams)]
+        d_chunk = order.upload(chunk, s, f"build chunk {i}")
+        cap = next_pow2(chunk.size)
+        run = d_chunk
+        if cap != chunk.size:  # bitonic sort needs a power of two: pad above every key
+            run = order.alloc(cap, np.int64, s, f"padded chunk {i}")
+            g, b = launch_shape(cap)
+            fill[g, b, s](run, PAD)
+            g, b = launch_shape(chunk.size)
+            copy_into[g, b, s](d_chunk, run[:chunk.size])
+        del d_chunk
+        bitonic_sort(run, s)
+        runs.append((run[:chunk.size], 1, s, order.mark(s)))
+        del run
+        order.stage()
+        while len(runs) > 1 and runs[-1][1] == runs[-2][1]:
+            merge(last=False)
+            order.stage()
+    while len(runs) > 1:
+        merge(last=len(runs) == 2)
+        order.stage()
+    result, _, _, token = runs[0]
+    return result, token
+
+
 def build_table(d_build: Any, build_stream: Any, order: Ordering | None = None,
                 build_ready: Any = None) -> tuple[Any, Any, int, Any]:
     """Insert ``d_build`` into an open-addressing table on ``build_stream``.
@@ -535,7 +679,10 @@ def build_table(d_build: Any, build_stream: Any, order: Ordering | None = None,
 
 @dataclass
 class HostBatches:
-    """The probe relation in batches of pinned host memory, with pinned result buffers."""
+    """The probe relation in batches of pinned host memory, with pinned result buffers.
+
+    No batch is empty: fewer keys than batches give one batch per key.
+    """
 
     keys: list[np.ndarray]
     results: list[np.ndarray]
@@ -543,7 +690,7 @@ class HostBatches:
     @classmethod
     def of(cls, probe: np.ndarray, nbatches: int) -> HostBatches:
         keys, results = [], []
-        for part in np.array_split(probe, nbatches):
+        for part in np.array_split(probe, max(1, min(nbatches, probe.size))):
             pinned = cuda.pinned_array(part.shape, part.dtype)
             pinned[...] = part
             keys.append(pinned)
@@ -576,23 +723,30 @@ def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_
 
 
 def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
-              build_stream: Any, probe_streams: list[Any], order: Ordering | None = None
-              ) -> np.ndarray:
+              build_stream: Any, probe_streams: list[Any], order: Ordering | None = None,
+              chunks: int | None = None) -> np.ndarray:
     """The sort -> join pipeline.
 
-    The build keys are sorted (one bucket per worker stream), the sorted keys
+    The build keys are uploaded in ``chunks`` pieces (default: one per worker
+    stream) and sorted as they arrive (:func:`streamed_sort`), the sorted keys
     inserted into a hash table (payload: the key's rank), the probe batches
     streamed through it, and the matches counted on ``collect``. Results land
     in ``batches.results``; returns the match count.
     """
     order = order or Ordering()
-    n = build.size
-    d_build = order.upload(build, collect, "build keys")
-    d_sorted = multistream_sort(d_build, n, workers, collect, order)
-    sorted_ready = order.mark(collect)
-    del d_build  # freed on the collector stream after the workers' reads
+    d_sorted, sorted_ready = streamed_sort(build, workers, collect,
+                                           chunks or len(workers), order)
     table = build_table(d_sorted, build_stream, order, sorted_ready)
     del d_sorted  # still being read by the build: the free is fenced
+    return join_probes(batches, table, collect, probe_streams, order)
+
+
+def join_probes(batches: HostBatches, table: tuple[Any, Any, int, Any], collect: Any,
+                probe_streams: list[Any], order: Ordering) -> np.ndarray:
+    """Probe ``table`` with every batch and count the matches on ``collect``.
+
+    Synchronises the host with every stream used and ends ``order``'s run.
+    """
     outs = probe_batches(batches, table, probe_streams, order)
     del table  # still being read by the probes: the frees are fenced
     probed = [order.mark(s) for s in probe_streams]
@@ -609,6 +763,24 @@ def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: li
         host_sync(s)
     order.finish()
     return count
+
+
+def bucket_sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
+                     build_stream: Any, probe_streams: list[Any],
+                     order: Ordering | None = None) -> np.ndarray:
+    """The same join after uploading all build keys and then bucket-sorting them.
+
+    A serial chain (upload, then sort, then build): only the probe batches can
+    overlap. Kept to compare with :func:`sort_join`.
+    """
+    order = order or Ordering()
+    d_build = order.upload(build, collect, "build keys")
+    d_sorted = multistream_sort(d_build, build.size, workers, collect, order)
+    sorted_ready = order.mark(collect)
+    del d_build  # freed on the collector stream after the workers' reads
+    table = build_table(d_sorted, build_stream, order, sorted_ready)
+    del d_sorted
+    return join_probes(batches, table, collect, probe_streams, order)
 
 
 @lru_cache(maxsize=2)

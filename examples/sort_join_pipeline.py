@@ -1,7 +1,9 @@
 """Sort -> join pipeline over shared buffers on several streams.
 
-1. sort: the build keys are uploaded on the collector stream, bucket-sorted on
-   the worker streams and collected into one sorted array;
+1. sort: the build keys are uploaded in chunks, round robin over the worker
+   streams, and each chunk is bitonic-sorted on its stream as soon as it has
+   arrived, while the host uploads the next; sorted runs are merged pairwise,
+   the last merge on the collector stream;
 2. build: the build stream inserts the sorted keys into a hash table, each
    key's payload being its rank;
 3. probe: the probe keys are streamed through the table in batches of pinned

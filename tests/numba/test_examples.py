@@ -44,13 +44,16 @@ def test_example_shows_the_race_without_tracking(example):
     assert "hazards seen by the simulated driver: 0" not in proc.stdout
 
 
-def test_shared_memory_sort_path_is_correct():
+@pytest.mark.parametrize("n", [2048, 8192])
+def test_shared_memory_sort_path_is_correct(n):
+    """The GPU's sort path: shared-memory passes, and above 2 * TILE the global
+    passes (at 8192: one pass of two strides, one of a single stride)."""
     code = (
         "import sys; sys.path.insert(0, 'examples')\n"
         "import numpy as np, common, numba_streamsafe as nss\n"
         "from numba import cuda\n"
         "common.SIMULATOR = False  # take the GPU's shared-memory passes\n"
-        "keys = np.random.default_rng(0).integers(0, 1 << 32, 2048, dtype=np.int64)\n"
+        f"keys = np.random.default_rng(0).integers(0, 1 << 32, {n}, dtype=np.int64)\n"
         "s = cuda.stream(); d = nss.to_device(keys, stream=s)\n"
         "common.bitonic_sort(d, s)\n"
         "assert np.array_equal(nss.copy_to_host(d, stream=s), np.sort(keys))\n"
