@@ -104,45 +104,6 @@ def bitonic_step(a: ReadWrite, j, k):
 bitonic_step.ptx_signature = "void(int64[:], int64, int64)"
 
 
-@tracked_kernel
-def bitonic_step2(a: ReadWrite, j, k):
-    """The compare-exchange passes of strides ``j`` and ``j // 2`` in one pass over ``a``.
-
-    Each thread owns the four elements ``i, i + j/2, i + j, i + j + j/2`` (bits
-    ``j`` and ``j/2`` of ``i`` clear): both strides exchange only within that
-    group, so the two passes cost one read and one write of ``a``.
-    """
-    h = j // 2
-    lh = 0
-    while (1 << lh) < h:
-        lh += 1
-    t = cuda.grid(1)
-    step = cuda.gridsize(1)
-    while t < a.size // 4:
-        i = ((t >> lh) << (lh + 2)) | (t & (h - 1))
-        up = (i & k) == 0
-        e0 = a[i]
-        e1 = a[i + h]
-        e2 = a[i + j]
-        e3 = a[i + j + h]
-        if (e0 > e2) == up:
-            e0, e2 = e2, e0
-        if (e1 > e3) == up:
-            e1, e3 = e3, e1
-        if (e0 > e1) == up:
-            e0, e1 = e1, e0
-        if (e2 > e3) == up:
-            e2, e3 = e3, e2
-        a[i] = e0
-        a[i + h] = e1
-        a[i + j] = e2
-        a[i + j + h] = e3
-        t += step
-
-
-bitonic_step2.ptx_signature = "void(int64[:], int64, int64)"
-
-
 #: Elements a block sorts in shared memory; the local passes need arrays of at least this size.
 TILE = 2048
 
@@ -322,8 +283,7 @@ def bitonic_sort(a: Any, stream: Any) -> None:
     """Sort a power-of-two device array in place on ``stream``.
 
     Strides below TILE run in shared memory (one launch per merge size
-    instead of one per stride) when the array holds at least one tile; the
-    strides above it run two per pass over global memory.
+    instead of one per stride) when the array holds at least one tile.
     """
     n = a.size
     grid, block = launch_shape(n // 2)
@@ -331,15 +291,11 @@ def bitonic_sort(a: Any, stream: Any) -> None:
     if local:
         bitonic_local[n // TILE, TILE // 2, stream](a, 2, TILE)
     k = 2 * TILE if local else 2
-    lowest = TILE if local else 1
-    grid4, block4 = launch_shape(n // 4)
     while k <= n:
         j = k // 2
-        while j >= 2 * lowest:  # two strides per pass
-            bitonic_step2[grid4, block4, stream](a, j, k)
-            j //= 4
-        if j >= lowest:
+        while j >= (TILE if local else 1):
             bitonic_step[grid, block, stream](a, j, k)
+            j //= 2
         if local:
             bitonic_local[n // TILE, TILE // 2, stream](a, k, k)
         k *= 2

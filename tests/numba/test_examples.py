@@ -46,8 +46,8 @@ def test_example_shows_the_race_without_tracking(example):
 
 @pytest.mark.parametrize("n", [2048, 8192])
 def test_shared_memory_sort_path_is_correct(n):
-    """The GPU's sort path: shared-memory passes, and above 2 * TILE the global
-    passes (at 8192: one pass of two strides, one of a single stride)."""
+    """The GPU's sort path: shared-memory passes, and from 2 * TILE on the
+    global passes between them (at 8192: strides 2048 and 4096)."""
     code = (
         "import sys; sys.path.insert(0, 'examples')\n"
         "import numpy as np, common, numba_streamsafe as nss\n"
