@@ -422,6 +422,40 @@ def test_logging_resource_level_and_logger(sim, caplog):
     assert [r.levelno for r in recs] == [logging.INFO, logging.INFO]
 
 
+def test_logging_resource_logs_finalizer_frees_at_the_next_safe_point(sim, caplog):
+    caplog.set_level(logging.DEBUG, logger="numba_streamsafe.alloc")
+    res = LoggingResource(AsyncResource(sim))
+    s = sim.create_stream()
+    x, y, z = (res.allocate(256, s, tag) for tag in ("x", "y", "z"))
+    caplog.clear()
+
+    res.defer_free(x)  # what a finalizer calls: no record, no driver call, still live
+    assert _alloc_records(caplog) == [] and res.find(x.ptr) is x
+    res.allocate(64, s, "next")  # a safe point: x is freed and logged first
+    (rec, after) = _alloc_records(caplog)
+    assert rec.getMessage().startswith("free (finalizer)") and rec.tag == "x"
+    assert after.getMessage().startswith("allocate") and res.find(x.ptr) is not x
+    caplog.clear()
+
+    with res.hold_frees():  # Numba's defer_cleanup: queued frees wait
+        res.defer_free(y)
+        res.flush()
+        assert res.find(y.ptr) is y and _alloc_records(caplog) == []
+    res.reap_pending()
+    (rec,) = _alloc_records(caplog)
+    assert rec.tag == "y" and res.find(y.ptr) is not y
+    caplog.clear()
+
+    res.deallocate(z)  # freed explicitly, then its finalizer runs: dropped quietly
+    caplog.clear()
+    res.defer_free(z)
+    res.flush()
+    assert _alloc_records(caplog) == []
+    res.reap_pending()
+    assert res.bytes_outstanding() == 64
+    assert sim.hazards == []
+
+
 # ------------------------------------------------------------- BudgetResource
 def test_budget_refuses_with_requested_and_remaining(sim):
     res = BudgetResource(AsyncResource(sim), 1000)

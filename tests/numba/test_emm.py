@@ -93,6 +93,42 @@ SCRIPT = textwrap.dedent(r'''
 
 
     @check
+    def logging_resource_logs_finalizer_frees():
+        import logging
+
+        from numba_streamsafe import AsyncResource, DeviceRuntime, LoggingResource, set_runtime
+
+        records = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+
+        logger = logging.getLogger("tests.emm.alloc")
+        logger.addHandler(Keep())
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+        rt = DeviceRuntime(LoggingResource(AsyncResource(SimDriver()), logger=logger))
+        old = set_runtime(rt, 0)
+        try:
+            mm = StreamSafeMemoryManager(context=None)
+            ptr = mm.memalloc(4096)
+            block = ptr._nss_block
+            del ptr
+            gc.collect()
+            # queued by the finalizer, which must not log (logging takes locks)
+            assert [r.getMessage().split()[0] for r in records] == ["allocate"]
+            assert rt.find(block.ptr) is block
+            rt.flush()
+            assert rt.find(block.ptr) is None
+            assert [r.getMessage().split()[0] for r in records] == ["allocate", "free"]
+            assert "(finalizer)" in records[1].getMessage()
+            assert (records[1].generation, records[1].nbytes) == (block.generation, 4096)
+        finally:
+            set_runtime(old, 0)
+
+
+    @check
     def free_on_drop():
         rt = get_runtime()
         rt.flush()
@@ -251,7 +287,8 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 NAMES = ["not_simulated", "base_class", "package_plugin_attribute", "set_memory_manager",
-         "memalloc", "memalloc_zero", "free_on_drop", "explicit_free_and_views",
+         "memalloc", "memalloc_zero", "logging_resource_logs_finalizer_frees", "free_on_drop",
+         "explicit_free_and_views",
          "defer_cleanup_holds_frees", "memory_info",
          "no_ipc", "stream_scope_allocation", "reset_advances_epoch",
          "device_array_through_plugin"]
