@@ -5,6 +5,7 @@ uploaded in chunks and sorted as they arrive, a hash table built from them,
 and the probe keys streamed through it in batches of pinned host memory.
 ``--sort bucket`` times the serial variant instead (upload everything, then a
 bucketed multi-stream sort); it writes ``pipeline-bucket.json``.
+``--strides-per-pass 2`` sorts with two bitonic strides per global pass.
 
 * ``tracked``: the library orders the streams (lazy events, the default);
 * ``tracked-eager``: the same with an event recorded after every launch;
@@ -94,9 +95,17 @@ def main() -> dict:
                         help="the pipeline's sort (default: the example's, streamed)")
     parser.add_argument("--chunks", type=int, default=None,
                         help="build-key chunks of the streamed sort (default: one per stream)")
+    parser.add_argument("--strides-per-pass", type=int, choices=(1, 2), default=1,
+                        help="bitonic strides per global pass of the streamed sort (default 1)")
+    parser.add_argument("--name", default=None,
+                        help="JSON name under $NSS_BENCH_DIR (default: pipeline or "
+                             "pipeline-bucket)")
     args = parser.parse_args()
+    if args.sort == "bucket" and args.strides_per_pass != 1:
+        parser.error("--strides-per-pass applies to the streamed sort only")
     pipeline = (common.bucket_sort_join if args.sort == "bucket"
-                else functools.partial(common.sort_join, chunks=args.chunks))
+                else functools.partial(common.sort_join, chunks=args.chunks,
+                                       strides_per_pass=args.strides_per_pass))
 
     build, probe = common.make_relations(args.n, 1)
     batches = common.HostBatches.of(probe, args.batches)
@@ -137,6 +146,7 @@ def main() -> dict:
         "n": args.n,
         "sort": args.sort,
         "chunks": (args.chunks or args.streams) if args.sort == "streamed" else None,
+        "strides_per_pass": args.strides_per_pass,
         "rounds": args.rounds,
         "median_s": med,
         "samples_s": times,
@@ -156,7 +166,8 @@ def main() -> dict:
     print(f"  throughput vs hand events {result['tracked_throughput_vs_events']:.3f}")
     print(f"  eager / lazy              {result['eager_over_lazy']:.3f}")
     print(f"  peak bytes ours {peak_ours}  numba default {peak_numba}")
-    write_result("pipeline" if args.sort == "streamed" else "pipeline-bucket", result)
+    write_result(args.name or ("pipeline" if args.sort == "streamed" else "pipeline-bucket"),
+                 result)
     return result
 
 

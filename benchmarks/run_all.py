@@ -39,12 +39,14 @@ def main() -> int:
     tiny = ["--n", "256", "--rounds", "1"] if args.quick else []
     run("pipeline.py", *tiny)
     run("pipeline.py", "--sort", "bucket", *tiny)
+    run("pipeline.py", "--strides-per-pass", "2", "--name", "pipeline-two-strides", *tiny)
 
     launch = load("launch_overhead")["results"]
     alloc = load("alloc_free")["ratio"]
     rmm = alloc.get("rmm.allocators.numba")
     pipe = load("pipeline")
     bucket = load("pipeline-bucket")
+    fused = load("pipeline-two-strides")
 
     rows = [
         ("tracked / untracked launch, cross stream", launch["cross stream"]["ratio"], "<=", 1.10),
@@ -78,11 +80,14 @@ def main() -> int:
     sync_s, events_s = pipe["median_s"]["sync"], pipe["median_s"]["events"]
     print(f"pipeline: hand-placed events / device sync per stage {events_s / sync_s:.3f} "
           "(the best any ordering reaches on this pipeline)")
-    med = bucket["median_s"]
-    print("serial variant (upload everything, then bucket sort): tracked / sync "
-          f"{bucket['tracked_over_sync']:.3f}, throughput vs hand events "
-          f"{bucket['tracked_throughput_vs_events']:.3f}, hand events / sync "
-          f"{med['events'] / med['sync']:.3f}, correct: {bucket['correct']}")
+    variants = (("serial variant (upload everything, then bucket sort)", bucket),
+                ("two bitonic strides per global pass", fused))
+    for label, other in variants:
+        med = other["median_s"]
+        print(f"{label}: tracked / sync {other['tracked_over_sync']:.3f}, throughput vs hand "
+              f"events {other['tracked_throughput_vs_events']:.3f}, hand events / sync "
+              f"{med['events'] / med['sync']:.3f}, tracked {med['tracked'] * 1e3:.2f} ms, "
+              f"correct: {other['correct']}")
     return 0
 
 

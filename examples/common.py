@@ -104,6 +104,45 @@ def bitonic_step(a: ReadWrite, j, k):
 bitonic_step.ptx_signature = "void(int64[:], int64, int64)"
 
 
+@tracked_kernel
+def bitonic_step2(a: ReadWrite, j, k):
+    """The compare-exchange passes of strides ``j`` and ``j // 2`` in one pass over ``a``.
+
+    Each thread owns the four elements ``i, i + j/2, i + j, i + j + j/2`` (bits
+    ``j`` and ``j/2`` of ``i`` clear): both strides exchange only within that
+    group, so the two passes cost one read and one write of ``a``.
+    """
+    h = j // 2
+    lh = 0
+    while (1 << lh) < h:
+        lh += 1
+    t = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while t < a.size // 4:
+        i = ((t >> lh) << (lh + 2)) | (t & (h - 1))
+        up = (i & k) == 0
+        e0 = a[i]
+        e1 = a[i + h]
+        e2 = a[i + j]
+        e3 = a[i + j + h]
+        if (e0 > e2) == up:
+            e0, e2 = e2, e0
+        if (e1 > e3) == up:
+            e1, e3 = e3, e1
+        if (e0 > e1) == up:
+            e0, e1 = e1, e0
+        if (e2 > e3) == up:
+            e2, e3 = e3, e2
+        a[i] = e0
+        a[i + h] = e1
+        a[i + j] = e2
+        a[i + j + h] = e3
+        t += step
+
+
+bitonic_step2.ptx_signature = "void(int64[:], int64, int64)"
+
+
 #: Elements a block sorts in shared memory; the local passes need arrays of at least this size.
 TILE = 2048
 
@@ -279,21 +318,31 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
-def bitonic_sort(a: Any, stream: Any) -> None:
+def bitonic_sort(a: Any, stream: Any, strides_per_pass: int = 1) -> None:
     """Sort a power-of-two device array in place on ``stream``.
 
     Strides below TILE run in shared memory (one launch per merge size
-    instead of one per stride) when the array holds at least one tile.
+    instead of one per stride) when the array holds at least one tile. The
+    strides above it run one per pass over global memory, or, with
+    ``strides_per_pass=2``, two per pass (:func:`bitonic_step2`: half the
+    passes and launches; not yet the default: it has not been timed on a GPU).
     """
+    if strides_per_pass not in (1, 2):
+        raise ValueError(f"strides_per_pass must be 1 or 2, got {strides_per_pass!r}")
     n = a.size
     grid, block = launch_shape(n // 2)
+    grid4, block4 = launch_shape(n // 4)
     local = n >= TILE and not SIMULATOR
     if local:
         bitonic_local[n // TILE, TILE // 2, stream](a, 2, TILE)
     k = 2 * TILE if local else 2
+    lowest = TILE if local else 1
     while k <= n:
         j = k // 2
-        while j >= (TILE if local else 1):
+        while strides_per_pass == 2 and j >= 2 * lowest:
+            bitonic_step2[grid4, block4, stream](a, j, k)
+            j //= 4
+        while j >= lowest:
             bitonic_step[grid, block, stream](a, j, k)
             j //= 2
         if local:
@@ -552,7 +601,7 @@ def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any,
 
 
 def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunks: int,
-                  order: Ordering | None = None) -> tuple[Any, Any]:
+                  order: Ordering | None = None, strides_per_pass: int = 1) -> tuple[Any, Any]:
     """Sort host keys while they upload: chunk by chunk, each sorted as it arrives.
 
     Chunk ``i`` is uploaded and bitonic-sorted on ``streams[i % len(streams)]``,
@@ -561,8 +610,9 @@ def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunk
     chunks than streams make the host wait for sorts.
     The sorted runs are merged pairwise as soon as two of the same length are
     ready (a binary counter), on the stream of the older run; the last merge
-    runs on ``collect``. Returns the sorted device array and the ordering token
-    after which it may be read.
+    runs on ``collect``. ``strides_per_pass`` is :func:`bitonic_sort`'s.
+    Returns the sorted device array and the ordering token after which it may
+    be read.
     """
     order = order or Ordering()
     n = host_keys.size
@@ -596,7 +646,7 @@ def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunk
             g, b = launch_shape(chunk.size)
             copy_into[g, b, s](d_chunk, run[:chunk.size])
         del d_chunk
-        bitonic_sort(run, s)
+        bitonic_sort(run, s, strides_per_pass)
         runs.append((run[:chunk.size], 1, s, order.mark(s)))
         del run
         order.stage()
@@ -680,18 +730,19 @@ def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_
 
 def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
               build_stream: Any, probe_streams: list[Any], order: Ordering | None = None,
-              chunks: int | None = None) -> np.ndarray:
+              chunks: int | None = None, strides_per_pass: int = 1) -> np.ndarray:
     """The sort -> join pipeline.
 
     The build keys are uploaded in ``chunks`` pieces (default: one per worker
     stream) and sorted as they arrive (:func:`streamed_sort`), the sorted keys
     inserted into a hash table (payload: the key's rank), the probe batches
     streamed through it, and the matches counted on ``collect``. Results land
-    in ``batches.results``; returns the match count.
+    in ``batches.results``; returns the match count. ``strides_per_pass`` is
+    :func:`bitonic_sort`'s.
     """
     order = order or Ordering()
-    d_sorted, sorted_ready = streamed_sort(build, workers, collect,
-                                           chunks or len(workers), order)
+    d_sorted, sorted_ready = streamed_sort(build, workers, collect, chunks or len(workers),
+                                           order, strides_per_pass)
     table = build_table(d_sorted, build_stream, order, sorted_ready)
     del d_sorted  # still being read by the build: the free is fenced
     return join_probes(batches, table, collect, probe_streams, order)

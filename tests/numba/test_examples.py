@@ -44,10 +44,11 @@ def test_example_shows_the_race_without_tracking(example):
     assert "hazards seen by the simulated driver: 0" not in proc.stdout
 
 
-@pytest.mark.parametrize("n", [2048, 8192])
-def test_shared_memory_sort_path_is_correct(n):
+@pytest.mark.parametrize(("n", "strides"), [(2048, 1), (8192, 1), (8192, 2)])
+def test_shared_memory_sort_path_is_correct(n, strides):
     """The GPU's sort path: shared-memory passes, and from 2 * TILE on the
-    global passes between them (at 8192: strides 2048 and 4096)."""
+    global passes between them (at 8192: strides 4096 and 2048, one per pass,
+    or both in one pass of bitonic_step2)."""
     code = (
         "import sys; sys.path.insert(0, 'examples')\n"
         "import numpy as np, common, numba_streamsafe as nss\n"
@@ -55,9 +56,35 @@ def test_shared_memory_sort_path_is_correct(n):
         "common.SIMULATOR = False  # take the GPU's shared-memory passes\n"
         f"keys = np.random.default_rng(0).integers(0, 1 << 32, {n}, dtype=np.int64)\n"
         "s = cuda.stream(); d = nss.to_device(keys, stream=s)\n"
-        "common.bitonic_sort(d, s)\n"
+        f"common.bitonic_sort(d, s, {strides})\n"
         "assert np.array_equal(nss.copy_to_host(d, stream=s), np.sort(keys))\n"
         "assert common.hazards_now() == 0\n"
+        "print('sorted')\n"
+    )
+    proc = _run("-c", code)
+    assert proc.returncode == 0 and "sorted" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_two_strides_per_pass_sorts_like_one():
+    """bitonic_step2 on the simulator's path (every stride global), at every
+    size from 1 to 256 keys, and a clear error for an unknown pass width."""
+    code = (
+        "import sys; sys.path.insert(0, 'examples')\n"
+        "import numpy as np, common, numba_streamsafe as nss\n"
+        "from numba import cuda\n"
+        "rng = np.random.default_rng(1); s = cuda.stream()\n"
+        "for n in (1, 2, 4, 8, 16, 64, 256):\n"
+        "    keys = rng.integers(0, 1 << 32, n, dtype=np.int64)\n"
+        "    d = nss.to_device(keys, stream=s)\n"
+        "    common.bitonic_sort(d, s, 2)\n"
+        "    assert np.array_equal(nss.copy_to_host(d, stream=s), np.sort(keys)), n\n"
+        "assert common.hazards_now() == 0\n"
+        "try:\n"
+        "    common.bitonic_sort(d, s, 3)\n"
+        "except ValueError as exc:\n"
+        "    assert 'strides_per_pass must be 1 or 2' in str(exc)\n"
+        "else:\n"
+        "    raise AssertionError('no error')\n"
         "print('sorted')\n"
     )
     proc = _run("-c", code)
