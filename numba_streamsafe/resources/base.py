@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import StreamMisuse
+from numba_streamsafe.resources.deferred import DeferredFrees
 
-__all__ = ["MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
+__all__ = ["DeferringAdaptor", "MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
 
 #: One declared use in a launch: the block and how it is accessed.
 Use = tuple[Block, Access]
@@ -198,3 +199,60 @@ class ResourceAdaptor(MemoryResource):
         if name == "upstream":
             raise AttributeError(name)
         return getattr(self.upstream, name)
+
+
+class DeferringAdaptor(ResourceAdaptor):
+    """An adaptor whose own free path must see the blocks that finalizers free.
+
+    :meth:`defer_free` queues the block here (no lock, no driver call:
+    finalizer-safe) instead of in the upstream, and the queue drains through
+    :meth:`_free_queued` at the next safe point: :meth:`flush`,
+    :meth:`reap_pending`, :meth:`prepare_launch`, and the subclass's
+    ``allocate`` (which calls :meth:`_drain` when :attr:`_deferred` is not
+    empty). :meth:`hold_frees` holds this queue and the upstream's;
+    :meth:`reset_context` forgets the queued blocks (they are stale).
+    """
+
+    def __init__(self, upstream: MemoryResource) -> None:
+        super().__init__(upstream)
+        self._deferred = DeferredFrees()
+
+    @abc.abstractmethod
+    def _free_queued(self, block: Block) -> None:
+        """Free ``block``, queued by a finalizer, through this adaptor's own path."""
+
+    def _queued_error(self, block: Block, exc: Exception) -> bool:
+        """An error of :meth:`_free_queued` other than a dead block or a driver
+        error (see :meth:`DeferredFrees.drain`): True if dealt with, else it propagates."""
+        return False
+
+    def _drain(self) -> None:
+        self._deferred.drain(self._free_queued, on_error=self._queued_error)
+
+    def defer_free(self, block: Block) -> None:
+        self._deferred.push(block)
+
+    def flush(self) -> None:
+        """Free every queued block here, then flush the upstream."""
+        self._drain()
+        self.upstream.flush()
+
+    def reap_pending(self) -> None:
+        """Free every queued block here, then reap the upstream's pending frees."""
+        self._drain()
+        self.upstream.reap_pending()
+
+    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+        if self._deferred:
+            self._drain()
+        self.upstream.prepare_launch(uses, stream)
+
+    @contextlib.contextmanager
+    def hold_frees(self) -> Iterator[None]:
+        with self._deferred.hold(), self.upstream.hold_frees():
+            yield
+
+    def reset_context(self) -> None:
+        """Reset the upstream and forget the queued blocks (they are stale)."""
+        self.upstream.reset_context()
+        self._deferred.clear()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,8 +20,7 @@ from numba_streamsafe.errors import (
     StreamSafeError,
     UseAfterFree,
 )
-from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, Use
-from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.base import DeferringAdaptor, MemoryResource, Use
 
 __all__ = ["DebugGuardResource"]
 
@@ -49,7 +47,7 @@ def _check_byte(name: str, value: Any) -> int:
     return value
 
 
-class DebugGuardResource(ResourceAdaptor):
+class DebugGuardResource(DeferringAdaptor):
     """Catch out-of-bounds writes and uses after free, for debugging.
 
     Every allocation of ``nbytes`` takes ``nbytes + 2 * guard_bytes`` from
@@ -143,7 +141,6 @@ class DebugGuardResource(ResourceAdaptor):
         #: inner ptr -> the live allocation.
         self._live: dict[int, _Guarded] = {}
         self._quarantine: collections.deque[_Guarded] = collections.deque()
-        self._deferred = DeferredFrees()
         self._violations: list[OutOfBounds] = []
 
     # ------------------------------------------------------------ allocation
@@ -469,18 +466,11 @@ class DebugGuardResource(ResourceAdaptor):
             retire(stream)
 
     # ----------------------------------------------------------- deferred frees
-    def defer_free(self, block: Block) -> None:
-        """Queue the inner ``block`` to be checked and freed at the next safe point.
+    def _free_queued(self, block: Block) -> None:
+        """Check and free the inner ``block`` that a finalizer queued."""
+        self._free(block, check=True)
 
-        Takes no lock and makes no driver call (finalizer-safe).
-        """
-        self._deferred.push(block)
-
-    def _drain(self) -> None:
-        self._deferred.drain(lambda block: self._free(block, check=True),
-                             on_error=self._note_violation)
-
-    def _note_violation(self, block: Block, exc: Exception) -> bool:
+    def _queued_error(self, block: Block, exc: Exception) -> bool:
         """A queued block with a corrupted guard: logged, kept live, raised at flush."""
         if not isinstance(exc, OutOfBounds):
             return False
@@ -509,8 +499,7 @@ class DebugGuardResource(ResourceAdaptor):
         OutOfBounds
             A queued block had a corrupted guard (it was left live).
         """
-        self._drain()
-        self.upstream.flush()
+        super().flush()
         self._raise_violations()
 
     def reap_pending(self) -> None:
@@ -521,24 +510,17 @@ class DebugGuardResource(ResourceAdaptor):
         OutOfBounds
             As :meth:`flush`.
         """
-        self._drain()
-        self.upstream.reap_pending()
+        super().reap_pending()
         self._raise_violations()
-
-    @contextlib.contextmanager
-    def hold_frees(self) -> Iterator[None]:
-        with self._deferred.hold(), self.upstream.hold_frees():
-            yield
 
     # ---------------------------------------------------------------- lifecycle
     def reset_context(self) -> None:
         """Reset the upstream, then forget every live, quarantined and queued block."""
-        self.upstream.reset_context()
+        super().reset_context()
         with self._lock:
             entries = list(self._live.values()) + list(self._quarantine)
             self._live.clear()
             self._quarantine.clear()
-            self._deferred.clear()
             self._violations = []
         for entry in entries:
             entry.inner.state = BlockState.FREED

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import UseAfterFree
-from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, Use
-from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.base import DeferringAdaptor, MemoryResource
 
 __all__ = ["LoggingResource"]
 
 
-class LoggingResource(ResourceAdaptor):
+class LoggingResource(DeferringAdaptor):
     """Log every allocation and free of ``upstream``.
 
     Records carry ``tag``, ``nbytes``, ``stream``, ``generation`` and ``ptr``
@@ -41,7 +38,6 @@ class LoggingResource(ResourceAdaptor):
         super().__init__(upstream)
         self.logger = logger or logging.getLogger("numba_streamsafe.alloc")
         self.level = level
-        self._deferred = DeferredFrees()
 
     def _extra(self, block: Block) -> dict[str, Any]:
         return {"tag": block.tag, "nbytes": block.nbytes, "stream": block.stream,
@@ -83,38 +79,5 @@ class LoggingResource(ResourceAdaptor):
         self.logger.error("%s of %s failed: %s", what, block.describe(), exc,
                           extra=self._extra(block))
 
-    # ----------------------------------------------------------- deferred frees
-    def defer_free(self, block: Block) -> None:
-        """Queue ``block`` to be freed and logged at the next safe point.
-
-        Takes no lock and makes no driver call (finalizer-safe).
-        """
-        self._deferred.push(block)
-
-    def _drain(self) -> None:
-        self._deferred.drain(lambda block: self._free(block, "free (finalizer)"))
-
-    def flush(self) -> None:
-        """Free (and log) every queued block, then flush the upstream."""
-        self._drain()
-        self.upstream.flush()
-
-    def reap_pending(self) -> None:
-        """Free (and log) every queued block, then reap the upstream's pending frees."""
-        self._drain()
-        self.upstream.reap_pending()
-
-    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
-        if self._deferred:
-            self._drain()
-        self.upstream.prepare_launch(uses, stream)
-
-    @contextlib.contextmanager
-    def hold_frees(self) -> Iterator[None]:
-        with self._deferred.hold(), self.upstream.hold_frees():
-            yield
-
-    def reset_context(self) -> None:
-        """Reset the upstream and forget the queued blocks (they are stale)."""
-        self.upstream.reset_context()
-        self._deferred.clear()
+    def _free_queued(self, block: Block) -> None:
+        self._free(block, "free (finalizer)")
