@@ -1,11 +1,14 @@
 """The sort -> join pipeline, ordered four ways, timed side by side in one process.
 
 The pipeline is the one of ``examples/sort_join_pipeline.py``: the build keys
-uploaded in chunks and sorted as they arrive, a hash table built from them,
-and the probe keys streamed through it in batches of pinned host memory.
-``--sort bucket`` times the serial variant instead (upload everything, then a
-bucketed multi-stream sort); it writes ``pipeline-bucket.json``.
-``--strides-per-pass 2`` sorts with two bitonic strides per global pass.
+uploaded from pinned host memory in chunks and sorted as they arrive, a hash
+table built from them, and the probe keys streamed through it in batches of
+pinned host memory. ``--build-memory pageable`` uploads the build keys from
+pageable memory instead (the host stages every chunk, so the upload can overlap
+only the GPU's sort); ``--strides-per-pass 1`` sorts with one bitonic stride
+per global pass instead of two; ``--sort bucket`` times the serial variant (upload
+everything, then a bucketed multi-stream sort). JSON goes to ``--name`` (default
+``pipeline``, ``pipeline-pageable`` or ``pipeline-bucket``).
 
 * ``tracked``: the library orders the streams (lazy events, the default);
 * ``tracked-eager``: the same with an event recorded after every launch;
@@ -95,19 +98,23 @@ def main() -> dict:
                         help="the pipeline's sort (default: the example's, streamed)")
     parser.add_argument("--chunks", type=int, default=None,
                         help="build-key chunks of the streamed sort (default: one per stream)")
-    parser.add_argument("--strides-per-pass", type=int, choices=(1, 2), default=1,
-                        help="bitonic strides per global pass of the streamed sort (default 1)")
+    parser.add_argument("--strides-per-pass", type=int, choices=(1, 2), default=2,
+                        help="bitonic strides per global pass of the streamed sort (default 2)")
+    parser.add_argument("--build-memory", choices=("pinned", "pageable"), default="pinned",
+                        help="host memory the build keys upload from (default: pinned)")
     parser.add_argument("--name", default=None,
-                        help="JSON name under $NSS_BENCH_DIR (default: pipeline or "
-                             "pipeline-bucket)")
+                        help="JSON name under $NSS_BENCH_DIR (default: pipeline, "
+                             "pipeline-pageable or pipeline-bucket)")
     args = parser.parse_args()
-    if args.sort == "bucket" and args.strides_per_pass != 1:
-        parser.error("--strides-per-pass applies to the streamed sort only")
+    if args.sort == "bucket" and (args.chunks is not None or args.strides_per_pass != 2):
+        parser.error("--chunks and --strides-per-pass apply to the streamed sort only")
     pipeline = (common.bucket_sort_join if args.sort == "bucket"
                 else functools.partial(common.sort_join, chunks=args.chunks,
                                        strides_per_pass=args.strides_per_pass))
 
     build, probe = common.make_relations(args.n, 1)
+    if args.build_memory == "pinned":
+        build = common.pinned_copy(build)
     batches = common.HostBatches.of(probe, args.batches)
     sorted_build = np.sort(build)
     pos = np.minimum(np.searchsorted(sorted_build, probe), args.n - 1)
@@ -146,6 +153,7 @@ def main() -> dict:
         "n": args.n,
         "sort": args.sort,
         "chunks": (args.chunks or args.streams) if args.sort == "streamed" else None,
+        "build_memory": args.build_memory,
         "strides_per_pass": args.strides_per_pass,
         "rounds": args.rounds,
         "median_s": med,
@@ -157,8 +165,8 @@ def main() -> dict:
         "peak_bytes": {"ours": peak_ours, "numba_default": peak_numba},
         "peak_ours_over_numba": peak_ours / peak_numba if peak_numba else float("nan"),
     }
-    print(f"sort -> join pipeline ({args.sort} sort), n={args.n}, {args.rounds} rounds, "
-          f"on {device_name()}")
+    print(f"sort -> join pipeline ({args.sort} sort, build keys in {args.build_memory} memory), "
+          f"n={args.n}, {args.rounds} rounds, on {device_name()}")
     for kind in kinds:
         print(f"  {kind:14s} median {med[kind] * 1e3:8.2f} ms  "
               f"{'correct' if correct[kind] else 'WRONG'}")
@@ -166,8 +174,9 @@ def main() -> dict:
     print(f"  throughput vs hand events {result['tracked_throughput_vs_events']:.3f}")
     print(f"  eager / lazy              {result['eager_over_lazy']:.3f}")
     print(f"  peak bytes ours {peak_ours}  numba default {peak_numba}")
-    write_result(args.name or ("pipeline" if args.sort == "streamed" else "pipeline-bucket"),
-                 result)
+    default_name = ("pipeline-bucket" if args.sort == "bucket"
+                    else "pipeline-pageable" if args.build_memory == "pageable" else "pipeline")
+    write_result(args.name or default_name, result)
     return result
 
 

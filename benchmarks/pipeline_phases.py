@@ -56,8 +56,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--sort", choices=("streamed", "bucket"), default="streamed")
+    parser.add_argument("--build-memory", choices=("pinned", "pageable"), default="pinned")
     args = parser.parse_args()
     build, probe = common.make_relations(args.n, 1)
+    if args.build_memory == "pinned":
+        build = common.pinned_copy(build)
     batches = common.HostBatches.of(probe, args.batches)
     streams = (cuda.stream(), [cuda.stream() for _ in range(args.streams)], cuda.stream(),
                [cuda.stream() for _ in range(args.streams)])
@@ -68,8 +71,8 @@ def main() -> None:
             for name, seconds in phases(kind, build, batches, streams, args.sort).items():
                 if round_:
                     samples[kind].setdefault(name, []).append(seconds)
-    print(f"pipeline phases ({args.sort} sort), n={args.n}, median of {args.rounds}, "
-          f"on {device_name()}")
+    print(f"pipeline phases ({args.sort} sort, build keys in {args.build_memory} memory), "
+          f"n={args.n}, median of {args.rounds}, on {device_name()}")
     for kind in kinds:
         row = "  ".join(f"{name} {statistics.median(v) * 1e3:7.2f} ms"
                         for name, v in samples[kind].items())

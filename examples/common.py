@@ -166,7 +166,7 @@ def bitonic_local(a: ReadWrite, k_lo, k_hi):
         if j > 1024:
             j = 1024
         while j > 0:
-            i = 2 * j * (t // j) + t % j
+            i = ((t & ~(j - 1)) << 1) | (t & (j - 1))  # j is a power of two: no division
             x = tile[i]
             y = tile[i + j]
             if ((base + i) & k) == 0:
@@ -318,14 +318,14 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
-def bitonic_sort(a: Any, stream: Any, strides_per_pass: int = 1) -> None:
+def bitonic_sort(a: Any, stream: Any, strides_per_pass: int = 2) -> None:
     """Sort a power-of-two device array in place on ``stream``.
 
     Strides below TILE run in shared memory (one launch per merge size
     instead of one per stride) when the array holds at least one tile. The
-    strides above it run one per pass over global memory, or, with
-    ``strides_per_pass=2``, two per pass (:func:`bitonic_step2`: half the
-    passes and launches; not yet the default: it has not been timed on a GPU).
+    strides above it run two per pass over global memory
+    (:func:`bitonic_step2`: half the passes and launches), or, with
+    ``strides_per_pass=1``, one per pass (:func:`bitonic_step`).
     """
     if strides_per_pass not in (1, 2):
         raise ValueError(f"strides_per_pass must be 1 or 2, got {strides_per_pass!r}")
@@ -601,13 +601,15 @@ def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any,
 
 
 def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunks: int,
-                  order: Ordering | None = None, strides_per_pass: int = 1) -> tuple[Any, Any]:
+                  order: Ordering | None = None, strides_per_pass: int = 2) -> tuple[Any, Any]:
     """Sort host keys while they upload: chunk by chunk, each sorted as it arrives.
 
     Chunk ``i`` is uploaded and bitonic-sorted on ``streams[i % len(streams)]``,
-    so the host's upload of one chunk overlaps the sort of the chunks before it.
-    An upload from pageable memory waits for its stream's earlier work, so more
-    chunks than streams make the host wait for sorts.
+    so the upload of one chunk overlaps the sort of the chunks before it. From
+    pinned memory (:func:`pinned_copy`) the uploads are asynchronous and run on
+    the copy engine. From pageable memory the host stages each chunk itself,
+    and an upload waits for its stream's earlier work, so more chunks than
+    streams make the host wait for sorts.
     The sorted runs are merged pairwise as soon as two of the same length are
     ready (a binary counter), on the stream of the older run; the last merge
     runs on ``collect``. ``strides_per_pass`` is :func:`bitonic_sort`'s.
@@ -697,11 +699,16 @@ class HostBatches:
     def of(cls, probe: np.ndarray, nbatches: int) -> HostBatches:
         keys, results = [], []
         for part in np.array_split(probe, max(1, min(nbatches, probe.size))):
-            pinned = cuda.pinned_array(part.shape, part.dtype)
-            pinned[...] = part
-            keys.append(pinned)
+            keys.append(pinned_copy(part))
             results.append(cuda.pinned_array(part.shape, np.int64))
         return cls(keys, results)
+
+
+def pinned_copy(host: np.ndarray) -> np.ndarray:
+    """``host`` copied into page-locked memory, from which uploads are asynchronous."""
+    pinned = cuda.pinned_array(host.shape, host.dtype)
+    pinned[...] = host
+    return pinned
 
 
 def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_streams: list[Any],
@@ -730,7 +737,7 @@ def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_
 
 def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
               build_stream: Any, probe_streams: list[Any], order: Ordering | None = None,
-              chunks: int | None = None, strides_per_pass: int = 1) -> np.ndarray:
+              chunks: int | None = None, strides_per_pass: int = 2) -> np.ndarray:
     """The sort -> join pipeline.
 
     The build keys are uploaded in ``chunks`` pieces (default: one per worker

@@ -1,9 +1,9 @@
 """Sort -> join pipeline over shared buffers on several streams.
 
-1. sort: the build keys are uploaded in chunks, round robin over the worker
-   streams, and each chunk is bitonic-sorted on its stream as soon as it has
-   arrived, while the host uploads the next; sorted runs are merged pairwise,
-   the last merge on the collector stream;
+1. sort: the build keys (in pinned host memory) are uploaded in chunks,
+   round robin over the worker streams, and each chunk is bitonic-sorted on
+   its stream as soon as it has arrived, while the next one uploads; sorted
+   runs are merged pairwise, the last merge on the collector stream;
 2. build: the build stream inserts the sorted keys into a hash table, each
    key's payload being its rank;
 3. probe: the probe keys are streamed through the table in batches of pinned
@@ -22,7 +22,16 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from common import HostBatches, Report, Timer, hazards_now, make_relations, run_main, sort_join
+from common import (
+    HostBatches,
+    Report,
+    Timer,
+    hazards_now,
+    make_relations,
+    pinned_copy,
+    run_main,
+    sort_join,
+)
 from numba import cuda
 
 import numba_streamsafe as nss
@@ -30,12 +39,12 @@ import numba_streamsafe as nss
 
 @lru_cache(maxsize=1)
 def inputs(n: int, seed: int, nbatches: int) -> tuple[np.ndarray, HostBatches, np.ndarray]:
-    """Build keys, pinned probe batches and the NumPy answer, made once per process."""
+    """Pinned build keys, pinned probe batches and the NumPy answer, made once per process."""
     build, probe = make_relations(n, seed)
     sorted_build = np.sort(build)
     pos = np.minimum(np.searchsorted(sorted_build, probe), n - 1)
     expected = np.where(sorted_build[pos] == probe, pos, -1)
-    return build, HostBatches.of(probe, nbatches), expected
+    return pinned_copy(build), HostBatches.of(probe, nbatches), expected
 
 
 def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:

@@ -95,7 +95,14 @@ def test_benchmarks_run_at_a_tiny_size():
     proc = _run("benchmarks/run_all.py", "--quick", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for figure in ("tracked / untracked launch, cross stream", "pipeline: tracked / device sync",
-                   "alloc+free 64MiB: ours / Numba default"):
+                   "alloc+free 64MiB: ours / Numba default", "build keys in pageable memory"):
         assert figure in proc.stdout
     assert "pipeline correct: {'tracked': True, 'tracked-eager': True, 'sync': True, " \
            "'events': True}" in proc.stdout
+
+
+@pytest.mark.parametrize("script", ["pipeline_phases.py", "pipeline_kernels.py"])
+def test_diagnostics_run_at_a_tiny_size(script):
+    proc = _run(f"benchmarks/{script}", "--n", "256", "--rounds", "1", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " ms" in proc.stdout and "CUDA simulator" in proc.stdout
