@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1 << 9 if SIMULATOR else 1 << 24)
     parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 5)
     parser.add_argument("--streams", type=int, default=4)
-    parser.add_argument("--batches", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=8)
     parser.add_argument("--sort", choices=("streamed", "bucket"), default="streamed")
     parser.add_argument("--build-memory", choices=("pinned", "pageable"), default="pinned")
     args = parser.parse_args()
