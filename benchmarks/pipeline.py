@@ -6,7 +6,9 @@ table built from them, and the probe keys streamed through it in batches of
 pinned host memory. ``--build-memory pageable`` uploads the build keys from
 pageable memory instead (the host stages every chunk, so the upload can overlap
 only the GPU's sort); ``--strides-per-pass 1`` sorts with one bitonic stride
-per global pass instead of two; ``--sort bucket`` times the serial variant (upload
+per global pass instead of two; ``--pool-internal-deps off`` stops the default
+pool from reusing a block freed on another stream by making the allocating
+stream wait for the freeing one; ``--sort bucket`` times the serial variant (upload
 everything, then a bucketed multi-stream sort). JSON goes to ``--name`` (default
 ``pipeline``, ``pipeline-pageable`` or ``pipeline-bucket``).
 
@@ -102,6 +104,9 @@ def main() -> dict:
                         help="bitonic strides per global pass of the streamed sort (default 2)")
     parser.add_argument("--build-memory", choices=("pinned", "pageable"), default="pinned",
                         help="host memory the build keys upload from (default: pinned)")
+    parser.add_argument("--pool-internal-deps", choices=("on", "off"), default="on",
+                        help="the default pool's CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES "
+                             "for this process (default: on, the driver's default)")
     parser.add_argument("--name", default=None,
                         help="JSON name under $NSS_BENCH_DIR (default: pipeline, "
                              "pipeline-pageable or pipeline-bucket)")
@@ -123,6 +128,10 @@ def main() -> dict:
                [cuda.stream() for _ in range(args.streams)])
 
     lazy_rt = nss.get_runtime()
+    if args.pool_internal_deps == "off":
+        # A block freed on one stream is then reused on another only when the pool
+        # knows the free has completed or is ordered before the allocation.
+        lazy_rt.driver.set_pool_attribute("REUSE_ALLOW_INTERNAL_DEPENDENCIES", 0)
     eager_rt = DeviceRuntime(AsyncResource(lazy_rt.driver, fences="eager"))
     kinds = ["tracked", "tracked-eager", "sync", "events"]
     times: dict[str, list[float]] = {k: [] for k in kinds}
@@ -155,6 +164,7 @@ def main() -> dict:
         "chunks": (args.chunks or args.streams) if args.sort == "streamed" else None,
         "build_memory": args.build_memory,
         "strides_per_pass": args.strides_per_pass,
+        "pool_internal_deps": args.pool_internal_deps,
         "rounds": args.rounds,
         "median_s": med,
         "samples_s": times,

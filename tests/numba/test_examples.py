@@ -106,3 +106,23 @@ def test_diagnostics_run_at_a_tiny_size(script):
     proc = _run(f"benchmarks/{script}", "--n", "256", "--rounds", "1", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " ms" in proc.stdout and "CUDA simulator" in proc.stdout
+
+
+def test_pipeline_benchmark_sets_the_pool_reuse_attribute():
+    """``--pool-internal-deps off`` reaches the driver, and the run stays correct."""
+    code = (
+        "import runpy, sys\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "sys.argv = ['pipeline.py', '--n', '64', '--rounds', '1', '--pool-internal-deps', 'off',\n"
+        "            '--name', 'pipeline-pool-attr']\n"
+        "mod = runpy.run_path('benchmarks/pipeline.py')\n"
+        "result = mod['main']()\n"
+        "import numba_streamsafe as nss\n"
+        "attrs = nss.get_runtime().driver.pool_attributes\n"
+        "assert attrs.get('REUSE_ALLOW_INTERNAL_DEPENDENCIES') == 0, attrs\n"
+        "assert all(result['correct'].values()), result['correct']\n"
+        "assert result['pool_internal_deps'] == 'off'\n"
+        "print('attribute set')\n"
+    )
+    proc = _run("-c", code)
+    assert proc.returncode == 0 and "attribute set" in proc.stdout, proc.stdout + proc.stderr
