@@ -111,7 +111,8 @@ def main() -> dict:
                         help="JSON name under $NSS_BENCH_DIR (default: pipeline, "
                              "pipeline-pageable or pipeline-bucket)")
     args = parser.parse_args()
-    if args.sort == "bucket" and (args.chunks is not None or args.strides_per_pass != 2):
+    if args.sort == "bucket" and (args.chunks is not None or args.strides_per_pass
+                                  != parser.get_default("strides_per_pass")):
         parser.error("--chunks and --strides-per-pass apply to the streamed sort only")
     pipeline = (common.bucket_sort_join if args.sort == "bucket"
                 else functools.partial(common.sort_join, chunks=args.chunks,
@@ -121,9 +122,7 @@ def main() -> dict:
     if args.build_memory == "pinned":
         build = common.pinned_copy(build)
     batches = common.HostBatches.of(probe, args.batches)
-    sorted_build = np.sort(build)
-    pos = np.minimum(np.searchsorted(sorted_build, probe), args.n - 1)
-    expected = np.where(sorted_build[pos] == probe, pos, -1)
+    expected = common.expected_rank(build, probe)
     streams = (cuda.stream(), [cuda.stream() for _ in range(args.streams)], cuda.stream(),
                [cuda.stream() for _ in range(args.streams)])
 

@@ -827,3 +827,10 @@ def expected_probe(build: np.ndarray, probe: np.ndarray) -> np.ndarray:
     pos = np.minimum(pos, sorted_build.size - 1)
     hit = sorted_build[pos] == probe
     return np.where(hit, order[pos], -1)
+
+
+def expected_rank(build: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    """Reference sort -> join: the rank of each probe key among the sorted build keys, or -1."""
+    sorted_build = np.sort(build)
+    pos = np.minimum(np.searchsorted(sorted_build, probe), sorted_build.size - 1)
+    return np.where(sorted_build[pos] == probe, pos, -1)

@@ -26,6 +26,7 @@ from common import (
     HostBatches,
     Report,
     Timer,
+    expected_rank,
     hazards_now,
     make_relations,
     pinned_copy,
@@ -41,10 +42,7 @@ import numba_streamsafe as nss
 def inputs(n: int, seed: int, nbatches: int) -> tuple[np.ndarray, HostBatches, np.ndarray]:
     """Pinned build keys, pinned probe batches and the NumPy answer, made once per process."""
     build, probe = make_relations(n, seed)
-    sorted_build = np.sort(build)
-    pos = np.minimum(np.searchsorted(sorted_build, probe), n - 1)
-    expected = np.where(sorted_build[pos] == probe, pos, -1)
-    return pinned_copy(build), HostBatches.of(probe, nbatches), expected
+    return pinned_copy(build), HostBatches.of(probe, nbatches), expected_rank(build, probe)
 
 
 def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:

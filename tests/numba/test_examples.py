@@ -26,6 +26,12 @@ def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=timeout)
 
 
+def _run_code(code: str, done: str) -> None:
+    """Run ``code`` in a child on the simulator; it must exit 0 after printing ``done``."""
+    proc = _run("-c", code)
+    assert proc.returncode == 0 and done in proc.stdout, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_is_correct_with_tracking(example):
     proc = _run(f"examples/{example}.py")
@@ -61,8 +67,7 @@ def test_shared_memory_sort_path_is_correct(n, strides):
         "assert common.hazards_now() == 0\n"
         "print('sorted')\n"
     )
-    proc = _run("-c", code)
-    assert proc.returncode == 0 and "sorted" in proc.stdout, proc.stdout + proc.stderr
+    _run_code(code, "sorted")
 
 
 def test_two_strides_per_pass_sorts_like_one():
@@ -87,8 +92,7 @@ def test_two_strides_per_pass_sorts_like_one():
         "    raise AssertionError('no error')\n"
         "print('sorted')\n"
     )
-    proc = _run("-c", code)
-    assert proc.returncode == 0 and "sorted" in proc.stdout, proc.stdout + proc.stderr
+    _run_code(code, "sorted")
 
 
 def test_benchmarks_run_at_a_tiny_size():
@@ -124,5 +128,4 @@ def test_pipeline_benchmark_sets_the_pool_reuse_attribute():
         "assert result['pool_internal_deps'] == 'off'\n"
         "print('attribute set')\n"
     )
-    proc = _run("-c", code)
-    assert proc.returncode == 0 and "attribute set" in proc.stdout, proc.stdout + proc.stderr
+    _run_code(code, "attribute set")
