@@ -93,7 +93,7 @@ def release_everything() -> None:
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1 << 9 if SIMULATOR else 1 << 24)
-    parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 7)
+    parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 15)
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--batches", type=int, default=8, help="probe batches (default 8)")
     parser.add_argument("--sort", choices=("streamed", "bucket"), default="streamed",

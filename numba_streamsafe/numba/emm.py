@@ -21,6 +21,7 @@ from numba_streamsafe.errors import StreamSafeError
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.scope import current_stream
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime
+from numba_streamsafe.streams import default_stream_handle
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 
@@ -37,6 +38,8 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._runtime: DeviceRuntime | None = None
+        #: The runtime's resource methods, bound once: (allocate, defer_free).
+        self._resource_calls: tuple[Any, Any] | None = None
 
     @property
     def runtime(self) -> DeviceRuntime:
@@ -56,10 +59,16 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
             # A null CUdeviceptr: ctypes.c_void_p(0).value is None, which
             # MemoryPointer cannot convert.
             return MemoryPointer(self.context, binding.CUdeviceptr(0), 0)
-        rt = self._runtime
-        if rt is None:
-            rt = self.runtime
-        return _memory_pointer(self.context, rt, rt.allocate(size, current_stream(), "numba"))
+        calls = self._resource_calls
+        if calls is None:
+            resource = self.runtime.resource
+            calls = self._resource_calls = (resource.allocate, resource.defer_free)
+        stream = current_stream()
+        if stream is None:
+            block = calls[0](size, default_stream_handle(), "numba")
+        else:
+            block = self.runtime.allocate(size, stream, "numba")
+        return _memory_pointer(self.context, block, calls[1])
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes of the device, as the driver reports them."""

@@ -154,13 +154,14 @@ else:
         def __del__(self) -> None:
             self._finalizer()
 
-    def memory_pointer(context: Any, rt: DeviceRuntime, block: Block) -> Any:
-        """A Numba ``MemoryPointer`` owning ``block``; dropping it defers the free."""
-        return BlockPointer(context, block, rt.resource.defer_free)
+    def memory_pointer(context: Any, block: Block, defer: Any) -> Any:
+        """A Numba ``MemoryPointer`` owning ``block``; dropping it calls ``defer(block)``
+        (a resource's finalizer-safe ``defer_free``)."""
+        return BlockPointer(context, block, defer)
 
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
-        mp = memory_pointer(cuda.current_context(), rt, block)
+        mp = BlockPointer(cuda.current_context(), block, rt.resource.defer_free)
         array = DeviceNDArray(shape, strides, dtype, stream=numba_stream(stream), gpu_data=mp)
         if array.gpu_data is not mp:
             # Numba gives an empty array a null pointer and drops ours: keep the

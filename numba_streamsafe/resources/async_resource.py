@@ -182,14 +182,32 @@ class AsyncResource(MemoryResource):
         driver = self.driver
         if stream > 2:  # not the legacy or per-thread default stream
             driver.check_stream(stream)
-        if self._deferred_queue:
-            self._deferred.drain(self.deallocate)
         if self._pending and not self._allocations & 63:
             self.reap_completed()
-        if self._kept:
-            block = self._allocate_kept(nbytes, stream, tag, stream_owner)
-            if block is not None:
-                return block
+        queue, kept = self._deferred_queue, self._kept
+        if queue or kept:
+            # Queued frees and the kept block under one lock: the common
+            # free-then-allocate cycle of one size makes no driver call.
+            with self._lock:
+                if queue:
+                    self._deferred.drain(self._deallocate_locked)
+                if kept:
+                    key = (stream, nbytes)
+                    ptrs = kept.get(key)
+                    if ptrs:
+                        ptr = ptrs.pop()
+                        if not ptrs:
+                            del kept[key]
+                        self._kept_bytes -= nbytes
+                        block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
+                                      self._epoch, _LIVE, stream_owner)
+                        try:
+                            self._register(block, stream, stream_owner)
+                        except BaseException:
+                            # Only an eager fence can fail; its block went back to the pool.
+                            block.state = _FREED
+                            raise
+                        return block
         try:
             ptr = driver.alloc_async(nbytes, stream)
         except DriverError as exc:
@@ -207,28 +225,6 @@ class AsyncResource(MemoryResource):
                     f"{live[ptr].block.describe()}; the pool is corrupt, report this"
                 )
             self._register(block, stream, stream_owner)
-        return block
-
-    def _allocate_kept(self, nbytes: int, stream: int, tag: str, stream_owner: Any
-                       ) -> Block | None:
-        """A block from those kept on ``stream`` with ``nbytes``, or None."""
-        key = (stream, nbytes)
-        with self._lock:
-            ptrs = self._kept.get(key)
-            if not ptrs:
-                return None
-            ptr = ptrs.pop()
-            if not ptrs:
-                del self._kept[key]
-            self._kept_bytes -= nbytes
-            block = Block(ptr, nbytes, self.device, stream, tag, next_generation(), self._epoch,
-                          _LIVE, stream_owner)
-            try:
-                self._register(block, stream, stream_owner)
-            except BaseException:
-                # Only an eager fence can fail here; its block went back to the pool.
-                block.state = _FREED
-                raise
         return block
 
     def _register(self, block: Block, stream: int, stream_owner: Any) -> None:
@@ -468,44 +464,48 @@ class AsyncResource(MemoryResource):
     # ------------------------------------------------------------------ freeing
     def deallocate(self, block: Block) -> None:
         with self._lock:
-            entry = self._live.get(block.ptr)
-            if entry is None or entry.block is not block:
-                entry = self._entry(block, "deallocate")  # a copy of the handle, or an error
-            stream = block.stream
-            if entry.reads or entry.last_write.stream != stream:
-                marks = entry.waits_for(stream, Access.READ_WRITE)
-                if marks:
-                    self._wait_all(stream, marks)
-            nbytes = block.nbytes
-            owner = block.stream_owner
-            keep = (nbytes <= self.reuse_bytes
-                    and (owner is not None or stream in (0, 1, 2)))
-            if keep and self._kept_bytes + nbytes > self.reuse_bytes:
-                try:  # make room: the oldest kept blocks go back to the pool
-                    self._free_kept(self.reuse_bytes - nbytes)
-                except DriverError:
-                    keep = False
-            if not keep:
-                self.driver.free_async(block.ptr, stream)
-            # The free is queued (or the block kept): from here on nothing can fail.
-            del self._live[block.ptr]
-            self._index = None
-            self._release_entry(entry)
-            self._live_bytes -= nbytes
-            if keep:
-                ptrs = self._kept.get((stream, nbytes))
-                if ptrs is None:
-                    self._kept[(stream, nbytes)] = [block.ptr]
-                else:
-                    ptrs.append(block.ptr)
-                self._kept_bytes += nbytes
-                if owner is not None:
-                    self._kept_owners[stream] = owner
+            self._deallocate_locked(block)
+
+    def _deallocate_locked(self, block: Block) -> None:
+        """:meth:`deallocate` with the lock held."""
+        entry = self._live.get(block.ptr)
+        if entry is None or entry.block is not block:
+            entry = self._entry(block, "deallocate")  # a copy of the handle, or an error
+        stream = block.stream
+        if entry.reads or entry.last_write.stream != stream:
+            marks = entry.waits_for(stream, Access.READ_WRITE)
+            if marks:
+                self._wait_all(stream, marks)
+        nbytes = block.nbytes
+        owner = block.stream_owner
+        keep = (nbytes <= self.reuse_bytes
+                and (owner is not None or stream in (0, 1, 2)))
+        if keep and self._kept_bytes + nbytes > self.reuse_bytes:
+            try:  # make room: the oldest kept blocks go back to the pool
+                self._free_kept(self.reuse_bytes - nbytes)
+            except DriverError:
+                keep = False
+        if not keep:
+            self.driver.free_async(block.ptr, stream)
+        # The free is queued (or the block kept): from here on nothing can fail.
+        del self._live[block.ptr]
+        self._index = None
+        self._release_entry(entry)
+        self._live_bytes -= nbytes
+        if keep:
+            ptrs = self._kept.get((stream, nbytes))
+            if ptrs is None:
+                self._kept[(stream, nbytes)] = [block.ptr]
             else:
-                self._add_pending(stream, nbytes, owner)
-            self._frees += 1
-            block.state = _FREED
-            block.stream_owner = None
+                ptrs.append(block.ptr)
+            self._kept_bytes += nbytes
+            if owner is not None:
+                self._kept_owners[stream] = owner
+        else:
+            self._add_pending(stream, nbytes, owner)
+        self._frees += 1
+        block.state = _FREED
+        block.stream_owner = None
 
     def _release_entry(self, entry: _Entry) -> None:
         pool = self.events

@@ -129,3 +129,12 @@ def test_pipeline_benchmark_sets_the_pool_reuse_attribute():
         "print('attribute set')\n"
     )
     _run_code(code, "attribute set")
+
+
+def test_alloc_parts_diagnostic_runs_on_the_simulator():
+    """The per-manager breakdown runs every manager's worker and prints its table."""
+    proc = _run("benchmarks/alloc_parts.py", "--passes", "1", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[2:]}
+    assert set(rows) == {"device_array"}, proc.stdout
+    assert len(rows["device_array"]) >= 2 and all(float(v) > 0 for v in rows["device_array"])
