@@ -240,13 +240,16 @@ merge_runs.ptx_signature = "void(int64[:], int64[:], int64[:])"
 
 
 @tracked_kernel
-def hash_build(keys: Read, table_keys: ReadWrite, table_vals: Write, mask):
+def hash_build(keys: Read, table: ReadWrite, mask):
     """Insert ``keys[i] -> i`` into an open-addressing table (linear probing).
 
-    Probing stops after MAX_PROBES slots (at half load a run that long does
-    not occur), so a table that is not what the build expects (read before it
-    was cleared: the race) gives wrong results, quickly, instead of a kernel
-    that never ends.
+    Slot ``h`` of ``table`` is the pair ``table[2h]`` (key, EMPTY when free)
+    and ``table[2h + 1]`` (payload): one 16-byte cell, so the payload written
+    after the key's compare-and-swap lands in the sector the swap just
+    fetched, and a probe reads both in one. Probing stops after MAX_PROBES
+    slots (at half load a run that long does not occur), so a table that is
+    not what the build expects (read before it was cleared: the race) gives
+    wrong results, quickly, instead of a kernel that never ends.
     """
     i = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -255,20 +258,20 @@ def hash_build(keys: Read, table_keys: ReadWrite, table_vals: Write, mask):
         h = ((k ^ (k >> 16)) * 73244475) & mask
         probes = 0
         while probes < MAX_PROBES:
-            old = cuda.atomic.cas(table_keys, h, -1, k)
+            old = cuda.atomic.cas(table, 2 * h, -1, k)
             if old == -1 or old == k:
-                table_vals[h] = i
+                table[2 * h + 1] = i
                 break
             h = (h + 1) & mask
             probes += 1
         i += step
 
 
-hash_build.ptx_signature = "void(int64[:], int64[:], int64[:], int64)"
+hash_build.ptx_signature = "void(int64[:], int64[:], int64)"
 
 
 @tracked_kernel
-def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask):
+def hash_probe(keys: Read, table: Read, out: Write, mask):
     """``out[i]`` = the payload of ``keys[i]`` in the table, or -1."""
     i = cuda.grid(1)
     step = cuda.gridsize(1)
@@ -278,9 +281,9 @@ def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask)
         result = -1
         probes = 0
         while probes < MAX_PROBES:  # bounded, whatever the table holds
-            t = table_keys[h]
+            t = table[2 * h]
             if t == k:
-                result = table_vals[h]
+                result = table[2 * h + 1]
                 break
             if t == -1:
                 break
@@ -290,7 +293,7 @@ def hash_probe(keys: Read, table_keys: Read, table_vals: Read, out: Write, mask)
         i += step
 
 
-hash_probe.ptx_signature = "void(int64[:], int64[:], int64[:], int64[:], int64)"
+hash_probe.ptx_signature = "void(int64[:], int64[:], int64[:], int64)"
 
 
 @tracked_kernel
@@ -663,26 +666,25 @@ def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunk
 
 
 def build_table(d_build: Any, build_stream: Any, order: Ordering | None = None,
-                build_ready: Any = None) -> tuple[Any, Any, int, Any]:
+                build_ready: Any = None) -> tuple[Any, int, Any]:
     """Insert ``d_build`` into an open-addressing table on ``build_stream``.
 
     ``build_ready`` is the ordering token after which ``d_build`` may be read.
-    Returns the table's keys and values, its mask, and the token after which
-    the table may be probed.
+    Returns the table (key and payload interleaved, see :func:`hash_build`),
+    its slot mask, and the token after which the table may be probed.
     """
     order = order or Ordering()
     nb = d_build.size
     cap = next_pow2(2 * max(nb, 1))
-    table_keys = order.alloc(cap, np.int64, build_stream, "table keys")
-    table_vals = order.alloc(cap, np.int64, build_stream, "table values")
-    g, b = launch_shape(cap)
-    fill[g, b, build_stream](table_keys, EMPTY)
+    table = order.alloc(2 * cap, np.int64, build_stream, "hash table")
+    g, b = launch_shape(2 * cap)
+    fill[g, b, build_stream](table, EMPTY)
     order.wait(build_stream, build_ready)
     g, b = launch_shape(nb)
-    hash_build[g, b, build_stream](d_build, table_keys, table_vals, cap - 1)
+    hash_build[g, b, build_stream](d_build, table, cap - 1)
     built = order.mark(build_stream)
     order.stage()
-    return table_keys, table_vals, cap - 1, built
+    return table, cap - 1, built
 
 
 @dataclass
@@ -711,7 +713,7 @@ def pinned_copy(host: np.ndarray) -> np.ndarray:
     return pinned
 
 
-def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_streams: list[Any],
+def probe_batches(batches: HostBatches, table: tuple[Any, int, Any], probe_streams: list[Any],
                   order: Ordering | None = None) -> list[Any]:
     """Stream the probe batches through the table, round robin over ``probe_streams``.
 
@@ -720,7 +722,7 @@ def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_
     probing of others. Returns the device result of every batch.
     """
     order = order or Ordering()
-    table_keys, table_vals, mask, built = table
+    slots, mask, built = table
     outs = []
     for j, (keys, result) in enumerate(zip(batches.keys, batches.results, strict=True)):
         s = probe_streams[j % len(probe_streams)]
@@ -728,7 +730,7 @@ def probe_batches(batches: HostBatches, table: tuple[Any, Any, int, Any], probe_
         out = order.alloc(keys.size, np.int64, s, "probe result")
         order.wait(s, built)
         g, b = launch_shape(keys.size)
-        hash_probe[g, b, s](d_keys, table_keys, table_vals, out, mask)
+        hash_probe[g, b, s](d_keys, slots, out, mask)
         nss.copy_to_host(out, result, stream=s)
         outs.append(out)
         order.stage()
@@ -755,7 +757,7 @@ def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: li
     return join_probes(batches, table, collect, probe_streams, order)
 
 
-def join_probes(batches: HostBatches, table: tuple[Any, Any, int, Any], collect: Any,
+def join_probes(batches: HostBatches, table: tuple[Any, int, Any], collect: Any,
                 probe_streams: list[Any], order: Ordering) -> np.ndarray:
     """Probe ``table`` with every batch and count the matches on ``collect``.
 
