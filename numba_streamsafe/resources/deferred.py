@@ -22,8 +22,9 @@ class DeferredFrees:
     :meth:`push` takes no lock and makes no driver call (a ``deque.append``),
     so it is safe from a garbage-collector finalizer on any thread, inside any
     locked section and at interpreter shutdown. :meth:`drain` runs the frees;
-    resources call it where they already hold no lock (allocation, launch,
-    reap, flush). :meth:`hold` keeps the queue closed for a while (Numba's
+    resources call it at their safe points (allocation, launch, reap, flush),
+    never from a finalizer, with their own lock held or not as their ``free``
+    expects. :meth:`hold` keeps the queue closed for a while (Numba's
     ``defer_cleanup``).
     """
 

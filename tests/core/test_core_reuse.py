@@ -113,9 +113,12 @@ def test_a_block_that_does_not_fit_evicts_the_oldest(sim):
     assert sim.calls["cuMemFreeAsync"] == frees + 1
 
 
-def test_reuse_after_a_cross_stream_read_is_ordered(res, sim):
+@pytest.mark.parametrize("free", ["deallocate", "defer_free"])
+def test_reuse_after_a_cross_stream_read_is_ordered(res, sim, free):
     """A block read on another stream, freed and taken again on its own stream:
-    the new owner's write must come after the old read (the checker says so)."""
+    the new owner's write must come after the old read (the checker says so).
+    ``defer_free`` (what a finalizer calls) leaves the free queued until the
+    next allocation runs it and takes the block back in one step."""
     owner = Owner()
     s, t = sim.create_stream(), sim.create_stream()
     a = res.allocate(4096, s, "a", stream_owner=owner)
@@ -125,9 +128,14 @@ def test_reuse_after_a_cross_stream_read_is_ordered(res, sim):
     res.prepare_launch([(a, Access.READ)], t)
     sim.trace_access(t, [(a.ptr, a.nbytes, Access.READ)], "consume")
     res.commit_launch([(a, Access.READ)], t)
-    res.deallocate(a)
+    getattr(res, free)(a)
+    allocs, frees = sim.calls["cuMemAllocAsync"], sim.calls["cuMemFreeAsync"]
     b = res.allocate(4096, s, "b", stream_owner=owner)
-    assert b.ptr == a.ptr
+    assert b.ptr == a.ptr and b.generation > a.generation
+    assert (sim.calls["cuMemAllocAsync"], sim.calls["cuMemFreeAsync"]) == (allocs, frees)
+    assert res.live_bytes == 4096 and res.pending_bytes == 0
+    with pytest.raises(UseAfterFree):  # the old handle names a freed generation
+        res.deallocate(a)
     res.prepare_launch([(b, Access.WRITE)], s)
     sim.trace_access(s, [(b.ptr, b.nbytes, Access.WRITE)], "overwrite")
     res.commit_launch([(b, Access.WRITE)], s)

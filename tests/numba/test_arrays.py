@@ -206,6 +206,33 @@ def test_stream_scopes_nest(rt, streams):
     assert [nss.block_of(x).stream for x in (outer1, inner, explicit, outer2)] == [ha, hb, ha, ha]
 
 
+def test_stream_scopes_are_per_thread(rt, streams):
+    """A scope opened on one thread is not seen by another; a new thread starts with none."""
+    import threading
+
+    a, b = streams
+    seen: dict[str, object] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    def other() -> None:
+        seen["start"] = nss.current_stream()
+        with nss.stream_scope(b):
+            seen["inside"] = nss.current_stream()
+            ready.set()
+            done.wait(10)
+        seen["end"] = nss.current_stream()
+
+    with nss.stream_scope(a):
+        t = threading.Thread(target=other)
+        t.start()
+        assert ready.wait(10)
+        assert nss.current_stream() is a  # the other thread's scope is its own
+        done.set()
+        t.join(10)
+    assert seen == {"start": None, "inside": b, "end": None}
+    assert nss.current_stream() is None
+
+
 def test_stream_scope_is_restored_after_an_error(rt, streams):
     a, _ = streams
     with pytest.raises(RuntimeError):
