@@ -61,10 +61,13 @@ def main() -> dict[str, float]:
     dev = nss.device_array(args.n, np.int64, stream=s)
     timed(f"pinned upload of {args.n} keys", lambda: dev.copy_to_device(host, stream=s))
     timed(f"pinned download of {args.n} keys", lambda: dev.copy_to_host(host, stream=s))
+    rows_host = cuda.pinned_array(args.n, common.ROW)
+    rows = nss.device_array(args.n, common.ROW, stream=s)
+    timed(f"pinned download of {args.n} rows", lambda: rows.copy_to_host(rows_host, stream=s))
     timed(f"table build from {args.n} keys", lambda: common.build_table(merged, s))
     table, mask, _ = common.build_table(merged, s)
     timed(f"probe of {args.n} keys",
-          lambda: common.hash_probe[g, bl, s](merged, table, dev, mask))
+          lambda: common.hash_probe[g, bl, s](merged, table, rows, mask))
     s.synchronize()
     return times
 

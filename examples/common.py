@@ -43,6 +43,10 @@ EMPTY = np.int64(-1)
 #: Longest probe sequence of the hash table (see hash_build).
 MAX_PROBES = 1024
 KEY_BITS = 32
+#: The type of a join's row numbers (a probe's answer): 32-bit, as cuDF's
+#: gather maps, which halves the result traffic of int64. Relations here have
+#: fewer than 2**31 rows (checked by :func:`make_relations`).
+ROW = np.int32
 
 
 # --------------------------------------------------------------------- kernels
@@ -272,7 +276,10 @@ hash_build.ptx_signature = "void(int64[:], int64[:], int64)"
 
 @tracked_kernel
 def hash_probe(keys: Read, table: Read, out: Write, mask):
-    """``out[i]`` = the payload of ``keys[i]`` in the table, or -1."""
+    """``out[i]`` = the payload of ``keys[i]`` in the table, or -1.
+
+    ``out`` holds row numbers (:data:`ROW`, 32-bit), as a join's gather map does.
+    """
     i = cuda.grid(1)
     step = cuda.gridsize(1)
     while i < keys.size:
@@ -293,7 +300,7 @@ def hash_probe(keys: Read, table: Read, out: Write, mask):
         i += step
 
 
-hash_probe.ptx_signature = "void(int64[:], int64[:], int64[:], int64)"
+hash_probe.ptx_signature = "void(int64[:], int64[:], int32[:], int64)"
 
 
 @tracked_kernel
@@ -306,7 +313,7 @@ def count_matches(found: Read, total: ReadWrite):
         i += step
 
 
-count_matches.ptx_signature = "void(int64[:], int64[:])"
+count_matches.ptx_signature = "void(int32[:], int64[:])"
 
 
 # --------------------------------------------------------------------- helpers
@@ -702,7 +709,7 @@ class HostBatches:
         keys, results = [], []
         for part in np.array_split(probe, max(1, min(nbatches, probe.size))):
             keys.append(pinned_copy(part))
-            results.append(cuda.pinned_array(part.shape, np.int64))
+            results.append(cuda.pinned_array(part.shape, ROW))
         return cls(keys, results)
 
 
@@ -727,7 +734,7 @@ def probe_batches(batches: HostBatches, table: tuple[Any, int, Any], probe_strea
     for j, (keys, result) in enumerate(zip(batches.keys, batches.results, strict=True)):
         s = probe_streams[j % len(probe_streams)]
         d_keys = order.upload(keys, s, "probe keys")
-        out = order.alloc(keys.size, np.int64, s, "probe result")
+        out = order.alloc(keys.size, ROW, s, "probe result")
         order.wait(s, built)
         g, b = launch_shape(keys.size)
         hash_probe[g, b, s](d_keys, slots, out, mask)
@@ -802,6 +809,9 @@ def bucket_sort_join(build: np.ndarray, batches: HostBatches, collect: Any, work
 @lru_cache(maxsize=2)
 def make_relations(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Unique build keys below 2**KEY_BITS and probe keys, half of them present."""
+    if not 0 < n <= np.iinfo(ROW).max:
+        raise ValueError(f"n must be from 1 to {np.iinfo(ROW).max} (row numbers are {ROW.__name__}),"
+                         f" got {n}")
     rng = np.random.default_rng(seed)
     build = rng.choice(np.int64(1) << KEY_BITS, size=n, replace=False).astype(np.int64) \
         if n < (1 << 20) else _unique_keys(rng, n)
