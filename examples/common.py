@@ -810,8 +810,8 @@ def bucket_sort_join(build: np.ndarray, batches: HostBatches, collect: Any, work
 def make_relations(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Unique build keys below 2**KEY_BITS and probe keys, half of them present."""
     if not 0 < n <= np.iinfo(ROW).max:
-        raise ValueError(f"n must be from 1 to {np.iinfo(ROW).max} (row numbers are {ROW.__name__}),"
-                         f" got {n}")
+        raise ValueError(f"n must be from 1 to {np.iinfo(ROW).max} (row numbers are "
+                         f"{ROW.__name__}), got {n}")
     rng = np.random.default_rng(seed)
     build = rng.choice(np.int64(1) << KEY_BITS, size=n, replace=False).astype(np.int64) \
         if n < (1 << 20) else _unique_keys(rng, n)

@@ -138,3 +138,23 @@ def test_alloc_parts_diagnostic_runs_on_the_simulator():
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines()[2:]}
     assert set(rows) == {"device_array"}, proc.stdout
     assert len(rows["device_array"]) >= 2 and all(float(v) > 0 for v in rows["device_array"])
+
+
+def test_relations_refuse_sizes_whose_rows_do_not_fit_the_row_type():
+    code = (
+        "import sys\n"
+        "sys.path.insert(0, 'examples')\n"
+        "import numpy as np, common\n"
+        "assert np.iinfo(common.ROW).max == 2**31 - 1\n"
+        "for n in (0, 2**31):\n"
+        "    try:\n"
+        "        common.make_relations(n, 1)\n"
+        "    except ValueError as exc:\n"
+        "        assert 'row numbers are int32' in str(exc), exc\n"
+        "    else:\n"
+        "        raise AssertionError(n)\n"
+        "build, probe = common.make_relations(64, 1)\n"
+        "assert build.size == probe.size == 64\n"
+        "print('refused')\n"
+    )
+    _run_code(code, "refused")
