@@ -18,10 +18,14 @@ everything, then a bucketed multi-stream sort). JSON goes to ``--name`` (default
 * ``events``: no tracking, one hand-placed event per cross-stream edge (the limit).
 
 The kinds run interleaved, round after round, after a warm-up; medians are
-reported. Peak device memory is sampled at every stage boundary (driver
-``cuMemGetInfo``) for the tracked run and for the same pipeline on Numba's
-default memory manager with a synchronize after every stage (what users write
-today).
+reported. Every round also records the process's CPU seconds and Python's
+collections (``host`` in the JSON), and each kind's slowest round is printed
+with them: a round that was slow while the host CPU time stayed as usual
+waited, one whose CPU time grew was busy.
+
+Peak device memory is sampled at every stage boundary (driver ``cuMemGetInfo``)
+for the tracked run and for the same pipeline on Numba's default memory manager
+with a synchronize after every stage (what users write today).
 """
 
 from __future__ import annotations
@@ -57,23 +61,58 @@ def sampling(cls: type) -> type:
     return Sampled
 
 
+class HostStats:
+    """What the host did during a run: its CPU seconds and Python's collections.
+
+    A slow round whose CPU time is as low as usual waited (on the GPU, or off
+    the CPU); one whose CPU time grew with it was busy (collector, Python).
+    """
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]  # per generation
+        self.collector_s = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:  # a gc.callbacks entry
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.collections[info["generation"]] += 1
+            self.collector_s += time.perf_counter() - self._started
+
+
 def one_run(kind: str, build, batches, streams, allocator: str = "streamsafe",
             sample: bool = False, pipeline=common.sort_join):
+    """Time one run of ``pipeline`` ordered as ``kind``.
+
+    Returns ``(seconds, count, results, memory samples, host)``, ``host`` a
+    dict of the run's process CPU seconds and collector activity.
+    """
+    import gc
+
     cls = common.ORDERINGS["tracked" if kind == "tracked-eager" else kind]
     order = sampling(cls)(allocator) if sample else cls(allocator)
     collect, workers, build_stream, probe_streams = streams
     if sample:
         order.sample()
     cuda.synchronize()
-    start = time.perf_counter()
-    with nss.tracking(order.tracking):
-        count = pipeline(build, batches, collect, workers, build_stream, probe_streams, order)
-    cuda.synchronize()
-    seconds = time.perf_counter() - start
+    stats = HostStats()
+    gc.callbacks.append(stats)
+    try:
+        cpu = time.process_time()
+        start = time.perf_counter()
+        with nss.tracking(order.tracking):
+            count = pipeline(build, batches, collect, workers, build_stream, probe_streams, order)
+        cuda.synchronize()
+        seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu
+    finally:
+        gc.callbacks.remove(stats)
     results = np.concatenate(batches.results)
     for r in batches.results:
         r[...] = -2  # a stale result cannot pass the next run's check
-    return seconds, count, results, getattr(order, "samples", [])
+    host = {"cpu_s": cpu, "collections": stats.collections, "collector_s": stats.collector_s}
+    return seconds, count, results, getattr(order, "samples", []), host
 
 
 def release_everything() -> None:
@@ -134,25 +173,28 @@ def main() -> dict:
     eager_rt = DeviceRuntime(AsyncResource(lazy_rt.driver, fences="eager"))
     kinds = ["tracked", "tracked-eager", "sync", "events"]
     times: dict[str, list[float]] = {k: [] for k in kinds}
+    host: dict[str, list[dict]] = {k: [] for k in kinds}
     # On the simulator "correct" also means: no hazard seen by the simulated driver.
     correct: dict[str, bool] = {k: True for k in kinds}
     for round_ in range(args.rounds + 1):  # the first round warms up
         for kind in kinds:
             nss.set_runtime(eager_rt if kind == "tracked-eager" else lazy_rt)
             before = common.hazards_now()
-            seconds, count, results, _ = one_run(kind, build, batches, streams,
-                                                 pipeline=pipeline)
+            seconds, count, results, _, used = one_run(kind, build, batches, streams,
+                                                       pipeline=pipeline)
             ok = np.array_equal(results, expected) and common.hazards_now() == before
             correct[kind] &= bool(ok) and int(count[0]) == int((expected >= 0).sum())
             if round_:
                 times[kind].append(seconds)
+                host[kind].append(used)
     nss.set_runtime(lazy_rt)
 
     release_everything()
-    _, _, _, ours = one_run("tracked", build, batches, streams, sample=True, pipeline=pipeline)
+    _, _, _, ours, _ = one_run("tracked", build, batches, streams, sample=True,
+                               pipeline=pipeline)
     release_everything()
-    _, _, _, numba = one_run("sync", build, batches, streams, allocator="numba", sample=True,
-                             pipeline=pipeline)
+    _, _, _, numba, _ = one_run("sync", build, batches, streams, allocator="numba",
+                                sample=True, pipeline=pipeline)
     peak_ours = max(ours) - ours[0]
     peak_numba = max(numba) - numba[0]
 
@@ -167,6 +209,7 @@ def main() -> dict:
         "rounds": args.rounds,
         "median_s": med,
         "samples_s": times,
+        "host": host,
         "correct": correct,
         "tracked_over_sync": med["tracked"] / med["sync"],
         "tracked_throughput_vs_events": med["events"] / med["tracked"],
@@ -177,8 +220,14 @@ def main() -> dict:
     print(f"sort -> join pipeline ({args.sort} sort, build keys in {args.build_memory} memory), "
           f"n={args.n}, {args.rounds} rounds, on {device_name()}")
     for kind in kinds:
+        slowest = max(range(len(times[kind])), key=times[kind].__getitem__)
+        h = host[kind][slowest]
+        cpu_median = statistics.median(x["cpu_s"] for x in host[kind])
         print(f"  {kind:14s} median {med[kind] * 1e3:8.2f} ms  "
-              f"{'correct' if correct[kind] else 'WRONG'}")
+              f"{'correct' if correct[kind] else 'WRONG'}  "
+              f"(slowest round {times[kind][slowest] * 1e3:.2f} ms: host CPU "
+              f"{h['cpu_s'] * 1e3:.2f} ms, median {cpu_median * 1e3:.2f}; "
+              f"collections {h['collections']} in {h['collector_s'] * 1e3:.2f} ms)")
     print(f"  tracked / sync            {result['tracked_over_sync']:.3f}")
     print(f"  throughput vs hand events {result['tracked_throughput_vs_events']:.3f}")
     print(f"  eager / lazy              {result['eager_over_lazy']:.3f}")

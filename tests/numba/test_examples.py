@@ -126,6 +126,8 @@ def test_pipeline_benchmark_sets_the_pool_reuse_attribute():
         "assert attrs.get('REUSE_ALLOW_INTERNAL_DEPENDENCIES') == 0, attrs\n"
         "assert all(result['correct'].values()), result['correct']\n"
         "assert result['pool_internal_deps'] == 'off'\n"
+        "assert all(len(v) == 1 and v[0]['cpu_s'] > 0 and len(v[0]['collections']) == 3\n"
+        "           for v in result['host'].values()), result['host']\n"
         "print('attribute set')\n"
     )
     _run_code(code, "attribute set")
