@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import statistics
 import time
 
@@ -88,8 +89,6 @@ def one_run(kind: str, build, batches, streams, allocator: str = "streamsafe",
     Returns ``(seconds, count, results, memory samples, host)``, ``host`` a
     dict of the run's process CPU seconds and collector activity.
     """
-    import gc
-
     cls = common.ORDERINGS["tracked" if kind == "tracked-eager" else kind]
     order = sampling(cls)(allocator) if sample else cls(allocator)
     collect, workers, build_stream, probe_streams = streams
@@ -117,8 +116,6 @@ def one_run(kind: str, build, batches, streams, allocator: str = "streamsafe",
 
 def release_everything() -> None:
     """Return cached memory of both allocators, so memory samples start level."""
-    import gc
-
     gc.collect()
     cuda.synchronize()
     for rt in {nss.get_runtime()}:

@@ -250,7 +250,7 @@ def alloc_attribution() -> None:
 
     def wrap_cycle():
         blk = res.allocate(4096, 0, "x")
-        mp = target.memory_pointer(ctx, blk, res.defer_free)
+        mp = target.BlockPointer(ctx, blk, res.defer_free)
         del mp
         res.flush()
 

@@ -25,8 +25,6 @@ from numba_streamsafe.streams import default_stream_handle
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 
-_memory_pointer = target.memory_pointer
-
 
 class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     """Numba memory manager over the numba_streamsafe runtime of the context's device.
@@ -68,7 +66,7 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
             block = calls[0](size, default_stream_handle(), "numba")
         else:
             block = self.runtime.allocate(size, stream, "numba")
-        return _memory_pointer(self.context, block, calls[1])
+        return target.BlockPointer(self.context, block, calls[1])
 
     def get_memory_info(self) -> MemoryInfo:
         """``(free, total)`` bytes of the device, as the driver reports them."""

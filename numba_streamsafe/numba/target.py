@@ -154,11 +154,6 @@ else:
         def __del__(self) -> None:
             self._finalizer()
 
-    def memory_pointer(context: Any, block: Block, defer: Any) -> Any:
-        """A Numba ``MemoryPointer`` owning ``block``; dropping it calls ``defer(block)``
-        (a resource's finalizer-safe ``defer_free``)."""
-        return BlockPointer(context, block, defer)
-
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
         mp = BlockPointer(cuda.current_context(), block, rt.resource.defer_free)
