@@ -6,7 +6,9 @@ table built from them, and the probe keys streamed through it in batches of
 pinned host memory. ``--build-memory pageable`` uploads the build keys from
 pageable memory instead (the host stages every chunk, so the upload can overlap
 only the GPU's sort); ``--strides-per-pass 1`` sorts with one bitonic stride
-per global pass instead of two; ``--pool-internal-deps off`` stops the default
+per global pass instead of two; ``--uploads per-stream`` uploads every chunk and
+batch on the stream that uses it instead of on one upload stream (where the build
+keys go first); ``--pool-internal-deps off`` stops the default
 pool from reusing a block freed on another stream by making the allocating
 stream wait for the freeing one; ``--sort bucket`` times the serial variant (upload
 everything, then a bucketed multi-stream sort). JSON goes to ``--name`` (default
@@ -138,6 +140,10 @@ def main() -> dict:
                         help="build-key chunks of the streamed sort (default: one per stream)")
     parser.add_argument("--strides-per-pass", type=int, choices=(1, 2), default=2,
                         help="bitonic strides per global pass of the streamed sort (default 2)")
+    parser.add_argument("--uploads", choices=("one-stream", "per-stream"), default="one-stream",
+                        help="where the host-to-device copies run: all on one upload stream, "
+                             "build keys first (default, the example's), or each on the "
+                             "stream that uses the data")
     parser.add_argument("--build-memory", choices=("pinned", "pageable"), default="pinned",
                         help="host memory the build keys upload from (default: pinned)")
     parser.add_argument("--pool-internal-deps", choices=("on", "off"), default="on",
@@ -148,11 +154,15 @@ def main() -> dict:
                              "pipeline-pageable or pipeline-bucket)")
     args = parser.parse_args()
     if args.sort == "bucket" and (args.chunks is not None or args.strides_per_pass
-                                  != parser.get_default("strides_per_pass")):
-        parser.error("--chunks and --strides-per-pass apply to the streamed sort only")
+                                  != parser.get_default("strides_per_pass")
+                                  or args.uploads != parser.get_default("uploads")):
+        parser.error("--chunks, --strides-per-pass and --uploads apply to the streamed sort only")
+    if args.sort == "bucket":
+        args.uploads = None  # the serial variant uploads on its collector stream
+    upload = cuda.stream() if args.uploads == "one-stream" else None
     pipeline = (common.bucket_sort_join if args.sort == "bucket"
                 else functools.partial(common.sort_join, chunks=args.chunks,
-                                       strides_per_pass=args.strides_per_pass))
+                                       strides_per_pass=args.strides_per_pass, upload=upload))
 
     build, probe = common.make_relations(args.n, 1)
     if args.build_memory == "pinned":
@@ -201,6 +211,7 @@ def main() -> dict:
         "sort": args.sort,
         "chunks": (args.chunks or args.streams) if args.sort == "streamed" else None,
         "build_memory": args.build_memory,
+        "uploads": args.uploads,
         "strides_per_pass": args.strides_per_pass,
         "pool_internal_deps": args.pool_internal_deps,
         "rounds": args.rounds,
@@ -214,7 +225,9 @@ def main() -> dict:
         "peak_bytes": {"ours": peak_ours, "numba_default": peak_numba},
         "peak_ours_over_numba": peak_ours / peak_numba if peak_numba else float("nan"),
     }
-    print(f"sort -> join pipeline ({args.sort} sort, build keys in {args.build_memory} memory), "
+    uploads = f", uploads {args.uploads}" if args.uploads else ""
+    print(f"sort -> join pipeline ({args.sort} sort, build keys in {args.build_memory} memory"
+          f"{uploads}), "
           f"n={args.n}, {args.rounds} rounds, on {device_name()}")
     for kind in kinds:
         slowest = max(range(len(times[kind])), key=times[kind].__getitem__)

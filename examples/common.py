@@ -428,7 +428,8 @@ def run_main(run: Callable[[int, int, bool, int], Report], description: str) -> 
         median = sorted(r.seconds for r in reports)[len(reports) // 2]
         print(f"  runs: {args.repeat}, wrong results in {wrong}"
               + (f", hazards in {racy}" if SIMULATOR else "")
-              + f"; median time {median * 1e3:.1f} ms")
+              + f"; median time {median * 1e3:.1f} ms"
+              + f" (each: {' '.join(f'{r.seconds * 1e3:.1f}' for r in reports)})")
     ok = all(r.correct and r.hazards == 0 for r in reports)
     return 0 if (args.no_tracking or ok) else 1
 
@@ -486,10 +487,25 @@ class Ordering:
             return self.keep(cuda.device_array(shape, dtype, stream=stream))
         return self.keep(nss.device_array(shape, dtype, stream=stream, tag=tag))
 
-    def upload(self, host: np.ndarray, stream: Any, tag: str) -> Any:
+    def upload(self, host: np.ndarray, stream: Any, tag: str, into: Any = None) -> Any:
+        """Copy ``host`` to a new device array (or into ``into``) on ``stream``."""
         if self.allocator == "numba":
-            return self.keep(cuda.to_device(host, stream=stream))
-        return self.keep(nss.to_device(host, stream=stream, tag=tag))
+            return self.keep(cuda.to_device(host, stream=stream, to=into))
+        return self.keep(nss.to_device(host, stream=stream, to=into, tag=tag))
+
+    def upload_for(self, host: np.ndarray, consumer: Any, upload: Any, tag: str) -> Any:
+        """Copy ``host`` on the ``upload`` stream into an array allocated on ``consumer``.
+
+        The array is freed on ``consumer`` once it is dropped, so its free never
+        holds up the upload stream. Later work on ``consumer`` is ordered after
+        the copy (a stage boundary for :class:`DeviceSync`).
+        """
+        out = self.alloc(host.shape, host.dtype, consumer, tag)
+        self.wait(upload, self.mark(consumer))  # a stream-ordered allocation precedes its use
+        self.upload(host, upload, tag, into=out)
+        self.wait(consumer, self.mark(upload))
+        self.stage()
+        return out
 
     def keep(self, array: Any) -> Any:
         return array
@@ -611,11 +627,14 @@ def multistream_sort(d_keys: Any, n: int, streams: list[Any], collect: Any,
 
 
 def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunks: int,
-                  order: Ordering | None = None, strides_per_pass: int = 2) -> tuple[Any, Any]:
+                  order: Ordering | None = None, strides_per_pass: int = 2,
+                  upload: Any = None) -> tuple[Any, Any]:
     """Sort host keys while they upload: chunk by chunk, each sorted as it arrives.
 
-    Chunk ``i`` is uploaded and bitonic-sorted on ``streams[i % len(streams)]``,
-    so the upload of one chunk overlaps the sort of the chunks before it. From
+    Chunk ``i`` is uploaded and bitonic-sorted on ``streams[i % len(streams)]``
+    (uploaded on the ``upload`` stream instead when given, into memory of the
+    sorting stream: see :meth:`Ordering.upload_for`), so the upload of one
+    chunk overlaps the sort of the chunks before it. From
     pinned memory (:func:`pinned_copy`) the uploads are asynchronous and run on
     the copy engine. From pageable memory the host stages each chunk itself,
     and an upload waits for its stream's earlier work, so more chunks than
@@ -648,7 +667,8 @@ def streamed_sort(host_keys: np.ndarray, streams: list[Any], collect: Any, chunk
 
     for i, chunk in enumerate(np.array_split(host_keys, max(1, min(chunks, n)))):
         s = streams[i % len(streams)]
-        d_chunk = order.upload(chunk, s, f"build chunk {i}")
+        d_chunk = (order.upload(chunk, s, f"build chunk {i}") if upload is None
+                   else order.upload_for(chunk, s, upload, f"build chunk {i}"))
         cap = next_pow2(chunk.size)
         run = d_chunk
         if cap != chunk.size:  # bitonic sort needs a power of two: pad above every key
@@ -721,19 +741,35 @@ def pinned_copy(host: np.ndarray) -> np.ndarray:
 
 
 def probe_batches(batches: HostBatches, table: tuple[Any, int, Any], probe_streams: list[Any],
-                  order: Ordering | None = None) -> list[Any]:
+                  order: Ordering | None = None, upload: Any = None) -> list[Any]:
     """Stream the probe batches through the table, round robin over ``probe_streams``.
 
     Each batch is uploaded, probed and its result downloaded (into
     ``batches.results``) on its stream, so the copies of one batch overlap the
-    probing of others. Returns the device result of every batch.
+    probing of others. With an ``upload`` stream, every batch is uploaded there
+    first, one after the other, and the probes wait for their batch: the keys
+    then arrive while the table is built instead of after the probes queued
+    before them on the same stream. Returns the device result of every batch.
     """
     order = order or Ordering()
     slots, mask, built = table
+    staged: list[Any] = []
+    if upload is not None:
+        # Allocated on the upload stream and all queued before any is dropped,
+        # so no free (fenced after its probe) holds up a later upload.
+        uploaded = []
+        for keys in batches.keys:
+            staged.append(order.upload(keys, upload, "probe keys"))
+            uploaded.append(order.mark(upload))
+        order.stage()
     outs = []
     for j, (keys, result) in enumerate(zip(batches.keys, batches.results, strict=True)):
         s = probe_streams[j % len(probe_streams)]
-        d_keys = order.upload(keys, s, "probe keys")
+        if upload is None:
+            d_keys = order.upload(keys, s, "probe keys")
+        else:
+            d_keys = staged[j]
+            order.wait(s, uploaded[j])
         out = order.alloc(keys.size, ROW, s, "probe result")
         order.wait(s, built)
         g, b = launch_shape(keys.size)
@@ -741,12 +777,14 @@ def probe_batches(batches: HostBatches, table: tuple[Any, int, Any], probe_strea
         nss.copy_to_host(out, result, stream=s)
         outs.append(out)
         order.stage()
+    del staged  # freed on the upload stream after their probes' reads
     return outs
 
 
 def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
               build_stream: Any, probe_streams: list[Any], order: Ordering | None = None,
-              chunks: int | None = None, strides_per_pass: int = 2) -> np.ndarray:
+              chunks: int | None = None, strides_per_pass: int = 2,
+              upload: Any = None) -> np.ndarray:
     """The sort -> join pipeline.
 
     The build keys are uploaded in ``chunks`` pieces (default: one per worker
@@ -754,23 +792,25 @@ def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: li
     inserted into a hash table (payload: the key's rank), the probe batches
     streamed through it, and the matches counted on ``collect``. Results land
     in ``batches.results``; returns the match count. ``strides_per_pass`` is
-    :func:`bitonic_sort`'s.
+    :func:`bitonic_sort`'s. With an ``upload`` stream every host-to-device copy
+    runs there, the build keys first, so the probe keys do not share the
+    copy engine with the build keys that the sort is waiting for.
     """
     order = order or Ordering()
     d_sorted, sorted_ready = streamed_sort(build, workers, collect, chunks or len(workers),
-                                           order, strides_per_pass)
+                                           order, strides_per_pass, upload)
     table = build_table(d_sorted, build_stream, order, sorted_ready)
     del d_sorted  # still being read by the build: the free is fenced
-    return join_probes(batches, table, collect, probe_streams, order)
+    return join_probes(batches, table, collect, probe_streams, order, upload)
 
 
 def join_probes(batches: HostBatches, table: tuple[Any, int, Any], collect: Any,
-                probe_streams: list[Any], order: Ordering) -> np.ndarray:
+                probe_streams: list[Any], order: Ordering, upload: Any = None) -> np.ndarray:
     """Probe ``table`` with every batch and count the matches on ``collect``.
 
     Synchronises the host with every stream used and ends ``order``'s run.
     """
-    outs = probe_batches(batches, table, probe_streams, order)
+    outs = probe_batches(batches, table, probe_streams, order, upload)
     del table  # still being read by the probes: the frees are fenced
     probed = [order.mark(s) for s in probe_streams]
     total = order.alloc(1, np.int64, collect, "match count")
@@ -782,7 +822,7 @@ def join_probes(batches: HostBatches, table: tuple[Any, int, Any], collect: Any,
         count_matches[g, b, collect](out, total)
     count = nss.copy_to_host(total, stream=collect)
     order.stage()
-    for s in [collect, *probe_streams]:
+    for s in [collect, *probe_streams, *([upload] if upload is not None else [])]:
         host_sync(s)
     order.finish()
     return count

@@ -1,14 +1,15 @@
 """Sort -> join pipeline over shared buffers on several streams.
 
-1. sort: the build keys (in pinned host memory) are uploaded in chunks,
-   round robin over the worker streams, and each chunk is bitonic-sorted on
-   its stream as soon as it has arrived, while the next one uploads; sorted
-   runs are merged pairwise, the last merge on the collector stream;
+1. sort: the build keys (in pinned host memory) are uploaded in chunks on
+   the upload stream, and each chunk is bitonic-sorted on a worker stream
+   (round robin) as soon as it has arrived, while the next one uploads;
+   sorted runs are merged pairwise, the last merge on the collector stream;
 2. build: the build stream inserts the sorted keys into a hash table, each
    key's payload being its rank;
-3. probe: the probe keys are streamed through the table in batches of pinned
-   host memory, round robin over the probe streams, so the upload, probe and
-   download of one batch overlap those of others;
+3. probe: the probe keys are uploaded in batches of pinned host memory on
+   the upload stream after the build keys (so they never slow the copies the
+   sort waits for) and arrive while the table is built; each batch is probed
+   and its result downloaded on one of the probe streams (round robin);
 4. count: the collector stream counts the matches of every batch.
 
 Each stage reads what another stream wrote, and temporaries are freed while
@@ -53,9 +54,11 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
     workers = [cuda.stream() for _ in range(nstreams)]
     build_stream = cuda.stream()
     probe_streams = [cuda.stream() for _ in range(nstreams)]
+    upload = cuda.stream()
     before = hazards_now()
     with nss.tracking(tracking), Timer() as t:
-        count = sort_join(build, batches, collect, workers, build_stream, probe_streams)
+        count = sort_join(build, batches, collect, workers, build_stream, probe_streams,
+                          upload=upload)
     got = np.concatenate(batches.results)
     report = Report("sort -> join pipeline", n, tracking, seconds=t.seconds)
     report.checks["every probe finds its key's rank in the sorted build keys"] = bool(
