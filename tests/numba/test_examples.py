@@ -160,3 +160,69 @@ def test_relations_refuse_sizes_whose_rows_do_not_fit_the_row_type():
         "print('refused')\n"
     )
     _run_code(code, "refused")
+
+
+def test_pipeline_benchmark_runs_with_uploads_on_the_using_streams():
+    """``--uploads per-stream`` (the placement before the upload stream) stays correct."""
+    proc = _run("benchmarks/pipeline.py", "--n", "64", "--rounds", "1", "--uploads", "per-stream",
+                "--name", "pipeline-per-stream", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "uploads per-stream" in proc.stdout
+    assert proc.stdout.count(" correct ") == 4, proc.stdout
+
+
+def test_upload_stream_waits_only_for_the_allocations_it_fills():
+    """In the tracked sort -> join, until its last copy is queued the upload stream
+    waits for nothing but the stream-ordered allocation of each build chunk on its
+    worker: no free, merge or probe holds up a copy. (The probe keys' frees wait
+    for their probes after that.)"""
+    code = (
+        "import sys\n"
+        "sys.path.insert(0, 'examples')\n"
+        "import numpy as np\n"
+        "from numba import cuda\n"
+        "import numba_streamsafe as nss\n"
+        "import common\n"
+        "build, probe = common.make_relations(256, 3)\n"
+        "batches = common.HostBatches.of(probe, 8)\n"
+        "collect, build_stream, upload = cuda.stream(), cuda.stream(), cuda.stream()\n"
+        "workers = [cuda.stream() for _ in range(4)]\n"
+        "probes = [cuda.stream() for _ in range(4)]\n"
+        "rt = nss.get_runtime()\n"
+        "drv = rt.driver\n"
+        "recorded, log = {}, []\n"
+        "record, wait = drv.event_record, drv.stream_wait_event\n"
+        "def on_record(event, stream):\n"
+        "    recorded[event] = stream\n"
+        "    return record(event, stream)\n"
+        "def on_wait(stream, event):\n"
+        "    log.append((stream, recorded.get(event)))\n"
+        "    return wait(stream, event)\n"
+        "drv.event_record, drv.stream_wait_event = on_record, on_wait\n"
+        "upload_into = common.Ordering.upload\n"
+        "def on_upload(self, host, stream, tag, into=None):\n"
+        "    log.append((rt.stream_handle(stream), 'copy'))\n"
+        "    return upload_into(self, host, stream, tag, into)\n"
+        "common.Ordering.upload = on_upload\n"
+        "count = common.sort_join(common.pinned_copy(build), batches, collect, workers,\n"
+        "                         build_stream, probes, upload=upload)\n"
+        "got = np.concatenate(batches.results)\n"
+        "assert np.array_equal(got, common.expected_rank(build, probe))\n"
+        "assert common.hazards_now() == 0\n"
+        "up = rt.stream_handle(upload)\n"
+        "on_upload = [src for s, src in log if s == up]\n"
+        "last = len(on_upload) - 1 - on_upload[::-1].index('copy')\n"
+        "assert on_upload.count('copy') == 4 + 8, on_upload\n"
+        "# Before the last copy: only the wait of a chunk's copy (logged as it is asked\n"
+        "# for) for the chunk's allocation on its worker.\n"
+        "copies = 0\n"
+        "for i, src in enumerate(on_upload[:last]):\n"
+        "    if src == 'copy':\n"
+        "        copies += 1\n"
+        "    else:\n"
+        "        assert 1 <= copies <= 4 and on_upload[i - 1] == 'copy', on_upload\n"
+        "        assert src == rt.stream_handle(workers[copies - 1]), (i, on_upload)\n"
+        "assert any(s != up and src == up for s, src in log), 'the consumers wait for the copies'\n"
+        "print('upload stream free')\n"
+    )
+    _run_code(code, "upload stream free")
