@@ -22,8 +22,10 @@ everything, then a bucketed multi-stream sort). JSON goes to ``--name`` (default
 The kinds run interleaved, round after round, after a warm-up; medians are
 reported. Every round also records the process's CPU seconds and Python's
 collections (``host`` in the JSON), and each kind's slowest round is printed
-with them: a round that was slow while the host CPU time stayed as usual
-waited, one whose CPU time grew was busy.
+with them. The collections tell whether Python's collector ran in a slow
+round. The CPU seconds tell a wait from work only where the host sleeps while
+it waits: the driver's default synchronize spins, so there they follow the
+wall time either way.
 
 Peak device memory is sampled at every stage boundary (driver ``cuMemGetInfo``)
 for the tracked run and for the same pipeline on Numba's default memory manager
@@ -67,8 +69,9 @@ def sampling(cls: type) -> type:
 class HostStats:
     """What the host did during a run: its CPU seconds and Python's collections.
 
-    A slow round whose CPU time is as low as usual waited (on the GPU, or off
-    the CPU); one whose CPU time grew with it was busy (collector, Python).
+    With the driver's default (spinning) synchronize the CPU time follows the
+    wall time even while the host waits for the GPU; the collections show
+    whether Python's collector ran.
     """
 
     def __init__(self) -> None:
