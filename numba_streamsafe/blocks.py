@@ -88,3 +88,35 @@ class Block:
             f"block {self.tag!r} at {self.ptr:#x} ({self.nbytes} B, generation "
             f"{self.generation}, stream {self.stream:#x}, device {self.device})"
         )
+
+
+def check_block(obj: Any, what: str) -> Block:
+    """``obj`` if it is a :class:`Block`, else :class:`~numba_streamsafe.errors.InvalidArgument`."""
+    if not isinstance(obj, Block):
+        from numba_streamsafe.errors import InvalidArgument
+
+        raise InvalidArgument(
+            f"{what}: {obj!r} ({type(obj).__name__}) is not a Block; pass the Block that "
+            "allocate() returned (numba_streamsafe.block_of(array) finds an array's block)"
+        )
+    return obj
+
+
+def positive_size(nbytes: Any, tag: str) -> int:
+    """``nbytes`` as a positive Python int (NumPy integers accepted), else
+    :class:`~numba_streamsafe.errors.InvalidArgument`."""
+    import operator
+
+    from numba_streamsafe.errors import InvalidArgument
+
+    value = None
+    if not isinstance(nbytes, (bool, float)) and type(nbytes).__name__ != "bool_":
+        try:
+            value = operator.index(nbytes)
+        except TypeError:
+            value = None
+    if value is None or value <= 0:
+        raise InvalidArgument(
+            f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
+        )
+    return int(value)

@@ -10,7 +10,7 @@ from typing import Any
 
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
+from numba_streamsafe.blocks import Block, check_block
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode
 from numba_streamsafe.resources import (
@@ -137,12 +137,29 @@ class DeviceRuntime:
     def destroy_stream(self, stream: Any) -> None:
         """Destroy a stream made by the driver, refusing while blocks live on it.
 
+        Frees queued by finalizers run first (so ``del array`` then
+        ``destroy_stream`` works). The stream's history ends with it: a stream
+        created later with the same handle (CUDA may reuse handles) inherits no
+        waits and no uses. Work queued on the stream still completes.
+
         Raises
         ------
         StreamMisuse
-            Naming the live blocks allocated on the stream.
+            ``stream`` is a default stream (None, 0, 1 or 2), which cannot be
+            destroyed; or live blocks are allocated on it (they are named).
         """
+        if stream is None or (isinstance(stream, int) and stream in (0, 1, 2)):
+            raise StreamMisuse(
+                f"stream {stream!r} is a default stream and cannot be destroyed; destroy only "
+                "streams you created (driver.create_stream(), numba.cuda.stream())"
+            )
         handle = self.stream_handle(stream)
+        if handle in (0, 1, 2):
+            raise StreamMisuse(
+                f"{stream!r} is the default stream {handle} and cannot be destroyed; destroy "
+                "only streams you created"
+            )
+        self.resource.flush()
         on_it: list[Block] = getattr(self.resource, "blocks_on_stream", lambda s: [])(handle)
         if on_it:
             names = "; ".join(b.describe() for b in on_it[:5])
@@ -151,11 +168,9 @@ class DeviceRuntime:
                 "Free them (their frees are queued on this stream) before destroying it"
             )
         # Seal the uses recorded on the stream and reap its queued frees while
-        # the stream still exists; afterwards neither could be done.
-        retire = getattr(self.resource, "retire_stream", None)
-        if retire is not None:
-            retire(handle)
-        self.driver.destroy_stream(handle)  # type: ignore[attr-defined]
+        # the stream still exists (afterwards neither could be done), forget
+        # its history, and destroy it with no reap in between.
+        self.resource.retire_stream(handle, self.driver.destroy_stream)  # type: ignore[attr-defined]
 
     def order_after_stream(self, stream: int, producer: int) -> None:
         """Make ``stream`` wait for everything queued so far on ``producer``."""
@@ -186,10 +201,31 @@ class DeviceRuntime:
         return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
 
     def deallocate(self, block: Block) -> None:
+        """Free ``block``: its free is queued on its allocation stream after every
+        use on other streams.
+
+        Raises
+        ------
+        InvalidArgument
+            ``block`` is not a :class:`~numba_streamsafe.blocks.Block`.
+        UseAfterFree
+            ``block`` was already freed.
+        """
+        if block.__class__ is not Block:
+            check_block(block, "deallocate")
         self.resource.deallocate(block)
 
     def defer_free(self, block: Block) -> None:
-        """Finalizer-safe free: queued, done at the next safe point."""
+        """Finalizer-safe free: queued, done at the next safe point.
+
+        Raises
+        ------
+        InvalidArgument
+            ``block`` is not a :class:`~numba_streamsafe.blocks.Block` (checked
+            now, not when the queue runs).
+        """
+        if block.__class__ is not Block:
+            check_block(block, "defer_free")
         self.resource.defer_free(block)
 
     def flush(self) -> None:
@@ -200,7 +236,17 @@ class DeviceRuntime:
 
     def trim(self, keep_bytes: int = 0) -> None:
         """Run queued frees, wait for pending ones, then hand the pool's unused
-        memory above ``keep_bytes`` back to the system (``cuMemPoolTrimTo``)."""
+        memory above ``keep_bytes`` back to the system (``cuMemPoolTrimTo``).
+
+        Raises
+        ------
+        InvalidArgument
+            ``keep_bytes`` is not an int >= 0.
+        """
+        if (not isinstance(keep_bytes, int) or isinstance(keep_bytes, bool)) or keep_bytes < 0:
+            raise InvalidArgument(
+                f"keep_bytes must be an int >= 0 (pooled bytes to keep), got {keep_bytes!r}"
+            )
         self.resource.reap_pending()
         self.driver.pool_trim(keep_bytes)
 
@@ -216,7 +262,8 @@ class DeviceRuntime:
 
     def fence(self, uses: list[tuple[Block, Access]], stream: Any) -> None:
         """Queue the waits for ``uses`` on ``stream`` (preflight without a recorder)."""
-        self.resource.prepare_launch(uses, self.stream_handle(stream))
+        owner = None if stream is None or isinstance(stream, int) else stream
+        self.resource.prepare_launch(uses, self.stream_handle(stream), owner)
 
     # --------------------------------------------------------------- lifecycle
     @property

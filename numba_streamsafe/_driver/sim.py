@@ -20,6 +20,12 @@ A **hazard** is reported when
 * an access touches an address that is not allocated (use after free) or runs
   past the end of its allocation.
 
+Like CUDA, the model may hand a destroyed stream's handle to the next stream
+created (``recycle_streams``); the checker keeps the two apart (each stream
+has a serial of its own), so a reused handle inherits no ordering. Work queued
+on a destroyed stream still completes: a device-wide synchronize (and so
+``cuMemFree``) orders the host after it.
+
 Faults can be injected per call name with :meth:`SimDriver.inject_failure`.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import itertools
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -68,20 +75,24 @@ class Hazard:
 
 @dataclass
 class _Op:
+    #: Serial of the stream (HOST for the host): vector clocks are keyed by
+    #: serials, so a stream that reuses a destroyed one's handle starts afresh.
     stream: int
     seq: int
     label: str
+    handle: int = HOST
 
     def __str__(self) -> str:
-        where = "host" if self.stream == HOST else f"stream {self.stream:#x}"
+        where = "host" if self.stream == HOST else f"stream {self.handle:#x}"
         return f"{self.label!r} (#{self.seq} on {where})"
 
 
 class _Stream:
-    __slots__ = ("handle", "clock")
+    __slots__ = ("handle", "serial", "clock")
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, serial: int) -> None:
         self.handle = handle
+        self.serial = serial
         self.clock: dict[int, int] = {}
 
 
@@ -119,19 +130,34 @@ class SimDriver:
     backing : bool
         Back every chunk with real host memory (a NumPy buffer) whose address
         is the device address, so Numba's CUDA simulator can run kernels on it.
+    recycle_streams : bool
+        Give the handle of the most recently destroyed stream to the next
+        stream created, as CUDA may (a handle is an address the driver reuses).
     """
 
     traces_accesses = True
 
-    def __init__(self, device: int = 0, capacity: int = 1 << 34, backing: bool = True) -> None:
+    def __init__(self, device: int = 0, capacity: int = 1 << 34, backing: bool = True, *,
+                 recycle_streams: bool = True) -> None:
         self.device = device
         self.capacity = capacity
         self.backing = backing
+        self.recycle_streams = recycle_streams
         self._lock = threading.RLock()
+        self._serials = itertools.count(1)
         self._streams: dict[int, _Stream] = {
-            LEGACY_STREAM: _Stream(LEGACY_STREAM),
-            PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM),
+            LEGACY_STREAM: _Stream(LEGACY_STREAM, next(self._serials)),
+            PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM, next(self._serials)),
         }
+        #: Serial -> stream, for the live streams.
+        self._by_serial: dict[int, _Stream] = {s.serial: s for s in self._streams.values()}
+        #: Handles of destroyed streams, handed out again newest first.
+        self._free_handles: list[int] = []
+        #: Clocks of destroyed streams whose work the host has not yet waited for.
+        self._retired: list[dict[int, int]] = []
+        #: Streams created and destroyed over the driver's life.
+        self.streams_created = 0
+        self.streams_destroyed = 0
         self._next_handle = 0x1000
         self._host_clock: dict[int, int] = {}
         self._events: dict[int, dict[int, int] | None] = {}
@@ -165,19 +191,51 @@ class SimDriver:
 
     # ----------------------------------------------------------------- streams
     def create_stream(self) -> int:
-        """Create a stream and return its handle."""
+        """Create a stream and return its handle (a destroyed one's, when recycling)."""
         with self._lock:
             self._enter("cuStreamCreate")
-            handle = self._next_handle
-            self._next_handle += 0x10
-            self._streams[handle] = _Stream(handle)
+            if self._free_handles:
+                handle = self._free_handles.pop()
+            else:
+                handle = self._next_handle
+                self._next_handle += 0x10
+            stream = _Stream(handle, next(self._serials))
+            self._streams[handle] = stream
+            self._by_serial[stream.serial] = stream
+            self.streams_created += 1
             return handle
 
     def destroy_stream(self, stream: int) -> None:
+        """Destroy ``stream``. Its queued work still completes (the host is ordered
+        after it at the next device-wide synchronize); the handle may be reused."""
         with self._lock:
             self._enter("cuStreamDestroy")
-            self._stream(stream, "cuStreamDestroy")
+            if stream in (LEGACY_STREAM, 1, PER_THREAD_STREAM):
+                raise DriverError("cuStreamDestroy", CUDA_ERROR_INVALID_HANDLE,
+                                  f"stream {stream:#x} is a default stream")
+            s = self._stream(stream, "cuStreamDestroy")
             del self._streams[stream]
+            del self._by_serial[s.serial]
+            if s.clock:
+                self._retired.append(s.clock)
+            if self.recycle_streams:
+                self._free_handles.append(stream)
+            self.streams_destroyed += 1
+
+    def reset_context(self) -> None:
+        """The context is destroyed and made anew: every stream but the default
+        ones and every event is destroyed, all work completes and all memory goes
+        back to the system. Handles of the destroyed streams may be reused."""
+        with self._lock:
+            for handle in [h for h in self._streams if h not in (LEGACY_STREAM,
+                                                                 PER_THREAD_STREAM)]:
+                self.destroy_stream(handle)
+            self.synchronize()
+            self.events_destroyed += len(self._events)
+            self._events.clear()
+            for chunk in list(self._chunks.values()):
+                self._release(chunk)
+            self._pool = []
 
     def _stream(self, stream: int, call: str) -> _Stream:
         try:
@@ -199,9 +257,10 @@ class SimDriver:
         for k, v in self._host_clock.items():
             if clock.get(k, 0) < v:
                 clock[k] = v
-        seq = clock.get(stream, 0) + 1
-        clock[stream] = seq
-        return _Op(stream, seq, label)
+        serial = s.serial
+        seq = clock.get(serial, 0) + 1
+        clock[serial] = seq
+        return _Op(serial, seq, label, stream)
 
     def _host_op(self, label: str) -> _Op:
         seq = self._host_clock.get(HOST, 0) + 1
@@ -212,7 +271,7 @@ class SimDriver:
         if later.stream == HOST:
             clock = self._host_clock
         else:
-            clock = self._streams[later.stream].clock
+            clock = self._by_serial[later.stream].clock
         return clock.get(earlier.stream, 0) >= earlier.seq
 
     def stream_synchronize(self, stream: int) -> None:
@@ -231,11 +290,18 @@ class SimDriver:
             return all(host.get(k, 0) >= v for k, v in clock.items())
 
     def synchronize(self) -> None:
-        """Device-wide synchronise: the host is ordered after every stream."""
+        """Device-wide synchronise: the host is ordered after every stream,
+        destroyed ones included."""
         with self._lock:
             self._enter("cuCtxSynchronize")
-            for s in self._streams.values():
-                self._join_host(s.clock)
+            self._join_device()
+
+    def _join_device(self) -> None:
+        for s in self._streams.values():
+            self._join_host(s.clock)
+        for clock in self._retired:
+            self._join_host(clock)
+        self._retired = []
 
     def _join_host(self, clock: dict[int, int]) -> None:
         host = self._host_clock
@@ -382,8 +448,7 @@ class SimDriver:
             self._enter("cuMemFree")
             chunk = self._live_chunk(ptr, "cuMemFree")
             # cuMemFree synchronises the device before releasing the memory.
-            for s in self._streams.values():
-                self._join_host(s.clock)
+            self._join_device()
             op = self._host_op("cuMemFree")
             self._check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
             chunk.live = False

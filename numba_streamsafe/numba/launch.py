@@ -77,7 +77,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
                                "for arrays whose producer names its stream")
     resource = rt.resource
     if blocks:
-        resource.prepare_launch(blocks, stream)
+        resource.prepare_launch(blocks, stream, owner)
     if uses.producers:
         for producer in uses.producers:
             rt.order_after_stream(stream, producer)

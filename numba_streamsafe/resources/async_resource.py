@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, BlockState, next_generation
+from numba_streamsafe.blocks import Block, BlockState, check_block, next_generation, positive_size
 from numba_streamsafe.errors import (
     DriverError,
     InvalidArgument,
@@ -62,8 +63,15 @@ def _unref(mark: Mark, pool: EventPool) -> None:
             pool.release(mark.handle)
             mark.handle = None
         # No use refers to the mark any more: stop keeping its stream object
-        # alive (an open mark stays in ``_marks`` until the stream's next use).
+        # and its waiters' alive (an open mark stays in ``_marks`` until the
+        # stream's next use).
         mark.owner = None
+        mark.waiters = None
+
+
+#: Identities given to the marks and reads of retired streams: negative, so
+#: never the handle of a stream that exists (handles are >= 0).
+_retired_streams = itertools.count(-2, -1)
 
 
 #: ``release_threshold`` that keeps every freed byte in the pool.
@@ -121,6 +129,17 @@ class AsyncResource(MemoryResource):
 
     Notes
     -----
+    Streams are told apart by handle, and CUDA may give a destroyed stream's
+    handle to the next stream created. A handle's history therefore ends with
+    its stream: :meth:`retire_stream` (what ``DeviceRuntime.destroy_stream``
+    calls) forgets which marks the stream waited for and renames its uses, so
+    a stream that later gets the handle inherits nothing; and the owning object
+    of a stream (given as ``stream_owner`` or ``owner``) is kept alive while a
+    use recorded on it, or a mark it waited for, is in use, so a stream that
+    destroys itself when collected (as Numba's do) cannot free its handle while
+    the tracker still relies on it. A raw handle destroyed behind the
+    resource's back is not covered: destroy such streams through the runtime.
+
     Thread-safe. :meth:`defer_free` takes no lock and makes no driver call, so
     Numba's finalizers can use it from any thread, inside any locked section
     and at interpreter shutdown; queued frees run at the next allocation,
@@ -131,6 +150,12 @@ class AsyncResource(MemoryResource):
                  reuse_bytes: int = 64 << 20, release_threshold: int | None = None) -> None:
         if fences not in ("lazy", "eager"):
             raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {fences!r}")
+        if (not isinstance(max_idle_events, int) or isinstance(max_idle_events, bool)
+                or max_idle_events < 0):
+            raise InvalidArgument(
+                f"max_idle_events must be an int >= 0 (idle events the pool keeps), got "
+                f"{max_idle_events!r}"
+            )
         if not isinstance(reuse_bytes, int) or isinstance(reuse_bytes, bool) or reuse_bytes < 0:
             raise InvalidArgument(f"reuse_bytes must be an int >= 0, got {reuse_bytes!r}")
         self.reuse_bytes = reuse_bytes
@@ -148,6 +173,9 @@ class AsyncResource(MemoryResource):
         self.device = driver.device
         self.events = EventPool(driver, max_idle_events)
         self._lock = threading.Lock()
+        #: Held while pending frees are synchronised and while a stream is
+        #: retired, so a stream is never destroyed under a reap that syncs it.
+        self._reap_lock = threading.RLock()
         self._live: dict[int, _Entry] = {}
         #: The open (not yet sealed) mark of each stream.
         self._marks: dict[int, Mark] = {}
@@ -173,12 +201,7 @@ class AsyncResource(MemoryResource):
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
                  ) -> Block:
         if nbytes.__class__ is not int or nbytes <= 0:
-            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-                raise InvalidArgument(
-                    f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a "
-                    "positive int"
-                )
-            nbytes = int(nbytes)
+            nbytes = positive_size(nbytes, tag)
         driver = self.driver
         if stream > 2:  # not the legacy or per-thread default stream
             driver.check_stream(stream)
@@ -377,23 +400,28 @@ class AsyncResource(MemoryResource):
                 del self._marks[mark.stream]  # later work needs a new mark
         return handle
 
-    def _wait_all(self, stream: int, marks: list[Mark]) -> None:
+    def _wait_all(self, stream: int, marks: list[Mark], owner: Any = None) -> None:
         """Queue waits of ``stream`` on ``marks``, each once; caller holds the lock.
 
         A stream that already waited for a mark is ordered after it for good
-        (stream order), so it never waits for the same mark twice.
+        (stream order), so it never waits for the same mark twice. The mark
+        keeps ``owner`` (the waiting stream's object) alive while it is in use,
+        so the waiter's handle cannot pass to a new stream that would then skip
+        the wait; :meth:`retire_stream` forgets the waits of a retired handle.
         """
         wait = self.driver.stream_wait_event
         for mark in marks:
             waiters = mark.waiters
             if waiters is None:
-                mark.waiters = waiters = set()
+                mark.waiters = waiters = {}
             elif stream in waiters:
+                if owner is not None and waiters[stream] is None:
+                    waiters[stream] = owner
                 continue
             wait(stream, self._seal(mark))
-            waiters.add(stream)
+            waiters[stream] = owner
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
         with self._lock:
@@ -413,7 +441,7 @@ class AsyncResource(MemoryResource):
                             else:
                                 marks.append(mark)
             if marks is not None:
-                self._wait_all(stream, marks)
+                self._wait_all(stream, marks, owner)
 
     def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         """Record ``uses`` against the stream's current mark (sealed now when eager).
@@ -463,6 +491,8 @@ class AsyncResource(MemoryResource):
 
     # ------------------------------------------------------------------ freeing
     def deallocate(self, block: Block) -> None:
+        if block.__class__ is not Block:
+            check_block(block, "deallocate")
         with self._lock:
             self._deallocate_locked(block)
 
@@ -475,7 +505,7 @@ class AsyncResource(MemoryResource):
         if entry.reads or entry.last_write.stream != stream:
             marks = entry.waits_for(stream, Access.READ_WRITE)
             if marks:
-                self._wait_all(stream, marks)
+                self._wait_all(stream, marks, block.stream_owner)
         nbytes = block.nbytes
         owner = block.stream_owner
         keep = (nbytes <= self.reuse_bytes
@@ -516,6 +546,8 @@ class AsyncResource(MemoryResource):
             entry.reads = {}
 
     def defer_free(self, block: Block) -> None:
+        if block.__class__ is not Block:
+            check_block(block, "defer_free")
         self._deferred.push(block)
 
     def flush(self) -> None:
@@ -553,13 +585,19 @@ class AsyncResource(MemoryResource):
 
     def reap_pending(self) -> None:
         self._drain()
-        with self._lock:
-            if self._kept:
-                self._free_kept()
-            drained, self._pending = self._pending, {}
-            # Forget the open marks no use refers to (streams come and go).
-            for stream in [s for s, m in self._marks.items() if not m.refs]:
-                del self._marks[stream]
+        with self._reap_lock:
+            with self._lock:
+                if self._kept:
+                    self._free_kept()
+                drained, self._pending = self._pending, {}
+                # Forget the open marks no use refers to (streams come and go).
+                for stream in [s for s, m in self._marks.items() if not m.refs]:
+                    del self._marks[stream]
+            self._sync_pending(drained)
+
+    def _sync_pending(self, drained: dict[int, list[Any]]) -> None:
+        """Synchronise the streams of ``drained`` pending frees and stop counting
+        them; caller holds the reap lock. On a failure the rest stays pending."""
         items = list(drained.items())
         for i, (stream, (nbytes, _owner)) in enumerate(items):
             try:
@@ -580,20 +618,26 @@ class AsyncResource(MemoryResource):
 
         An idle stream (``cuStreamQuery``) has run every free queued on it.
         Called every few allocations, so that pending bytes stay bounded in a
-        program that never reaps.
+        program that never reaps. Does nothing while another thread reaps or
+        retires a stream.
         """
-        with self._lock:
-            streams = list(self._pending)
-        for stream in streams:
-            try:
-                idle = self.driver.stream_query(stream)
-            except DriverError:
-                continue
-            if idle:
-                with self._lock:
-                    slot = self._pending.pop(stream, None)
-                    if slot is not None:
-                        self._pending_bytes -= slot[0]
+        if not self._reap_lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                streams = list(self._pending)
+            for stream in streams:
+                try:
+                    idle = self.driver.stream_query(stream)
+                except DriverError:
+                    continue
+                if idle:
+                    with self._lock:
+                        slot = self._pending.pop(stream, None)
+                        if slot is not None:
+                            self._pending_bytes -= slot[0]
+        finally:
+            self._reap_lock.release()
 
     def find(self, address: int) -> Block | None:
         with self._lock:
@@ -608,23 +652,74 @@ class AsyncResource(MemoryResource):
             block = self._live[index[i]].block
             return block if address < block.ptr + block.nbytes else None
 
-    def retire_stream(self, stream: int) -> None:
-        """Make ``stream`` safe to destroy (called by ``DeviceRuntime.destroy_stream``).
+    def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
+        """End ``stream``'s history, then call ``destroy(stream)`` if given
+        (``DeviceRuntime.destroy_stream`` passes the driver's destroy).
 
-        Records the event of the stream's open mark, so uses recorded on the
-        stream can still be waited for once it is gone, and reaps when frees
-        are queued on it (a destroyed stream can no longer be synchronised).
+        Runs queued frees, records the event of the stream's open mark (so
+        uses recorded on the stream can still be waited for once it is gone),
+        synchronises the stream's pending frees (a destroyed stream can no
+        longer be synchronised), and renames the stream in every mark and read
+        that refers to it and forgets which marks it waited for: a new stream
+        that gets the same handle inherits nothing. The reap lock is held
+        throughout, ``destroy`` included, so no concurrent reap synchronises the
+        stream after it is gone. If ``destroy`` raises, the history is kept.
         """
-        with self._lock:
-            mark = self._marks.get(stream)
-            if mark is not None:
-                if mark.refs:
-                    self._seal(mark)
-                else:
-                    del self._marks[stream]
-            pending = stream in self._pending or any(s == stream for s, _ in self._kept)
-        if pending:
-            self.reap_pending()
+        self._drain()
+        with self._reap_lock:
+            with self._lock:
+                mark = self._marks.pop(stream, None)
+                if mark is not None and mark.refs:
+                    self._marks[stream] = mark
+                    self._seal(mark)  # removes it from ``_marks``
+                pending: dict[int, list[Any]] = {}
+                if any(s == stream for s, _ in self._kept):
+                    self._free_kept_of(stream)
+                slot = self._pending.pop(stream, None)
+                if slot is not None:
+                    pending[stream] = slot
+            self._sync_pending(pending)
+            with self._lock:
+                # Under the lock: no launch sees the handle between the destroy
+                # and the forgetting. A failed destroy leaves the history as it was.
+                if destroy is not None:
+                    destroy(stream)
+                self._forget_stream(stream)
+
+    def _forget_stream(self, stream: int) -> None:
+        """Rename ``stream`` in the marks and reads of live blocks and drop it
+        from every mark's waiters; caller holds the lock."""
+        tomb = next(_retired_streams)
+        for entry in self._live.values():
+            lw = entry.last_write
+            if lw.stream == stream:
+                lw.stream = tomb
+            if lw.waiters:
+                lw.waiters.pop(stream, None)
+            reads = entry.reads
+            if reads:
+                mark = reads.pop(stream, None)
+                if mark is not None:
+                    mark.stream = tomb
+                    reads[tomb] = mark
+                for m in reads.values():
+                    if m.waiters:
+                        m.waiters.pop(stream, None)
+
+    def _free_kept_of(self, stream: int) -> None:
+        """Queue the frees of the blocks kept for reuse on ``stream``; caller holds the lock."""
+        free = self.driver.free_async
+        owner = self._kept_owners.get(stream)
+        for key in [k for k in self._kept if k[0] == stream]:
+            nbytes = key[1]
+            ptrs = self._kept[key]
+            while ptrs:
+                free(ptrs[-1], stream)
+                ptrs.pop()
+                self._kept_bytes -= nbytes
+                self._add_pending(stream, nbytes, owner)
+            del self._kept[key]
+        self._kept_owners.pop(stream, None)
 
     def blocks_on_stream(self, stream: int) -> list[Block]:
         """Live blocks allocated on ``stream``."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
+from numba_streamsafe.blocks import Block, check_block
 from numba_streamsafe.errors import StreamMisuse
 from numba_streamsafe.resources.deferred import DeferredFrees
 
@@ -100,6 +100,13 @@ class MemoryResource(abc.ABC):
     def reset_context(self) -> None:  # noqa: B027 - optional hook
         """Release every block: their context is being reset. Old handles become stale."""
 
+    def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
+        """End ``stream``'s history (its handle may pass to a new stream), then call
+        ``destroy(stream)`` if given. A resource that keeps no per-stream state
+        only calls ``destroy``."""
+        if destroy is not None:
+            destroy(stream)
+
     def hold_frees(self) -> contextlib.AbstractContextManager[None]:
         """Keep queued frees queued until the block exits (they still count as live)."""
         return contextlib.nullcontext()
@@ -127,8 +134,12 @@ class MemoryResource(abc.ABC):
         """Record ``access`` to ``block`` on ``stream`` as done (an event after it)."""
         raise self._refuse("finish_use")
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
-        """:meth:`prepare_use` for every use of one launch, each event waited once."""
+    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        """:meth:`prepare_use` for every use of one launch, each event waited once.
+
+        ``owner`` is the launch stream's owning object (None for a raw handle),
+        kept alive while the marks it waited for are in use.
+        """
         raise self._refuse("prepare_launch")
 
     def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
@@ -187,11 +198,14 @@ class ResourceAdaptor(MemoryResource):
     def finish_use(self, block: Block, stream: int, access: Access) -> None:
         self.upstream.finish_use(block, stream, access)
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
-        self.upstream.prepare_launch(uses, stream)
+    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        self.upstream.prepare_launch(uses, stream, owner)
 
     def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         self.upstream.commit_launch(uses, stream, owner)
+
+    def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
+        self.upstream.retire_stream(stream, destroy)
 
     def __getattr__(self, name: str) -> Any:
         # Diagnostics of the tracking resource (block_events, event_pool, ...)
@@ -230,6 +244,8 @@ class DeferringAdaptor(ResourceAdaptor):
         self._deferred.drain(self._free_queued, on_error=self._queued_error)
 
     def defer_free(self, block: Block) -> None:
+        if block.__class__ is not Block:
+            check_block(block, "defer_free")
         self._deferred.push(block)
 
     def flush(self) -> None:
@@ -242,10 +258,10 @@ class DeferringAdaptor(ResourceAdaptor):
         self._drain()
         self.upstream.reap_pending()
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
-        self.upstream.prepare_launch(uses, stream)
+        self.upstream.prepare_launch(uses, stream, owner)
 
     @contextlib.contextmanager
     def hold_frees(self) -> Iterator[None]:

@@ -8,7 +8,13 @@ import threading
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
-from numba_streamsafe.blocks import Block, BlockState, next_generation
+from numba_streamsafe.blocks import (
+    Block,
+    BlockState,
+    check_block,
+    next_generation,
+    positive_size,
+)
 from numba_streamsafe.errors import DriverError, InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats
 from numba_streamsafe.resources.deferred import DeferredFrees
@@ -41,10 +47,7 @@ class DirectResource(MemoryResource):
 
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
                  ) -> Block:
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0:
-            raise InvalidArgument(
-                f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
-            )
+        nbytes = positive_size(nbytes, tag)
         self.flush()
         self.driver.check_stream(stream)
         ptr = self.driver.alloc(nbytes)
@@ -58,6 +61,7 @@ class DirectResource(MemoryResource):
         return block
 
     def deallocate(self, block: Block) -> None:
+        check_block(block, "deallocate")
         if block.device != self.device:
             raise InvalidArgument(
                 f"deallocate: {block.describe()} belongs to device {block.device}, but this "
@@ -82,6 +86,7 @@ class DirectResource(MemoryResource):
     def defer_free(self, block: Block) -> None:
         # cuMemFree synchronises the device, which a finalizer must not do:
         # queue the block for the next flush, as the async resource does.
+        check_block(block, "defer_free")
         self._deferred.push(block)
 
     def flush(self) -> None:

@@ -38,8 +38,9 @@ class Mark:
         self.handle: Any = None
         self.refs = 0
         self.owner = owner
-        #: Streams that already wait for this mark's event.
-        self.waiters: set[int] | None = None
+        #: Streams that already wait for this mark's event, each with its owning
+        #: object (None for a raw handle), kept alive while the mark is in use.
+        self.waiters: dict[int, Any] | None = None
 
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -257,11 +257,12 @@ class DebugGuardResource(DeferringAdaptor):
         """:meth:`MemoryResource.finish_use` of the inner ``block``, tracked as its outer one."""
         self.upstream.finish_use(self._outer(block, "finish_use"), stream, access)
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int) -> None:
+    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
         outer = self._outer
-        self.upstream.prepare_launch([(outer(b, "prepare_use"), a) for b, a in uses], stream)
+        self.upstream.prepare_launch([(outer(b, "prepare_use"), a) for b, a in uses], stream,
+                                     owner)
 
     def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         outer = self._outer
@@ -441,9 +442,10 @@ class DebugGuardResource(DeferringAdaptor):
                     pass
                 q.popleft()
 
-    def retire_stream(self, stream: int) -> None:
+    def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
         """Make ``stream`` safe to destroy: free the quarantined blocks allocated on it
-        (their frees are ordered there), then let the upstream retire it."""
+        (their frees are ordered there), then let the upstream retire it (and
+        call ``destroy``)."""
         with self._lock:
             q = self._quarantine
             kept: collections.deque[_Guarded] = collections.deque()
@@ -461,9 +463,7 @@ class DebugGuardResource(DeferringAdaptor):
             finally:
                 kept.extend(q)
                 self._quarantine = kept
-        retire = getattr(self.upstream, "retire_stream", None)
-        if retire is not None:
-            retire(stream)
+        self.upstream.retire_stream(stream, destroy)
 
     # ----------------------------------------------------------- deferred frees
     def _free_queued(self, block: Block) -> None:

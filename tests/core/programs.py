@@ -41,6 +41,8 @@ __all__ = [
     "Realloc",
     "HostSync",
     "Reap",
+    "Retire",
+    "Reset",
     "Program",
     "Run",
     "execute",
@@ -134,7 +136,23 @@ class Reap:
     """``rt.reap()``: synchronise the streams with queued frees."""
 
 
-Step = Launch | Free | Realloc | HostSync | Reap
+@dataclass(frozen=True)
+class Retire:
+    """Free the buffers allocated on ``stream``, destroy it through the runtime and
+    put a new stream in its place (the simulated driver hands out the destroyed
+    handle again, as CUDA may)."""
+
+    stream: int
+
+
+@dataclass(frozen=True)
+class Reset:
+    """A context reset: the runtime forgets every block (the buffers are gone), the
+    simulated context destroys its streams, events and memory, and new streams
+    take the old handles."""
+
+
+Step = Launch | Free | Realloc | HostSync | Reap | Retire | Reset
 
 
 @dataclass(frozen=True)
@@ -162,9 +180,12 @@ class Run:
     rt: DeviceRuntime
     streams: list[int]
     blocks: list[Block | None]
+    owners: list[Any] = field(default_factory=list)
     #: Allocations that got an address freed earlier in the program.
     reused: int = 0
     freed_ptrs: set[int] = field(default_factory=set)
+    #: Streams created at the handle of a destroyed one.
+    recycled: int = 0
 
 
 def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> Run:
@@ -180,7 +201,7 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
         res.allocate(n, streams[h], f"buf{i}", stream_owner=owners[h])
         for i, (n, h) in enumerate(zip(program.sizes, program.homes, strict=True))
     ]
-    run = Run(sim, res, rt, streams, blocks)
+    run = Run(sim, res, rt, streams, blocks, owners)
     for k, step in enumerate(program.steps):
         if isinstance(step, Launch):
             uses = [(blocks[i], a) for i, a in step.uses if blocks[i] is not None]
@@ -199,6 +220,10 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
             sim.stream_synchronize(streams[step.stream])
         elif isinstance(step, Reap):
             rt.reap()
+        elif isinstance(step, Retire):
+            _retire(run, step.stream)
+        elif isinstance(step, Reset):
+            _reset(run)
         else:  # pragma: no cover - a new step kind without a case here
             raise TypeError(step)
     return run
@@ -212,6 +237,34 @@ def _free(run: Run, buf: int) -> None:
         run.blocks[buf] = None
 
 
+def _new_stream(run: Run, i: int, old: set[int]) -> None:
+    handle = run.sim.create_stream()
+    run.recycled += handle in old
+    run.streams[i] = handle
+    run.owners[i] = StreamOwner(handle)
+
+
+def _retire(run: Run, i: int) -> None:
+    handle = run.streams[i]
+    for buf, block in enumerate(run.blocks):
+        if block is not None and block.stream == handle:
+            _free(run, buf)
+    run.rt.destroy_stream(handle)
+    _new_stream(run, i, {handle})
+
+
+def _reset(run: Run) -> None:
+    run.rt.reset()
+    for i, block in enumerate(run.blocks):
+        if block is not None:
+            run.freed_ptrs.add(block.ptr)
+            run.blocks[i] = None
+    run.sim.reset_context()
+    old = set(run.streams)
+    for i in range(len(run.streams)):
+        _new_stream(run, i, old)
+
+
 def cleanup(run: Run) -> None:
     """Free every live buffer and reap."""
     for i in range(len(run.blocks)):
@@ -220,7 +273,8 @@ def cleanup(run: Run) -> None:
 
 
 # ------------------------------------------------------------------ generators
-_KINDS = ("launch",) * 6 + ("free", "realloc", "realloc", "sync", "reap")
+_KINDS = ("launch",) * 12 + ("free",) * 2 + ("realloc",) * 4 + ("sync",) * 2 + (
+    "reap", "reap", "retire", "reset")
 
 
 def random_program(rng: random.Random, *, max_steps: int = 25) -> Program:
@@ -243,6 +297,10 @@ def random_program(rng: random.Random, *, max_steps: int = 25) -> Program:
                                  rng.choice(SIZES)))
         elif kind == "sync":
             steps.append(HostSync(rng.randrange(n_streams)))
+        elif kind == "retire":
+            steps.append(Retire(rng.randrange(n_streams)))
+        elif kind == "reset":
+            steps.append(Reset())
         else:
             steps.append(Reap())
     return Program(n_streams, sizes, homes, tuple(steps))
@@ -262,13 +320,14 @@ def program_strategy(max_steps: int = 25) -> st.SearchStrategy[Program]:
         uses = st.lists(st.tuples(buf, st.sampled_from(list(Access))), min_size=1, max_size=3,
                         unique_by=lambda u: u[0]).map(tuple)
         a_launch = st.builds(Launch, stream, uses)
-        # one_of picks a branch uniformly: repeat the common kinds to weight them.
-        step = st.one_of(a_launch, a_launch, a_launch, a_launch, a_launch, a_launch,
-                         st.builds(Free, buf),
-                         st.builds(Realloc, buf, stream, st.sampled_from(SIZES)),
-                         st.builds(Realloc, buf, stream, st.sampled_from(SIZES)),
-                         st.builds(HostSync, stream),
-                         st.just(Reap()))
+        # one_of picks a branch uniformly: repeat the common kinds to weight them
+        # (as _KINDS does for random_program).
+        a_free = st.builds(Free, buf)
+        a_realloc = st.builds(Realloc, buf, stream, st.sampled_from(SIZES))
+        a_sync = st.builds(HostSync, stream)
+        step = st.one_of(*[a_launch] * 12, a_free, a_free, *[a_realloc] * 4, a_sync, a_sync,
+                         st.just(Reap()), st.just(Reap()), st.builds(Retire, stream),
+                         st.just(Reset()))
         steps = draw(st.lists(step, min_size=1, max_size=max_steps))
         return Program(n_streams, tuple(sizes), tuple(homes), tuple(steps))
 

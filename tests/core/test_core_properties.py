@@ -6,15 +6,23 @@ kernels, allocations and frees with no recorder, so nothing waits for
 anything). The fenced run must show no hazard and give every byte and event
 back; the unfenced runs must show hazards often (the negative control that
 proves the checker can fail).
+
+The programs retire streams and reset the context, and the simulated driver
+hands a destroyed stream's handle to the next stream created (as CUDA may), so
+a new stream at an old handle must inherit nothing of the old one's history.
 """
 
 from __future__ import annotations
 
+import os
 import random
 
 import programs as P
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+#: Programs the Hypothesis property runs (NSS_PROPERTY_EXAMPLES overrides).
+EXAMPLES = int(os.environ.get("NSS_PROPERTY_EXAMPLES", "5000"))
 
 
 def _assert_clean_after_fenced(run: P.Run) -> None:
@@ -26,12 +34,17 @@ def _assert_clean_after_fenced(run: P.Run) -> None:
     assert run.res.events.in_use == 0
     assert run.sim.live_events == run.res.events.idle, "an event lives outside the pool"
     assert run.sim.hazards == []
+    # Every byte goes back to the system, freed on destroyed streams included.
+    run.sim.synchronize()
+    run.sim.pool_trim(0)
+    assert run.sim.reserved_bytes == 0
 
 
 def test_fenced_programs_have_no_hazards():
-    seen = {"programs": 0, "unfenced with hazards": 0, "with reuse": 0, "with kept reuse": 0}
+    seen = {"programs": 0, "unfenced with hazards": 0, "with reuse": 0, "with kept reuse": 0,
+            "with a recycled handle": 0, "with a reset": 0}
 
-    @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(program=P.program_strategy(max_steps=25), fences=st.sampled_from(["lazy", "eager"]))
     def fenced_program_is_safe(program: P.Program, fences: str) -> None:
         seen["programs"] += 1
@@ -39,22 +52,26 @@ def test_fenced_programs_have_no_hazards():
         seen["unfenced with hazards"] += bool(raw.sim.hazards)
         run = P.execute(program, fenced=True, fences=fences)
         seen["with reuse"] += bool(run.reused)
+        seen["with a recycled handle"] += bool(run.recycled)
+        seen["with a reset"] += any(isinstance(s, P.Reset) for s in program.steps)
         # Allocations served from blocks kept on their stream, not by the driver.
         seen["with kept reuse"] += (run.res.stats().allocations
                                     > run.sim.calls["cuMemAllocAsync"])
         _assert_clean_after_fenced(run)
 
     fenced_program_is_safe()
-    assert seen["programs"] >= 2000, seen
+    assert seen["programs"] >= EXAMPLES, seen
     # The generated programs exercise what the property is about.
     assert seen["unfenced with hazards"] > 0 and seen["with reuse"] > 0, seen
     assert seen["with kept reuse"] > 0, seen
+    assert seen["with a recycled handle"] >= EXAMPLES // 10, seen
+    assert seen["with a reset"] >= EXAMPLES // 10, seen
 
 
 def test_unfenced_programs_show_hazards_and_fenced_ones_none():
     """The negative control, over a fixed set of seeded programs."""
     n = 300
-    unfenced = free_related = reused = 0
+    unfenced = free_related = reused = recycled = 0
     for seed in range(n):
         program = P.random_program(random.Random(seed), max_steps=25)
         raw = P.execute(program, fenced=False)
@@ -64,11 +81,13 @@ def test_unfenced_programs_show_hazards_and_fenced_ones_none():
         for fences in ("lazy", "eager"):
             run = P.execute(program, fenced=True, fences=fences)
             reused += bool(run.reused) and fences == "lazy"
+            recycled += bool(run.recycled) and fences == "lazy"
             _assert_clean_after_fenced(run)
     assert unfenced >= n // 2, f"only {unfenced}/{n} unfenced programs showed a hazard"
     # Frees and address reuse (the ABA hazard) are part of what the control catches.
     assert free_related >= n // 10, free_related
     assert reused >= n // 5, reused
+    assert recycled >= n // 5, recycled
 
 
 def test_unfenced_program_hazard_is_a_real_cross_stream_race():

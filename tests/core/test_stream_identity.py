@@ -1,0 +1,303 @@
+"""Stream identity, retirement and the simulated driver's model of destroyed streams.
+
+CUDA may hand a destroyed stream's handle to the next stream created. The
+tracker must not let the new stream inherit the old one's history (which marks
+it already waited for, which uses it made), whether the old stream was
+destroyed through :meth:`DeviceRuntime.destroy_stream` (raw handles) or by its
+owning object going away (as Numba's streams destroy themselves when collected).
+The simulated driver recycles handles as CUDA may, so every test here runs
+against a reused handle.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+
+from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.access import Access
+from numba_streamsafe.errors import DriverError, InvalidArgument, StreamMisuse
+from numba_streamsafe.resources import AsyncResource
+from numba_streamsafe.runtime import DeviceRuntime
+
+R, W = Access.READ, Access.WRITE
+
+
+def kernel(res: AsyncResource, sim: SimDriver, stream: int, uses, owner=None, label="k"):
+    """One kernel on ``stream``: preflight, the access as the simulator sees it, commit."""
+    res.prepare_launch(uses, stream, owner)
+    sim.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in uses], label)
+    res.commit_launch(uses, stream, owner)
+
+
+# ------------------------------------------------------------- the simulated driver
+def test_simulated_driver_recycles_destroyed_handles():
+    sim = SimDriver(backing=False)
+    a = sim.create_stream()
+    sim.destroy_stream(a)
+    assert sim.create_stream() == a
+    sim_fresh = SimDriver(backing=False, recycle_streams=False)
+    b = sim_fresh.create_stream()
+    sim_fresh.destroy_stream(b)
+    assert sim_fresh.create_stream() != b
+
+
+def test_a_recycled_handle_is_a_new_stream_for_the_checker():
+    """Work of the destroyed stream is not ordered before the new one's by stream order."""
+    sim = SimDriver(backing=False)
+    ptr = sim.alloc(256)
+    a = sim.create_stream()
+    sim.trace_access(a, [(ptr, 256, W)], "old")
+    sim.destroy_stream(a)
+    c = sim.create_stream()
+    assert c == a
+    sim.trace_access(c, [(ptr, 256, R)], "new")
+    assert [h.kind for h in sim.hazards] == ["read-after-write"]
+
+
+def test_destroyed_streams_work_completes_at_a_device_synchronize():
+    sim = SimDriver(backing=False)
+    s = sim.create_stream()
+    ptr = sim.alloc(256)
+    sim.trace_access(s, [(ptr, 256, W)], "write")
+    sim.destroy_stream(s)
+    sim.free(ptr)  # cuMemFree synchronises the device: the write is complete
+    sim.assert_no_hazards()
+
+
+def test_memory_freed_on_a_destroyed_stream_is_released_by_sync_and_trim():
+    sim = SimDriver(backing=False)
+    s = sim.create_stream()
+    ptr = sim.alloc_async(4096, s)
+    sim.free_async(ptr, s)
+    sim.destroy_stream(s)
+    sim.synchronize()
+    sim.pool_trim(0)
+    assert sim.reserved_bytes == 0
+    sim.assert_no_hazards()
+
+
+# ------------------------------------------------------------- raw handles retired
+def test_reused_handle_does_not_inherit_a_wait(sim, res, rt):
+    """The issue's first form: c (b's handle) reads y, written with x in one mark."""
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    y = res.allocate(256, a, "y")
+    kernel(res, sim, a, [(x, W), (y, W)], label="write x, y")  # one mark
+    kernel(res, sim, b, [(x, R)], label="b reads x")  # b waits for the mark
+    kernel(res, sim, a, [(x, W)], label="a writes x")  # supersedes b's read
+    rt.destroy_stream(b)
+    c = sim.create_stream()
+    assert c == b, "the simulated driver should hand out b's handle again"
+    kernel(res, sim, c, [(y, R)], label="c reads y")
+    sim.assert_no_hazards()
+    # b on the mark, a's write on b's read, c on the mark: none skipped.
+    assert sim.calls["cuStreamWaitEvent"] == 3
+
+
+def test_reused_handle_does_not_inherit_a_write(sim, res, rt):
+    """The issue's second form: b writes x, b is destroyed, c on b's handle reads x."""
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    kernel(res, sim, b, [(x, W)], label="b writes x")
+    rt.destroy_stream(b)
+    c = sim.create_stream()
+    assert c == b
+    kernel(res, sim, c, [(x, R)], label="c reads x")
+    sim.assert_no_hazards()
+
+
+def test_reused_handle_does_not_inherit_a_read(sim, res, rt):
+    """b reads x; c, on b's handle, writes x: the write waits for b's read."""
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    kernel(res, sim, b, [(x, R)], label="b reads x")
+    rt.destroy_stream(b)
+    c = sim.create_stream()
+    assert c == b
+    kernel(res, sim, c, [(x, W)], label="c writes x")
+    res.deallocate(x)
+    sim.assert_no_hazards()
+
+
+def test_negative_control_without_retirement_the_reused_handle_races(sim, res):
+    """Destroying b behind the runtime's back (no retirement) shows the hazard the
+    tests above guard against, so the checker sees it."""
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    kernel(res, sim, b, [(x, W)], label="b writes x")
+    res.retire_stream  # noqa: B018 - exists, but is deliberately not called
+    sim.destroy_stream(b)
+    c = sim.create_stream()
+    assert c == b
+    kernel(res, sim, c, [(x, R)], label="c reads x")
+    assert [h.kind for h in sim.hazards] == ["read-after-write"]
+
+
+# ----------------------------------------------------- owning objects that go away
+class OwnedStream:
+    """Like a Numba stream: owns its handle and destroys it when collected."""
+
+    def __init__(self, sim: SimDriver) -> None:
+        self.sim = sim
+        self.handle = sim.create_stream()
+
+    def __del__(self) -> None:
+        self.sim.destroy_stream(self.handle)
+
+
+def test_a_waiting_stream_object_outlives_the_marks_it_waited_for(sim, res):
+    """The waiter's object stays alive while a mark it waited for is in use, so its
+    handle cannot go to a new stream that would skip the wait."""
+    a = OwnedStream(sim)
+    x = res.allocate(256, a.handle, "x", stream_owner=a)
+    y = res.allocate(256, a.handle, "y", stream_owner=a)
+    kernel(res, sim, a.handle, [(x, W), (y, W)], a, "write x, y")
+    b = OwnedStream(sim)
+    kernel(res, sim, b.handle, [(x, R)], b, "b reads x")
+    kernel(res, sim, a.handle, [(x, W)], a, "a writes x")
+    gone = weakref.ref(b)
+    old_handle = b.handle
+    del b
+    gc.collect()
+    assert gone() is not None, "the mark b waited for must keep b alive"
+    c = OwnedStream(sim)
+    assert c.handle != old_handle
+    kernel(res, sim, c.handle, [(y, R)], c, "c reads y")
+    sim.assert_no_hazards()
+    # Once no block refers to the mark any more, b goes.
+    res.deallocate(y)
+    gc.collect()
+    assert gone() is None
+
+
+# --------------------------------------------------------- reap racing destroy
+class BlockingSync(SimDriver):
+    """A simulated driver whose stream synchronise blocks until released."""
+
+    def __init__(self) -> None:
+        super().__init__(backing=False)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def stream_synchronize(self, stream: int) -> None:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(10)
+        super().stream_synchronize(stream)
+
+
+def test_reap_racing_destroy_stream_loses_nothing():
+    sim = BlockingSync()
+    res = AsyncResource(sim, reuse_bytes=0)
+    rt = DeviceRuntime(res)
+    s = sim.create_stream()
+    res.deallocate(res.allocate(4096, s, "x"))
+    errors: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    reaper = threading.Thread(target=run, args=(rt.reap,))
+    reaper.start()
+    assert sim.entered.wait(10)  # the reaper holds s's pending frees and syncs s
+    destroyer = threading.Thread(target=run, args=(lambda: rt.destroy_stream(s),))
+    destroyer.start()
+    destroyer.join(0.2)
+    sim.release.set()
+    reaper.join(10)
+    destroyer.join(10)
+    assert not errors, errors
+    assert rt.bytes_outstanding() == 0
+    rt.reap()
+    rt.trim()
+    sim.assert_no_hazards()
+
+
+# ------------------------------------------------------------ destroy after del
+def test_destroy_stream_right_after_a_finalizer_queued_the_free(sim, res, rt):
+    s = sim.create_stream()
+    block = res.allocate(256, s, "a")
+    res.defer_free(block)  # what the array's finalizer does on ``del a``
+    rt.destroy_stream(s)
+    assert rt.bytes_outstanding() == 0
+    sim.assert_no_hazards()
+
+
+def test_destroy_stream_still_refuses_live_blocks(sim, res, rt):
+    s = sim.create_stream()
+    block = res.allocate(256, s, "a")
+    with pytest.raises(StreamMisuse, match="still orders 1 live block"):
+        rt.destroy_stream(s)
+    res.deallocate(block)
+    rt.destroy_stream(s)
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("handle", [0, 1, 2])
+def test_default_streams_cannot_be_destroyed(sim, res, rt, handle):
+    with pytest.raises(StreamMisuse, match="default stream"):
+        rt.destroy_stream(handle)
+    block = res.allocate(256, 0, "still works")
+    res.deallocate(block)
+    rt.reap()
+    sim.assert_no_hazards()
+
+
+def test_destroy_stream_none_is_refused(rt):
+    with pytest.raises(StreamMisuse, match="default stream"):
+        rt.destroy_stream(None)
+
+
+@pytest.mark.parametrize("junk", [None, "junk", 16, object()])
+def test_deallocate_and_defer_free_refuse_what_is_not_a_block(sim, res, rt, junk):
+    before = (rt.bytes_outstanding(), res.stats())
+    with pytest.raises(InvalidArgument, match="not a Block"):
+        res.deallocate(junk)
+    with pytest.raises(InvalidArgument, match="not a Block"):
+        rt.deallocate(junk)
+    with pytest.raises(InvalidArgument, match="not a Block"):
+        res.defer_free(junk)
+    with pytest.raises(InvalidArgument, match="not a Block"):
+        rt.defer_free(junk)
+    # Nothing was queued: the next allocation works.
+    res.deallocate(res.allocate(256, 0, "after"))
+    rt.reap()
+    assert (rt.bytes_outstanding(), res.stats().live_blocks) == (before[0], 0)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "8", True])
+def test_max_idle_events_must_be_a_non_negative_int(sim, bad):
+    with pytest.raises(InvalidArgument, match="max_idle_events"):
+        AsyncResource(sim, max_idle_events=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "0", None])
+def test_trim_refuses_a_bad_keep(rt, bad):
+    with pytest.raises(InvalidArgument, match="keep_bytes"):
+        rt.trim(bad)
+
+
+def test_numpy_integer_sizes_are_accepted(sim, res):
+    np = pytest.importorskip("numpy")
+    for n in (np.int64(16), np.uint32(300), np.int8(1)):
+        block = res.allocate(n, 0, "np size")
+        assert block.nbytes == int(n) and type(block.nbytes) is int
+        res.deallocate(block)
+    with pytest.raises(InvalidArgument, match="positive int"):
+        res.allocate(np.float64(16), 0, "float")
+    with pytest.raises(InvalidArgument, match="positive int"):
+        res.allocate(np.bool_(True), 0, "bool")
+
+
+def test_destroy_of_a_destroyed_stream_raises_a_driver_error(sim, res, rt):
+    s = sim.create_stream()
+    rt.destroy_stream(s)
+    with pytest.raises((DriverError, StreamMisuse)):
+        rt.destroy_stream(s)
