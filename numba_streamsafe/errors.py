@@ -14,6 +14,7 @@ __all__ = [
     "OutOfBudget",
     "StreamMisuse",
     "InvalidArgument",
+    "InvalidArgumentType",
     "UseAfterFree",
     "StaleContext",
     "OutOfBounds",
@@ -89,6 +90,15 @@ class StreamMisuse(StreamSafeError):
 
 class InvalidArgument(StreamSafeError, ValueError):
     """An argument has a value the call cannot accept (for example 0 bytes)."""
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument is of a type the call cannot accept (for example a float
+    where an int is needed, or a scalar where an array is).
+
+    Both a :class:`ValueError` (as every :class:`InvalidArgument`) and a
+    :class:`TypeError`, so that either ``except`` catches it.
+    """
 
 
 class UseAfterFree(StreamSafeError):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+import reprlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import StreamMisuse
+from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
@@ -84,10 +85,26 @@ class LaunchRecorder:
     def use(self, block: Block | None, access: Access | str, what: str = "buffer") -> None:
         """Register ``access`` to ``block``; ``None`` marks memory no resource tracks.
 
+        Parameters
+        ----------
+        block : Block or None
+            A block of the runtime's resource (``runtime.allocate``,
+            :func:`numba_streamsafe.block_of`), or None for untracked memory.
+        access : Access or str
+            ``Access.READ``/``WRITE``/``READ_WRITE``, or ``"r"``, ``"w"``, ``"rw"``.
+        what : str
+            Name of the buffer in error messages.
+
         Raises
         ------
         StreamMisuse
             After :meth:`preflight`: a use must be known before the waits are queued.
+        InvalidArgumentType
+            ``block`` is neither a Block nor None.
+        InvalidArgument
+            ``access`` names no access kind.
+
+        Nothing is registered when this raises.
         """
         if self._phase is not _Phase.RECORDING:
             raise StreamMisuse(
@@ -95,10 +112,20 @@ class LaunchRecorder:
                 "Register every buffer before calling preflight()"
             )
         if access.__class__ is not Access:
-            access = as_access(access)
+            try:
+                access = as_access(access)
+            except ValueError as exc:
+                raise InvalidArgument(f"cannot record {what}: {exc}") from None
         if block is None:
             self._untracked.append(what)
             return
+        if block.__class__ is not Block and not isinstance(block, Block):
+            raise InvalidArgumentType(
+                f"cannot record {what!r}: got {type(block).__name__} {reprlib.repr(block)}, "
+                "not a Block. Pass the Block of the memory (runtime.allocate(...), or "
+                "numba_streamsafe.block_of(array) for an array), or None for memory no "
+                "resource tracks"
+            )
         key = (block.ptr, block.generation, block.device)
         slot = self._uses.get(key)
         if slot is None:

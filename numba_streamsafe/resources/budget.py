@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numbers
 import threading
 from typing import Any
 
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, OutOfBudget
+from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, OutOfBudget
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor
 
 __all__ = ["BudgetResource"]
@@ -18,17 +19,38 @@ class BudgetResource(ResourceAdaptor):
     Pending frees count against the limit until reaped; before refusing, the
     resource reaps them once.
 
+    Parameters
+    ----------
+    upstream : MemoryResource
+    limit : int
+        Bytes, positive: a Python int or a NumPy integer (kept as an int).
+        Not a bool, a float (not even a whole one) or a string.
+
     Raises
     ------
+    InvalidArgumentType
+        At construction, a ``limit`` that is not an int.
+    InvalidArgument
+        At construction, a ``limit`` below 1.
     OutOfBudget
-        With the bytes requested, the bytes remaining and the limit.
+        On allocation, with the bytes requested, the bytes remaining and the limit.
     """
 
     def __init__(self, upstream: MemoryResource, limit: int) -> None:
-        if limit <= 0:
-            raise InvalidArgument(f"budget limit must be positive, got {limit}")
+        # numbers.Integral covers int and NumPy's integers; bool is refused
+        # although it is an int (True would be a budget of one byte).
+        value: object = limit  # checked at run time whatever the annotation says
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise InvalidArgumentType(
+                f"budget limit must be an int number of bytes, got {type(limit).__name__} "
+                f"{limit!r}; pass for example limit=1 << 30, converting with int() where needed"
+            )
+        if value <= 0:
+            raise InvalidArgument(
+                f"budget limit must be a positive number of bytes, got {limit}; pass at least 1"
+            )
         super().__init__(upstream)
-        self.limit = limit
+        self.limit: int = int(value)
         self._lock = threading.Lock()
 
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None

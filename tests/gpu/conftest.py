@@ -1,9 +1,10 @@
 """GPU tests: they run only on a real CUDA GPU, with Numba's CUDA target.
 
 Run them on their own: ``pytest -m gpu tests/gpu``. Every test here is
-skipped, with the reason, when Numba's CUDA simulator is on in this process
-(``tests/numba`` turns it on when collected in the same run) or when no GPU
-is available.
+skipped, with the reason: "no CUDA GPU found (...)" when the CUDA driver
+reports no device; otherwise when Numba's CUDA simulator is on in this
+process (``tests/numba`` turns it on when collected in the same run) or
+Numba cannot use the GPU.
 
 Nothing here imports ``numba.cuda`` at collection: ``tests/numba/conftest.py``
 may still have to choose the simulator for the rest of the run. Test modules
@@ -30,17 +31,64 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run: pytest -m gpu tests/gpu)")
 
 
+def find_gpu() -> str | None:
+    """None when the CUDA driver reports at least one device, else why not.
+
+    Asks the driver library itself (``cuInit``, ``cuDeviceGetCount``) through
+    ctypes, so it imports nothing of Numba and answers the same whether or not
+    Numba's CUDA simulator is on. The reason starts with "no CUDA GPU found".
+    """
+    import ctypes
+
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    lib = None
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        return ("no CUDA GPU found (the CUDA driver library, "
+                f"{' or '.join(names)}, cannot be loaded)")
+    status = lib.cuInit(0)
+    if status != 0:
+        return f"no CUDA GPU found (cuInit failed with CUDA error {status})"
+    count = ctypes.c_int(0)
+    status = lib.cuDeviceGetCount(ctypes.byref(count))
+    if status != 0 or count.value < 1:
+        return f"no CUDA GPU found (the CUDA driver reports {count.value} devices)"
+    return None
+
+
+def skip_reason(simulator: bool, no_gpu: str | None) -> str | None:
+    """Why the GPU suite skips, or None when it can run.
+
+    ``no_gpu`` is :func:`find_gpu`'s answer: with no GPU that is the reason,
+    simulator or not. With a GPU, the reason is Numba's CUDA simulator when
+    it is on in this process.
+    """
+    if no_gpu is not None:
+        return no_gpu
+    if simulator:
+        return ("a CUDA GPU is present, but Numba's CUDA simulator is on in this process "
+                "(NUMBA_ENABLE_CUDASIM=1, or tests/numba collected in the same run); run "
+                "pytest -m gpu tests/gpu on its own")
+    return None
+
+
 def _why_no_gpu() -> str | None:
     from numba import config
 
-    if config.ENABLE_CUDASIM:
-        return ("Numba's CUDA simulator is on in this process (NUMBA_ENABLE_CUDASIM=1, or "
-                "tests/numba collected in the same run); run pytest -m gpu tests/gpu on its own")
+    why = skip_reason(bool(config.ENABLE_CUDASIM), find_gpu())
+    if why is not None:
+        return why
     try:
         from numba import cuda
 
         if not cuda.is_available():
-            return "no CUDA GPU is available (numba.cuda.is_available() is False)"
+            return ("a CUDA GPU is present, but Numba cannot use it "
+                    "(numba.cuda.is_available() is False)")
     except Exception as exc:  # a broken driver install is "no GPU" for this suite
         return f"the CUDA target cannot start: {type(exc).__name__}: {exc}"
     return None
