@@ -393,12 +393,19 @@ class Report:
         print(f"  result: {verdict}")
 
 
-def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 << 9
-               ) -> argparse.Namespace:
+def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 << 9,
+               min_n: int = 1, max_n: int | None = None) -> argparse.Namespace:
+    """The examples' command line.
+
+    Values an example cannot run with (``--n`` outside ``min_n``..``max_n``,
+    ``--streams`` not a power of two, ``--repeat`` below 1, a negative
+    ``--seed``) end the program with argparse's one-line usage error and exit
+    status 2.
+    """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--n", type=int, default=None,
-                        help=f"number of keys (default {default_gpu_n} on a GPU, "
-                             f"{sim_n} on the simulator)")
+                        help=f"number of keys, at least {min_n} (default {default_gpu_n} on a "
+                             f"GPU, {sim_n} on the simulator)")
     parser.add_argument("--streams", type=int, default=4, help="worker streams (power of two)")
     parser.add_argument("--no-tracking", action="store_true",
                         help="launch without fences, to show the race")
@@ -407,18 +414,28 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
     args = parser.parse_args()
     if args.n is None:
         args.n = sim_n if SIMULATOR else default_gpu_n
+    if args.n < min_n:
+        parser.error(f"--n must be at least {min_n}, got {args.n}")
+    if max_n is not None and args.n > max_n:
+        parser.error(f"--n must be at most {max_n}, got {args.n}")
     if args.streams < 1 or args.streams & (args.streams - 1):
-        parser.error("--streams must be a power of two")
+        parser.error(f"--streams must be a power of two, got {args.streams}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.seed < 0:
+        parser.error(f"--seed must be non-negative, got {args.seed}")
     return args
 
 
-def run_main(run: Callable[[int, int, bool, int], Report], description: str) -> int:
+def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
+             min_n: int = 1, max_n: int | None = None) -> int:
     """Parse the example's arguments, run it ``--repeat`` times and report.
 
-    Exits non-zero when a tracked run is wrong or shows a hazard; an untracked
-    run reports how often the race showed.
+    ``min_n`` and ``max_n`` bound ``--n`` (see :func:`parse_args`). Exits
+    non-zero when a tracked run is wrong or shows a hazard; an untracked run
+    reports how often the race showed.
     """
-    args = parse_args(description)
+    args = parse_args(description, min_n=min_n, max_n=max_n)
     reports = [run(args.n, args.streams, not args.no_tracking, args.seed)
                for _ in range(args.repeat)]
     reports[-1].print()
@@ -432,6 +449,10 @@ def run_main(run: Callable[[int, int, bool, int], Report], description: str) -> 
               + f" (each: {' '.join(f'{r.seconds * 1e3:.1f}' for r in reports)})")
     ok = all(r.correct and r.hazards == 0 for r in reports)
     return 0 if (args.no_tracking or ok) else 1
+
+
+#: The most keys a join example takes: row numbers are :data:`ROW`.
+MAX_JOIN_N = int(np.iinfo(ROW).max)
 
 
 def hazards_now() -> int:

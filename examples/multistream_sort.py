@@ -34,7 +34,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
 
 
 def main() -> int:
-    return run_main(run, __doc__.splitlines()[0])
+    return run_main(run, __doc__.splitlines()[0], min_n=0)
 
 
 if __name__ == "__main__":

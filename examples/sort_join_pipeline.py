@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 from common import (
+    MAX_JOIN_N,
     HostBatches,
     Report,
     Timer,
@@ -69,7 +70,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
 
 
 def main() -> int:
-    return run_main(run, __doc__.splitlines()[0])
+    return run_main(run, __doc__.splitlines()[0], max_n=MAX_JOIN_N)
 
 
 if __name__ == "__main__":

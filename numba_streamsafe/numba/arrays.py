@@ -8,13 +8,14 @@ copy between preflight and commit, like a tracked kernel.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.launch import Uses, fenced, single
 from numba_streamsafe.numba.scope import current_stream
@@ -36,11 +37,126 @@ def _stream(stream: Any) -> Any:
     return current_stream() if stream is None else stream
 
 
+#: The most bytes a device array may span: its size, shape and strides are int64.
+_MAX_BYTES = 2**63 - 1
+
+
 def _shape(shape: Any) -> tuple[int, ...]:
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
-        raise InvalidArgument(f"shape {shape!r} must be non-negative integers")
-    return tuple(int(n) for n in shape)
+    """``shape`` as a tuple of Python ints (NumPy integers accepted)."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        dims: tuple[Any, ...] = (shape,)
+    else:
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            dims = (shape,)
+    if any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0 for n in dims):
+        raise InvalidArgument(
+            f"shape {shape!r} must be an int or a tuple of non-negative ints "
+            "(NumPy integers accepted); pass for example 1024 or (32, 32)"
+        )
+    return tuple(int(n) for n in dims)
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy dtype a device array can hold."""
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentType(
+            f"dtype {dtype!r} is not a dtype ({exc}); pass a NumPy dtype such as np.float64"
+        ) from None
+    _check_dtype(dt, "device_array: dtype")
+    return dt
+
+
+def _check_dtype(dtype: np.dtype, where: str) -> None:
+    """Refuse dtypes a device cannot hold: Python objects, and no bytes at all.
+
+    An object dtype stores pointers into this process: on a device they mean
+    nothing, and reading them back as objects crashes the interpreter.
+    ``where`` names the dtype in the message ("copy: src's dtype").
+    """
+    if dtype.hasobject:
+        raise InvalidArgument(
+            f"{where} {dtype} holds Python objects, which a device cannot hold (their "
+            "pointers mean nothing there, and reading them back would crash Python). Use a "
+            "numeric, bool, datetime64, bytes or record dtype without object fields"
+        )
+    if dtype.itemsize == 0:
+        raise InvalidArgument(
+            f"{where} {dtype} has 0 bytes per element and can hold no data. Pass a sized "
+            "dtype such as 'S8', 'U8' or 'V8'"
+        )
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    """Bytes of a contiguous array of ``shape`` and ``dtype``, in Python ints.
+
+    Raises
+    ------
+    InvalidArgument
+        When the shape, strides or size would not fit int64 (the span counts
+        every empty dimension as 1, as the strides do).
+    """
+    span = math.prod(max(n, 1) for n in shape) * dtype.itemsize
+    if span > _MAX_BYTES:
+        raise InvalidArgument(
+            f"shape {shape} of dtype {dtype} is too large: laid out contiguously it spans "
+            f"{span} bytes (empty dimensions counted as 1), past 2**63 - 1, the most a device "
+            "array's shape, strides and size can hold. Use a smaller shape (split the data)"
+        )
+    return math.prod(shape) * dtype.itemsize
+
+
+def _dtype_code(dtype: np.dtype) -> str:
+    """How to write ``dtype`` in a suggestion: ``np.int32``, or its string."""
+    if dtype.fields is None and dtype.subdtype is None and dtype.kind in "biufc":
+        return f"np.{dtype.name}"
+    return repr(dtype.descr if dtype.fields is not None else dtype.str)
+
+
+def _geometry(array: Any) -> tuple[tuple[int, ...], tuple[int, ...], np.dtype]:
+    """Shape, strides and dtype of a host or device array (strides None: C order)."""
+    shape = tuple(int(n) for n in array.shape)
+    dtype = np.dtype(array.dtype)
+    strides = getattr(array, "strides", None)
+    if strides is None:
+        return shape, target.c_strides(shape, dtype.itemsize), dtype
+    return shape, tuple(int(s) for s in strides), dtype
+
+
+def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Whether one copy can move the array: C or F contiguous, dimensions of
+    extent 1 ignored, as Numba's copies require (an empty array always is)."""
+    if 0 in shape:
+        return True
+    dims = [(n, s) for n, s in zip(shape, strides, strict=True) if n != 1]
+    if any(s == 0 for _, s in dims):
+        return False  # broadcast
+
+    def packed(order: list[tuple[int, int]]) -> bool:
+        step = itemsize
+        for n, s in order:
+            if s != step:
+                return False
+            step *= n
+        return True
+
+    return packed(dims[::-1]) or packed(dims)
+
+
+def _squeezed(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Extent and stride of each dimension of extent other than 1 (Numba compares these)."""
+    return tuple((n, s) for n, s in zip(shape, strides, strict=True) if n != 1)
+
+
+def _order_name(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> str:
+    if strides == target.c_strides(shape, itemsize, "C"):
+        return "C"
+    if strides == target.c_strides(shape, itemsize, "F"):
+        return "F"
+    return "strided"
 
 
 def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
@@ -50,7 +166,10 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
     Parameters
     ----------
     shape : int or tuple of int
+        Non-negative Python or NumPy integers.
     dtype : dtype-like
+        Any dtype of fixed size that holds no Python objects (numbers, bool,
+        datetime64, bytes, records of these).
     stream : stream-like, optional
         Orders the allocation, and later the free; other streams that use the
         array wait for the allocation automatically.
@@ -62,14 +181,20 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
     -------
     DeviceNDArray
         A Numba device array (the simulator's on the CPU).
+
+    Raises
+    ------
+    InvalidArgument
+        A bad shape, order or dtype (object, or of 0 bytes), or a size past
+        2**63 - 1 bytes; nothing is allocated.
     """
     shape = _shape(shape)
-    dtype = np.dtype(dtype)
+    dtype = _dtype(dtype)
     if order not in ("C", "F"):
         raise InvalidArgument(f"order must be 'C' or 'F', got {order!r}")
+    nbytes = _nbytes(shape, dtype)
     stream = _stream(stream)
     rt = target.runtime()
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     # A zero-size array still gets a (minimal) block so it has an identity.
     block = rt.allocate(max(nbytes, 1), stream, tag)
     strides = target.c_strides(shape, dtype.itemsize, order)
@@ -97,13 +222,42 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
 
     Pageable host memory is staged by the driver, so ``host`` may be changed
     as soon as this returns.
+
+    Parameters
+    ----------
+    host : array-like
+        Rectangular data of a dtype :func:`device_array` accepts (no Python
+        objects).
+    stream : stream-like, optional
+    to : device array, optional
+        Contiguous, of the host data's dtype and shape (dimensions of extent
+        1 aside); default: a new array allocated on ``stream``.
+    tag : str
+        Label of a new array's block.
+
+    Raises
+    ------
+    InvalidArgument
+        Data that is not rectangular or holds Python objects, or a ``to``
+        that does not fit it; nothing is allocated or queued.
     """
-    host = np.ascontiguousarray(host)
+    try:
+        host = np.ascontiguousarray(host)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            "to_device needs rectangular host data (a NumPy array, or nested sequences whose "
+            f"rows have one length) and NumPy could not make an array of it: "
+            f"{str(exc).rstrip('.')}. Give every row the same length"
+        ) from None
+    _check_dtype(host.dtype, "to_device: the host data's dtype")
     stream = _stream(stream)
     rt = target.runtime()
     if to is None:
         to = device_array(host.shape, host.dtype, stream=stream, tag=tag)
-    block = _device_block(rt, to, "to")
+        block = _device_block(rt, to, "to")
+    else:
+        block = _device_block(rt, to, "to")
+        _check_fits(host, to)
     handle = rt.stream_handle(stream)
 
     if host.nbytes:
@@ -112,33 +266,145 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     return to
 
 
+def _check_fits(host: np.ndarray, to: Any) -> None:
+    """Refuse a device array ``to`` that Numba's host-to-device copy would refuse."""
+    shape, strides, dtype = _geometry(to)
+    _check_dtype(dtype, "to_device: to's dtype")
+    if dtype != host.dtype:
+        raise InvalidArgumentType(
+            f"to_device: to has dtype {dtype} but the host data has {host.dtype}; pass "
+            f"host.astype({_dtype_code(dtype)}), or a to of dtype {_dtype_code(host.dtype)}"
+        )
+    if tuple(n for n in shape if n != 1) != tuple(n for n in host.shape if n != 1):
+        raise InvalidArgument(
+            f"to_device: to has shape {shape} but the host data has {host.shape}; reshape the "
+            f"host data, or pass a to of shape {host.shape}"
+        )
+    if not _contiguous(shape, strides, dtype.itemsize):
+        raise InvalidArgument(
+            f"to_device: to is not contiguous (shape {shape}, strides {strides}), so no single "
+            "copy can fill it; upload into a contiguous array (to=None) and copy from it "
+            "with a tracked kernel"
+        )
+
+
 def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = None) -> np.ndarray:
     """Copy ``array`` to host memory on ``stream``, after every write to it.
 
     With a non-default ``stream`` the copy is asynchronous: synchronise the
     stream before reading ``out``.
+
+    Parameters
+    ----------
+    array : device array
+        Any view with no negative stride.
+    out : numpy.ndarray, optional
+        Writeable, of ``array``'s dtype, shape and layout (dimensions of
+        extent 1 aside): ``np.empty(array.shape, array.dtype)`` for a C-order
+        array. Default: a new array.
+    stream : stream-like, optional
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``, or the new array.
+
+    Raises
+    ------
+    InvalidArgument
+        ``array`` is not a device array or has negative strides, or ``out``
+        does not fit it (:class:`~numba_streamsafe.errors.InvalidArgumentType`
+        when it is no NumPy array or of another dtype); nothing is queued.
     """
     stream = _stream(stream)
     rt = target.runtime()
     block = _device_block(rt, array, "array")
+    shape, strides, dtype = _geometry(array)
+    _check_dtype(dtype, "copy_to_host: the array's dtype")
+    if any(s < 0 for s in strides):
+        raise InvalidArgument(
+            f"copy_to_host cannot copy a view with negative strides {strides} (Numba's "
+            "device-to-host copy does not support them); copy the array it views and "
+            "reverse the result on the host"
+        )
+    if out is not None:
+        _check_out(out, shape, strides, dtype)
     handle = rt.stream_handle(stream)
-    if out is not None and not isinstance(out, np.ndarray):
-        raise InvalidArgument(f"out must be a NumPy array, got {type(out).__name__}")
 
     return fenced(rt, handle, single(block, Access.READ, "array"), "copy to host", _strict(rt),
                   _owner(stream), array.copy_to_host, out, target.numba_stream(stream))
 
 
+def _check_out(out: Any, shape: tuple[int, ...], strides: tuple[int, ...],
+               dtype: np.dtype) -> None:
+    """Refuse an ``out`` Numba's device-to-host copy would refuse, or could not write."""
+    order = _order_name(shape, strides, dtype.itemsize)
+    if order == "strided":
+        advice = "leave out=None: a strided view is copied into a new array"
+    else:
+        advice = (f"pass out=np.empty({shape}, dtype={_dtype_code(dtype)}"
+                  + (", order='F'" if order == "F" and len(shape) > 1 else "")
+                  + "), or leave out=None for a new array")
+    if not isinstance(out, np.ndarray):
+        raise InvalidArgumentType(f"out must be a NumPy array, got {type(out).__name__}; {advice}")
+    _check_dtype(out.dtype, "copy_to_host: out's dtype")
+    if out.dtype != dtype:
+        raise InvalidArgumentType(f"out has dtype {out.dtype}, the array {dtype}; {advice}")
+    if tuple(n for n in out.shape if n != 1) != tuple(n for n in shape if n != 1):
+        raise InvalidArgument(f"out has shape {out.shape}, the array {shape}; {advice}")
+    if not out.flags.writeable:
+        raise InvalidArgument(f"out is not writeable (a read-only view?); {advice}")
+    if out.size and _squeezed(out.shape, out.strides) != _squeezed(shape, strides):
+        raise InvalidArgument(
+            f"out has another memory layout than the array (strides {out.strides}, the "
+            f"array's {strides}) and the copy moves the bytes as they lie; {advice}"
+        )
+
+
 def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
-    """Device-to-device copy of ``src`` into ``dst`` on ``stream``."""
+    """Device-to-device copy of ``src`` into ``dst`` on ``stream``.
+
+    Parameters
+    ----------
+    dst, src : device array
+        Of one shape and dtype, each contiguous (C or F order, or a
+        contiguous view), of one layout.
+    stream : stream-like, optional
+
+    Raises
+    ------
+    InvalidArgument
+        Either is not a device array, or they do not match or are not
+        contiguous; checked before any wait is queued.
+    """
     stream = _stream(stream)
     rt = target.runtime()
     src_block = _device_block(rt, src, "src")
     dst_block = _device_block(rt, dst, "dst")
-    if dst.shape != src.shape or dst.dtype != src.dtype:
+    dst_shape, dst_strides, dst_dtype = _geometry(dst)
+    src_shape, src_strides, src_dtype = _geometry(src)
+    if dst_shape != src_shape or dst_dtype != src_dtype:
+        kind = InvalidArgumentType if dst_shape == src_shape else InvalidArgument
+        raise kind(
+            f"copy needs matching arrays: dst is {dst_shape} {dst_dtype}, src is "
+            f"{src_shape} {src_dtype}; copy between arrays of one shape and dtype"
+        )
+    _check_dtype(src_dtype, "copy: the arrays' dtype")
+    for what, strides in (("dst", dst_strides), ("src", src_strides)):
+        if not _contiguous(dst_shape, strides, dst_dtype.itemsize):
+            raise InvalidArgument(
+                f"copy needs contiguous arrays: {what} is a strided view (shape {dst_shape}, "
+                f"strides {strides}), which one copy cannot move; copy the whole arrays, or "
+                "move a strided view with a tracked kernel"
+            )
+    if math.prod(dst_shape) and _squeezed(dst_shape, dst_strides) != _squeezed(src_shape,
+                                                                                src_strides):
+        dst_order = _order_name(dst_shape, dst_strides, dst_dtype.itemsize)
+        src_order = _order_name(src_shape, src_strides, src_dtype.itemsize)
         raise InvalidArgument(
-            f"copy needs matching arrays: dst is {dst.shape} {dst.dtype}, src is "
-            f"{src.shape} {src.dtype}"
+            f"copy needs one memory layout: dst is {dst_order}-ordered (strides {dst_strides}) "
+            f"and src {src_order}-ordered (strides {src_strides}); allocate both with one "
+            "order= ('C' or 'F')"
         )
     handle = rt.stream_handle(stream)
 
@@ -156,9 +422,9 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     stream = _stream(stream)
     rt = target.runtime()
     block = _device_block(rt, array, "array")
-    handle = rt.stream_handle(stream)
     if not (array.flags["C_CONTIGUOUS"] or array.flags["F_CONTIGUOUS"]):
         raise StreamMisuse("memset needs a contiguous array; copy the view first")
+    handle = rt.stream_handle(stream)
 
     fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
            _owner(stream), target.memset, array, int(value), target.numba_stream(stream))

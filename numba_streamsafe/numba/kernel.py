@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import reprlib
 import typing
 import warnings
 from collections.abc import Callable, Mapping
@@ -11,7 +12,7 @@ from typing import Any
 from numba import cuda
 
 from numba_streamsafe.access import Access, as_access
-from numba_streamsafe.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.numba import direct, target
 from numba_streamsafe.numba.launch import Uses, fenced
 from numba_streamsafe.numba.scope import stream_scope
@@ -19,6 +20,10 @@ from numba_streamsafe.recorder import RecorderMode
 from numba_streamsafe.runtime import get_runtime
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
+
+
+#: How a declared access is written in a kernel's signature.
+_ACCESS_NAMES = {Access.READ: "Read", Access.WRITE: "Write", Access.READ_WRITE: "ReadWrite"}
 
 
 def _annotation_access(annotation: Any) -> Access | None:
@@ -62,7 +67,11 @@ class TrackedKernel:
     func : callable
         The kernel's Python function.
     access : mapping of str to Access or str, optional
-        Access per argument name; overrides annotations.
+        Access per argument name; overrides annotations. A parameter with an
+        access must be given an array at every launch: anything else (a
+        scalar, None) is refused with
+        :class:`~numba_streamsafe.errors.InvalidArgumentType` before anything
+        is queued.
     mode : RecorderMode or str, optional
         ``"strict"`` (the runtime's default) refuses arrays the library did
         not allocate and array arguments with no declared access;
@@ -115,7 +124,12 @@ class TrackedKernel:
                     "positional parameters only"
                 )
             if name in overrides:
-                access: Access | None = as_access(overrides[name])
+                try:
+                    access: Access | None = as_access(overrides[name])
+                except ValueError as exc:
+                    raise InvalidArgument(
+                        f"{func.__name__}: access={{{name!r}: ...}}: {exc}"
+                    ) from None
             else:
                 access = _annotation_access(hints.get(name, p.annotation))
             params.append((name, access))
@@ -180,6 +194,8 @@ class TrackedKernel:
                     continue
                 uses.add(block, access, name)
             elif kind == target.OTHER:
+                if access is not None:
+                    raise self._not_an_array(name, access, arg)
                 continue
             elif access is None:
                 if self._strict(rt):
@@ -197,6 +213,15 @@ class TrackedKernel:
                     )
                 host = True  # auto-transferred on the launch stream, freed there
         return uses, host
+
+    def _not_an_array(self, name: str, access: Access, arg: Any) -> InvalidArgumentType:
+        declared = _ACCESS_NAMES[access]
+        return InvalidArgumentType(
+            f"argument {name!r} of kernel {self.__name__!r} is declared {declared} but got "
+            f"{type(arg).__name__} {reprlib.repr(arg)}, which is not an array. Pass a device array "
+            "(numba_streamsafe.device_array or to_device), or, if the parameter is a scalar, "
+            f"drop its access declaration ({name}: {declared})"
+        )
 
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT

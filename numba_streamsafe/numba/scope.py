@@ -56,7 +56,30 @@ def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
 
     With tracking off, tracked kernels and copies launch without waits or
     events, as plain Numba would: this is how the examples show the race.
-    Process-wide, not per thread.
+
+    Parameters
+    ----------
+    enabled : bool
+        The ``tracking`` setting inside the block.
+    device : int
+        Whose runtime to switch.
+
+    Notes
+    -----
+    The switch is a setting of one runtime, not of the process: on entry the
+    block takes the runtime that ``get_runtime(device)`` returns then, sets
+    its ``tracking`` to ``enabled``, and on exit puts back that runtime's
+    previous setting. Hence:
+
+    - a runtime installed inside the block with
+      :func:`~numba_streamsafe.set_runtime` is not switched: launches on it
+      keep its own setting (tracked, for a tracking stack);
+    - the runtime switched on entry is restored on exit even when it was
+      replaced inside the block, and the replacement is left as it is;
+    - install a runtime *before* entering the block to run it untracked.
+
+    The setting is shared by every thread using that runtime (not per
+    thread); nested blocks restore in the order they exit.
     """
     from numba_streamsafe.runtime import get_runtime
 
