@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numba_streamsafe import Access, BudgetResource, InvalidArgument
+from numba_streamsafe import Access, BudgetResource, InvalidArgument, LaunchRecorder
 from numba_streamsafe.errors import InvalidArgumentType
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ TESTS = Path(__file__).resolve().parents[1]
 def test_recorder_use_of_what_is_not_a_block_is_refused(rt, sim, thing):
     stream = sim.create_stream()
     block = rt.allocate(64, stream, "kept")
-    rec = rt.recorder(stream)
+    rec = LaunchRecorder(rt, stream)
     rec.write(block, "kept")
     before = collections.Counter(sim.calls)
     with pytest.raises(InvalidArgumentType) as info:
@@ -46,7 +46,7 @@ def test_recorder_use_of_what_is_not_a_block_is_refused(rt, sim, thing):
 
 @pytest.mark.parametrize("method", ["read", "write", "read_write"])
 def test_recorder_shortcuts_refuse_what_is_not_a_block(rt, sim, method):
-    rec = rt.recorder(sim.create_stream())
+    rec = LaunchRecorder(rt, sim.create_stream())
     with pytest.raises(InvalidArgumentType, match="Block"):
         getattr(rec, method)("x")
     assert rec.uses == []
@@ -56,7 +56,7 @@ def test_recorder_shortcuts_refuse_what_is_not_a_block(rt, sim, method):
 def test_recorder_use_with_an_unknown_access_is_invalid_argument(rt, sim, access):
     stream = sim.create_stream()
     block = rt.allocate(64, stream)
-    rec = rt.recorder(stream)
+    rec = LaunchRecorder(rt, stream)
     with pytest.raises(InvalidArgument, match="access kind"):
         rec.use(block, access)
     assert rec.uses == []
