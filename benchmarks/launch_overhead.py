@@ -5,8 +5,8 @@ times per round, tracked and untracked interleaved round by round, in two
 scenarios: all on one stream (no fence needed) and alternating between two
 streams (every launch must wait for the previous one's write). A third
 variant, "tracked, Numba path", turns the direct launches off
-(``rt.direct_launch = False``) to show what fencing alone costs on top of
-Numba's launch. Prints the per-launch medians and the ratios; writes the
+(``launch_policy(rt).direct_launch = False``) to show what fencing alone costs
+on top of Numba's launch. Prints the per-launch medians and the ratios; writes the
 numbers as JSON.
 """
 
@@ -21,6 +21,7 @@ from _harness import SIMULATOR, cuda, device_name, write_result
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
+from numba_streamsafe.numba.policy import launch_policy
 
 
 def body(a, b, c):
@@ -49,7 +50,7 @@ def main() -> dict:
     cuda.synchronize()
 
     rt = nss.get_runtime()
-    direct = rt.direct_launch
+    direct = launch_policy(rt).direct_launch
     variants = [("untracked", plain, direct), ("tracked", tracked, direct)]
     if direct:
         variants.append(("tracked, Numba path", tracked, False))
@@ -58,14 +59,14 @@ def main() -> dict:
         per: dict[str, list[float]] = {label: [] for label, _, _ in variants}
         for _ in range(args.rounds):
             for label, k, on in variants:
-                rt.direct_launch = on
+                launch_policy(rt).direct_launch = on
                 cuda.synchronize()
                 start = time.perf_counter()
                 for i in range(args.launches):
                     k[1, 32, streams[i & 1]](a, b, c)
                 cuda.synchronize()
                 per[label].append((time.perf_counter() - start) / args.launches * 1e6)
-        rt.direct_launch = direct
+        launch_policy(rt).direct_launch = direct
         med = {k: statistics.median(v) for k, v in per.items()}
         results[scenario] = {"us_per_launch": med, "samples_us": per,
                              "ratio": med["tracked"] / med["untracked"]}

@@ -91,16 +91,17 @@ def components() -> None:
         "kernel[1, 32, s] (config object)": lambda: tracked[1, 32, s1],
         "kernel._uses (3 arrays)": lambda: tracked._uses(rt, (a, b, c)),
         "target.resolve (1 array)": lambda: target.resolve(rt, a),
-        "prepare_launch same stream": lambda: res.prepare_launch(uses, h1),
-        "commit_launch same stream": lambda: res.commit_launch(uses, h1),
+        "preflight same stream": lambda: res.preflight(uses, h1),
+        "commit same stream": lambda: res.commit(uses, h1),
         "driver.event_record": lambda: drv.event_record(ev, h1),
         "driver.stream_wait_event": lambda: drv.stream_wait_event(h2, ev),
         "numba launch disp[1,32,s,0](...)": lambda: disp[1, 32, s1, 0](a, b, c),
         "tracked launch, same stream": lambda: tracked[1, 32, s1](a, b, c),
     }
     disp_cfg = (1, 32, s1, 0)
-    from numba_streamsafe.numba import direct
     from numba_streamsafe.numba.launch import fenced
+
+    from numba_streamsafe.numba import direct
 
     plan = tracked._plan(rt, (a, b, c))
     params = plan.pack((a, b, c)) if plan is not None else 0
@@ -109,9 +110,9 @@ def components() -> None:
         nss.get_runtime()
         u = tracked._uses(rt, (a, b, c))[0]
         h = rt.stream_handle(s1)
-        res.prepare_launch(u.blocks, h)
+        res.preflight(u.blocks, h)
         disp[disp_cfg](a, b, c)
-        res.commit_launch(u.blocks, h, s1)
+        res.commit(u.blocks, h, s1)
 
     pieces.update({
         "A: disp[cfg](...)": lambda: disp[disp_cfg](a, b, c),
@@ -214,7 +215,7 @@ def attribution() -> None:
     tracked._uses = lambda rt_, args: fixed  # type: ignore[method-assign]
     measure("... with argument resolution precomputed")
     tracked._uses = original_uses  # type: ignore[method-assign]
-    prep, commit = res.prepare_launch, res.commit_launch
+    prep, commit = res.preflight, res.commit
     res.prepare_launch = lambda *x: None
     res.commit_launch = lambda *x: None
     measure("... with prepare and commit as no-ops")

@@ -1,38 +1,22 @@
-"""LaunchRecorder: preflight and commit around one launch or copy."""
+"""LaunchRecorder: the launch protocol (:mod:`numba_streamsafe.protocol`) by hand,
+for work the library does not queue itself (a kernel of another library, a copy
+through another API)."""
 
 from __future__ import annotations
 
 import enum
 import reprlib
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from numba_streamsafe import protocol
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
-
-if TYPE_CHECKING:
-    from numba_streamsafe.runtime import DeviceRuntime
+from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["LaunchRecorder", "RecorderMode", "UncommittedLaunchWarning"]
-
-
-class RecorderMode(str, enum.Enum):
-    """What a recorder does with memory that no resource of the runtime tracks."""
-
-    #: Refuse it at preflight: every buffer must be tracked.
-    STRICT = "strict"
-    #: Skip it: no ordering is applied to that buffer.
-    PERMISSIVE = "permissive"
-
-
-def refuse_untracked(what: list[str], remedy: str) -> StreamMisuse:
-    """The strict-mode error for memory no resource tracks; ``remedy`` ends the advice."""
-    return StreamMisuse(
-        f"{', '.join(what)}: memory not allocated by numba_streamsafe cannot be ordered in "
-        "strict mode. Allocate it through numba_streamsafe (or set "
-        f"NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), {remedy}"
-    )
 
 
 class UncommittedLaunchWarning(RuntimeWarning):
@@ -46,39 +30,45 @@ class _Phase(enum.Enum):
 
 
 class LaunchRecorder:
-    """Collect the buffers of one launch, then fence it.
+    """The launch protocol for one launch or copy that the caller queues.
 
     Use it in three steps::
 
-        rec = runtime.recorder(stream)
+        rec = LaunchRecorder(runtime, stream)
         rec.read(src_block); rec.write(dst_block)
         rec.preflight()      # queue cross-stream waits, before any work
         ...                  # enqueue the kernel or copy on ``stream``
-        rec.commit()         # record one event after it, for every block
+        rec.commit()         # record the launch into every block
 
-    Registrations of one block merge by ``(ptr, generation, device)`` with the
-    access lattice, so ``read(b); write(b)`` is one read-write use.
+    Registrations of one block merge with the access lattice
+    (:class:`~numba_streamsafe.protocol.Uses`), so ``read(b); write(b)`` is one
+    read-write use. Tracked kernels and copies run the same protocol
+    (:func:`numba_streamsafe.protocol.fenced`).
 
     Parameters
     ----------
     runtime : DeviceRuntime
         Runtime whose resource tracks the blocks.
-    stream : int
-        Handle of the stream the launch is queued on.
-    mode : RecorderMode or str
-        Policy for untracked memory (registered as ``None``).
+    stream : stream-like
+        The stream the launch is queued on: a handle, a Numba or ``cuda.core``
+        stream, an object with ``__cuda_stream__``, or None (the default stream).
+        A stream object is kept alive while uses recorded on it are in use.
+    mode : RecorderMode or str, optional
+        Policy for untracked memory (registered as ``None``); the runtime's
+        when omitted.
     """
 
-    __slots__ = ("runtime", "stream", "mode", "_uses", "_untracked", "_producers", "_phase")
+    __slots__ = ("runtime", "stream", "owner", "mode", "_uses", "_phase")
 
-    def __init__(self, runtime: DeviceRuntime, stream: int,
-                 mode: RecorderMode | str = RecorderMode.STRICT) -> None:
+    def __init__(self, runtime: DeviceRuntime, stream: Any = None,
+                 mode: RecorderMode | str | None = None) -> None:
         self.runtime = runtime
-        self.stream = stream
+        self.stream: int = runtime.stream_handle(stream)
+        self.owner = None if stream is None or isinstance(stream, int) else stream
+        if mode is None:
+            mode = runtime.mode
         self.mode = mode if mode.__class__ is RecorderMode else RecorderMode(mode)
-        self._uses: dict[tuple[int, int, int], list[Any]] = {}
-        self._untracked: list[str] = []
-        self._producers: list[int] = []
+        self._uses = protocol.Uses()
         self._phase = _Phase.RECORDING
 
     # ------------------------------------------------------------ registration
@@ -116,22 +106,14 @@ class LaunchRecorder:
                 access = as_access(access)
             except ValueError as exc:
                 raise InvalidArgument(f"cannot record {what}: {exc}") from None
-        if block is None:
-            self._untracked.append(what)
-            return
-        if block.__class__ is not Block and not isinstance(block, Block):
+        if block is not None and block.__class__ is not Block and not isinstance(block, Block):
             raise InvalidArgumentType(
                 f"cannot record {what!r}: got {type(block).__name__} {reprlib.repr(block)}, "
                 "not a Block. Pass the Block of the memory (runtime.allocate(...), or "
                 "numba_streamsafe.block_of(array) for an array), or None for memory no "
                 "resource tracks"
             )
-        key = (block.ptr, block.generation, block.device)
-        slot = self._uses.get(key)
-        if slot is None:
-            self._uses[key] = [block, access]
-        else:
-            slot[1] = Access(slot[1] | access)
+        self._uses.add(block, access, what)  # type: ignore[arg-type]
 
     def read(self, block: Block | None, what: str = "buffer") -> None:
         self.use(block, Access.READ, what)
@@ -151,12 +133,12 @@ class LaunchRecorder:
         if self._phase is not _Phase.RECORDING:
             raise StreamMisuse("cannot add a producer stream after preflight()")
         if producer != self.stream:
-            self._producers.append(producer)
+            self._uses.add_producer(producer)
 
     @property
     def uses(self) -> list[tuple[Block, Access]]:
         """The merged uses, one per block."""
-        return [(b, a) for b, a in self._uses.values()]
+        return list(self._uses.blocks)
 
     # ------------------------------------------------------------------ phases
     def preflight(self) -> None:
@@ -174,17 +156,13 @@ class LaunchRecorder:
         """
         if self._phase is not _Phase.RECORDING:
             raise StreamMisuse("preflight() was already called; make a new recorder per launch")
-        if self._untracked and self.mode is RecorderMode.STRICT:
-            raise refuse_untracked(self._untracked, "or use a permissive recorder")
-        runtime = self.runtime
-        if self._uses:
-            runtime.resource.prepare_launch(self.uses, self.stream)
-        for producer in self._producers:
-            runtime.order_after_stream(self.stream, producer)
+        protocol.preflight(self.runtime, self.stream, self._uses,
+                           self.mode is RecorderMode.STRICT, self.owner,
+                           "or use a permissive recorder")
         self._phase = _Phase.PREFLIGHTED
 
     def commit(self) -> None:
-        """Record one event on the launch stream into every registered block.
+        """Record the launch on the launch stream into every registered block.
 
         Call it after the launch or copy is queued.
 
@@ -196,15 +174,14 @@ class LaunchRecorder:
         if self._phase is _Phase.COMMITTED:
             raise StreamMisuse("commit() was already called; make a new recorder per launch")
         if self._phase is not _Phase.PREFLIGHTED:
-            if not self._uses and not self._producers:
+            if not self._uses.blocks and not self._uses.producers:
                 self._phase = _Phase.COMMITTED
                 return
             raise StreamMisuse(
                 "commit() without preflight(): the launch was not ordered after earlier uses. "
                 "Call preflight() before queueing the work, then commit()"
             )
-        if self._uses:
-            self.runtime.resource.commit_launch(self.uses, self.stream)
+        protocol.commit(self.runtime, self.stream, self._uses, self.owner)
         self._phase = _Phase.COMMITTED
 
     def abandon(self) -> None:
@@ -216,11 +193,11 @@ class LaunchRecorder:
 
     def __del__(self) -> None:
         try:
-            if self._uses and self._phase is not _Phase.COMMITTED:
+            if self._uses.blocks and self._phase is not _Phase.COMMITTED:
                 warnings.warn(
-                    f"a LaunchRecorder with {len(self._uses)} use(s) on stream {self.stream:#x} "
-                    "was dropped without commit(); later uses of those blocks are not ordered "
-                    "after this launch",
+                    f"a LaunchRecorder with {len(self._uses.blocks)} use(s) on stream "
+                    f"{self.stream:#x} was dropped without commit(); later uses of those blocks "
+                    "are not ordered after this launch",
                     UncommittedLaunchWarning,
                     stacklevel=1,
                 )

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, check_block
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
-from numba_streamsafe.recorder import LaunchRecorder, RecorderMode
+from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
     AsyncResource,
@@ -20,6 +19,7 @@ from numba_streamsafe.resources import (
     MemoryResource,
     ResourceStats,
 )
+from numba_streamsafe.settings import settings
 from numba_streamsafe.streams import default_stream_handle, stream_handle
 
 __all__ = [
@@ -34,36 +34,27 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class RuntimeStats:
-    """Accounting of a runtime: its resource's figures plus its epoch."""
+class RuntimeStats(ResourceStats):
+    """Accounting of a runtime: its resource's figures plus its context epoch."""
 
-    resource: ResourceStats
-    epoch: int
-    tracking: bool
+    epoch: int = 0
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.resource, name)
+    @property
+    def resource(self) -> ResourceStats:
+        """The resource's figures alone."""
+        return ResourceStats(**{f.name: getattr(self, f.name) for f in fields(ResourceStats)})
 
 
 def default_driver(device: int = 0) -> Driver:
-    """The driver a runtime uses when none is given.
-
-    ``NUMBA_STREAMSAFE_DRIVER`` picks ``cuda`` or ``sim``; unset, the simulated
-    driver is used when Numba's CUDA simulator is on
-    (``NUMBA_ENABLE_CUDASIM=1``), the CUDA driver otherwise.
-    """
-    choice = os.environ.get("NUMBA_STREAMSAFE_DRIVER", "").strip().lower()
-    if not choice:
-        choice = "sim" if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") else "cuda"
-    if choice == "sim":
+    """The driver a runtime uses when none is given: ``NUMBA_STREAMSAFE_DRIVER``
+    (:mod:`numba_streamsafe.settings`) picks the CUDA or the simulated one."""
+    if settings().driver == "sim":
         from numba_streamsafe._driver.sim import SimDriver
 
         return SimDriver(device)
-    if choice == "cuda":
-        from numba_streamsafe._driver.cuda import CudaDriver
+    from numba_streamsafe._driver.cuda import CudaDriver
 
-        return CudaDriver(device)
-    raise InvalidArgument(f"NUMBA_STREAMSAFE_DRIVER={choice!r}: use 'cuda' or 'sim'")
+    return CudaDriver(device)
 
 
 class DeviceRuntime:
@@ -91,17 +82,8 @@ class DeviceRuntime:
         self.driver: Driver = driver if driver is not None else _driver_of(resource)
         self.device = resource.device
         self.mode = RecorderMode(mode)
-        #: When False, the Numba layer launches without fences (to show races).
-        #: A stack that cannot track (DirectResource) starts with it off.
-        self.tracking = resource.supports_tracking()
-        #: When True, tracked kernels launch covered overloads with one
-        #: ``cuLaunchKernel`` (drivers that offer ``launch_kernel``) instead of
-        #: Numba's launch path. ``NUMBA_STREAMSAFE_DIRECT_LAUNCH=0`` turns it off.
-        self.direct_launch = (hasattr(self.driver, "launch_kernel")
-                              and os.environ.get("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "1").strip()
-                              not in ("0", "false", "no", "off"))
-        #: The driver's destroyed stream handles (CudaDriver), refused as ints.
-        self._destroyed: set[int] | None = getattr(self.driver, "destroyed_streams", None)
+        #: The driver's destroyed stream handles, refused as ints.
+        self._destroyed: set[int] = self.driver.destroyed_streams
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stream_lock = threading.Lock()
 
@@ -127,10 +109,7 @@ class DeviceRuntime:
         with self._stream_lock:
             handle = self._stream_objects.get(stream)
             if handle is None:
-                create = getattr(self.driver, "create_stream", None)
-                if create is None:
-                    raise StreamMisuse(f"{stream!r} carries no CUDA stream handle")
-                handle = create()
+                handle = self.driver.create_stream()
                 self._stream_objects[stream] = handle
         return handle
 
@@ -160,7 +139,7 @@ class DeviceRuntime:
                 "only streams you created"
             )
         self.resource.flush()
-        on_it: list[Block] = getattr(self.resource, "blocks_on_stream", lambda s: [])(handle)
+        on_it = self.resource.blocks_on_stream(handle)
         if on_it:
             names = "; ".join(b.describe() for b in on_it[:5])
             raise StreamMisuse(
@@ -170,13 +149,13 @@ class DeviceRuntime:
         # Seal the uses recorded on the stream and reap its queued frees while
         # the stream still exists (afterwards neither could be done), forget
         # its history, and destroy it with no reap in between.
-        self.resource.retire_stream(handle, self.driver.destroy_stream)  # type: ignore[attr-defined]
+        self.resource.retire_stream(handle, self.driver.destroy_stream)
 
     def order_after_stream(self, stream: int, producer: int) -> None:
         """Make ``stream`` wait for everything queued so far on ``producer``."""
         if producer == stream:
             return
-        pool = getattr(self.resource, "events", None)
+        pool = self.resource.events
         if pool is None:
             handle = self.driver.event_create()
             try:
@@ -256,14 +235,11 @@ class DeviceRuntime:
     def find(self, address: int) -> Block | None:
         return self.resource.find(address)
 
-    def recorder(self, stream: Any, mode: RecorderMode | str | None = None) -> LaunchRecorder:
-        """A :class:`LaunchRecorder` for one launch on ``stream``."""
-        return LaunchRecorder(self, self.stream_handle(stream), mode or self.mode)
-
     def fence(self, uses: list[tuple[Block, Access]], stream: Any) -> None:
-        """Queue the waits for ``uses`` on ``stream`` (preflight without a recorder)."""
+        """Queue on ``stream`` the waits that ``uses`` need (a preflight with no
+        commit: the caller's work is not recorded)."""
         owner = None if stream is None or isinstance(stream, int) else stream
-        self.resource.prepare_launch(uses, self.stream_handle(stream), owner)
+        self.resource.preflight(uses, self.stream_handle(stream), owner)
 
     # --------------------------------------------------------------- lifecycle
     @property
@@ -279,7 +255,9 @@ class DeviceRuntime:
         self.resource.reset_context()
 
     def stats(self) -> RuntimeStats:
-        return RuntimeStats(self.resource.stats(), self.epoch, self.tracking)
+        stats = self.resource.stats()
+        return RuntimeStats(**{f.name: getattr(stats, f.name) for f in fields(ResourceStats)},
+                            epoch=self.epoch)
 
 
 def _driver_of(resource: MemoryResource) -> Driver:
@@ -314,7 +292,8 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
 
 
 def default_stack(driver: Driver) -> MemoryResource:
-    """The resource stack of a process-wide runtime, chosen by environment.
+    """The resource stack of a process-wide runtime, chosen by the settings
+    (:mod:`numba_streamsafe.settings`).
 
     ``NUMBA_STREAMSAFE_RESOURCE``: ``async`` (default, stream-ordered and
     tracked) or ``direct`` (``cuMemAlloc`` / ``cuMemFree``, untracked: for
@@ -324,13 +303,10 @@ def default_stack(driver: Driver) -> MemoryResource:
     freed memory in the device's pool across synchronizes
     (``release_threshold=POOL_KEEP_ALL``); :meth:`DeviceRuntime.trim` hands it back.
     """
-    kind = os.environ.get("NUMBA_STREAMSAFE_RESOURCE", "async").strip().lower() or "async"
-    if kind == "direct":
+    config = settings()
+    if config.resource == "direct":
         return DirectResource(driver)
-    if kind != "async":
-        raise InvalidArgument(f"NUMBA_STREAMSAFE_RESOURCE={kind!r}: use 'async' or 'direct'")
-    fences = os.environ.get("NUMBA_STREAMSAFE_FENCES", "lazy").strip().lower() or "lazy"
-    return AsyncResource(driver, fences=fences, release_threshold=POOL_KEEP_ALL)
+    return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL)
 
 
 def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRuntime | None:

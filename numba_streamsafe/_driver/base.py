@@ -30,6 +30,29 @@ class Driver(Protocol):
     device: int
     #: True when :meth:`trace_access` checks accesses (the simulated driver).
     traces_accesses: bool
+    #: True when :meth:`launch_kernel` launches (the CUDA driver).
+    supports_direct_launch: bool
+    #: Handles of streams this driver destroyed and has not handed out again.
+    destroyed_streams: set[int]
+
+    def create_stream(self) -> int:
+        """Create a non-blocking stream and return its handle (``cuStreamCreate``).
+        The handle of a destroyed stream may be handed out again."""
+        ...
+
+    def destroy_stream(self, stream: int) -> None:
+        """Destroy ``stream`` (``cuStreamDestroy``); work queued on it still completes."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for all work on the device, destroyed streams' included (``cuCtxSynchronize``)."""
+        ...
+
+    def launch_kernel(self, function: int, grid: tuple[int, int, int],
+                      block: tuple[int, int, int], shmem: int, stream: int, params: Any) -> None:
+        """Queue one kernel on ``stream`` (``cuLaunchKernel``); only when
+        :attr:`supports_direct_launch` is True."""
+        ...
 
     def alloc_async(self, nbytes: int, stream: int) -> int:
         """Allocate ``nbytes`` ordered on ``stream`` (``cuMemAllocAsync``)."""

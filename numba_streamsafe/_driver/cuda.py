@@ -38,6 +38,7 @@ class CudaDriver:
     """
 
     traces_accesses = False
+    supports_direct_launch = True
 
     def __init__(self, device: int = 0) -> None:
         drv = _bindings()

@@ -136,6 +136,7 @@ class SimDriver:
     """
 
     traces_accesses = True
+    supports_direct_launch = False
 
     def __init__(self, device: int = 0, capacity: int = 1 << 34, backing: bool = True, *,
                  recycle_streams: bool = True) -> None:
@@ -155,6 +156,8 @@ class SimDriver:
         self._free_handles: list[int] = []
         #: Clocks of destroyed streams whose work the host has not yet waited for.
         self._retired: list[dict[int, int]] = []
+        #: Handles of destroyed streams not yet handed out again.
+        self.destroyed_streams: set[int] = set()
         #: Streams created and destroyed over the driver's life.
         self.streams_created = 0
         self.streams_destroyed = 0
@@ -196,6 +199,7 @@ class SimDriver:
             self._enter("cuStreamCreate")
             if self._free_handles:
                 handle = self._free_handles.pop()
+                self.destroyed_streams.discard(handle)
             else:
                 handle = self._next_handle
                 self._next_handle += 0x10
@@ -218,6 +222,7 @@ class SimDriver:
             del self._by_serial[s.serial]
             if s.clock:
                 self._retired.append(s.clock)
+            self.destroyed_streams.add(stream)
             if self.recycle_streams:
                 self._free_handles.append(stream)
             self.streams_destroyed += 1
@@ -236,6 +241,13 @@ class SimDriver:
             for chunk in list(self._chunks.values()):
                 self._release(chunk)
             self._pool = []
+
+    def launch_kernel(self, function: int, grid: tuple[int, int, int],
+                      block: tuple[int, int, int], shmem: int, stream: int, params: Any) -> None:
+        """Not available: the simulated device runs no compiled code (Numba's CUDA
+        simulator runs the kernels; :meth:`trace_access` checks them)."""
+        raise StreamMisuse("the simulated driver cannot launch compiled kernels; launch through "
+                           "Numba's CUDA simulator")
 
     def _stream(self, stream: int, call: str) -> _Stream:
         try:

@@ -16,12 +16,17 @@ import numpy as np
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.launch import Uses, fenced, single
+from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import current_stream
-from numba_streamsafe.recorder import RecorderMode
+from numba_streamsafe.protocol import Uses, fenced, single
 
 __all__ = ["device_array", "to_device", "copy_to_host", "copy", "memset", "block_of"]
+
+
+def _tracking(rt: Any) -> bool:
+    return launch_policy(rt).tracking
 
 
 def _strict(rt: Any) -> bool:
@@ -262,7 +267,8 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
 
     if host.nbytes:
         fenced(rt, handle, single(block, Access.WRITE, "to"), f"copy to device ({tag})",
-               _strict(rt), _owner(stream), to.copy_to_device, host, target.numba_stream(stream))
+               _strict(rt), _owner(stream), to.copy_to_device, host, target.numba_stream(stream),
+               tracking=_tracking(rt))
     return to
 
 
@@ -332,7 +338,8 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     handle = rt.stream_handle(stream)
 
     return fenced(rt, handle, single(block, Access.READ, "array"), "copy to host", _strict(rt),
-                  _owner(stream), array.copy_to_host, out, target.numba_stream(stream))
+                  _owner(stream), array.copy_to_host, out, target.numba_stream(stream),
+                  tracking=_tracking(rt))
 
 
 def _check_out(out: Any, shape: tuple[int, ...], strides: tuple[int, ...],
@@ -412,7 +419,7 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
     uses.add(src_block, Access.READ, "src")
     uses.add(dst_block, Access.WRITE, "dst")
     fenced(rt, handle, uses, "device copy", _strict(rt), _owner(stream), dst.copy_to_device, src,
-           target.numba_stream(stream))
+           target.numba_stream(stream), tracking=_tracking(rt))
 
 
 def memset(array: Any, value: int, *, stream: Any = None) -> None:
@@ -427,4 +434,5 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     handle = rt.stream_handle(stream)
 
     fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
-           _owner(stream), target.memset, array, int(value), target.numba_stream(stream))
+           _owner(stream), target.memset, array, int(value), target.numba_stream(stream),
+           tracking=_tracking(rt))

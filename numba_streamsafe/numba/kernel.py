@@ -13,10 +13,11 @@ from numba import cuda
 
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import direct, target
-from numba_streamsafe.numba.launch import Uses, fenced
+from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import stream_scope
-from numba_streamsafe.recorder import RecorderMode
+from numba_streamsafe.protocol import Uses, fenced
 from numba_streamsafe.runtime import get_runtime
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
@@ -255,7 +256,9 @@ class TrackedKernel:
         handle = rt.stream_handle(stream)
         owner = None if isinstance(stream, int) else stream
         strict = self._strict(rt)
-        if dims is not None and not host and rt.direct_launch:
+        policy = launch_policy(rt)
+        tracking = policy.tracking
+        if dims is not None and not host and policy.direct_launch:
             plan = self._plan(rt, args)
             if plan is not None:
                 params = plan.pack(args)
@@ -263,16 +266,17 @@ class TrackedKernel:
                     grid, block, shmem = dims
                     if grid[0] * grid[1] * grid[2] < 128:
                         _warn_low_occupancy(self, grid)
-                    driver: Any = rt.driver  # a CudaDriver: rt.direct_launch says so
-                    fenced(rt, handle, uses, self.__name__, strict, owner, driver.launch_kernel,
-                           plan.function, grid, block, shmem, handle, params)
+                    fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
+                           plan.function, grid, block, shmem, handle, params, tracking=tracking)
                     return
         launch = numba_launch()
         if host:
             with stream_scope(stream):
-                fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args)
+                fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args,
+                       tracking=tracking)
         else:
-            fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args)
+            fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args,
+                   tracking=tracking)
 
 
 def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:

@@ -81,12 +81,13 @@ def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
     The setting is shared by every thread using that runtime (not per
     thread); nested blocks restore in the order they exit.
     """
+    from numba_streamsafe.numba.policy import launch_policy
     from numba_streamsafe.runtime import get_runtime
 
-    rt = get_runtime(device)
-    old = rt.tracking
-    rt.tracking = enabled
+    policy = launch_policy(get_runtime(device))
+    old = policy.tracking
+    policy.tracking = enabled
     try:
         yield
     finally:
-        rt.tracking = old
+        policy.tracking = old

@@ -146,6 +146,8 @@ class AsyncResource(MemoryResource):
     launch, reap or :meth:`flush`.
     """
 
+    events: EventPool
+
     def __init__(self, driver: Driver, *, fences: str = "lazy", max_idle_events: int = 1024,
                  reuse_bytes: int = 64 << 20, release_threshold: int | None = None) -> None:
         if fences not in ("lazy", "eager"):
@@ -365,12 +367,6 @@ class AsyncResource(MemoryResource):
     def supports_tracking(self) -> bool:
         return True
 
-    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
-        self.prepare_launch(((block, access),), stream)
-
-    def finish_use(self, block: Block, stream: int, access: Access) -> None:
-        self.commit_launch(((block, access),), stream)
-
     def _entries(self, uses: Sequence[Use], what: str) -> list[tuple[_Entry, int]]:
         """Validated entries of ``uses``; caller holds the lock."""
         live = self._live
@@ -421,12 +417,12 @@ class AsyncResource(MemoryResource):
             wait(stream, self._seal(mark))
             waiters[stream] = owner
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+    def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
         with self._lock:
             marks: list[Mark] | None = None
-            for entry, access in self._entries(uses, "prepare_use"):
+            for entry, access in self._entries(uses, "preflight"):
                 lw = entry.last_write
                 if lw.stream != stream:
                     if marks is None:
@@ -443,14 +439,14 @@ class AsyncResource(MemoryResource):
             if marks is not None:
                 self._wait_all(stream, marks, owner)
 
-    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+    def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         """Record ``uses`` against the stream's current mark (sealed now when eager).
 
         ``owner`` is kept alive with the mark (the stream object, so the stream
         outlives every use recorded on it).
         """
         with self._lock:
-            entries = self._entries(uses, "finish_use")
+            entries = self._entries(uses, "commit")
             if not entries:
                 return
             mark = self._marks.get(stream)
@@ -720,6 +716,10 @@ class AsyncResource(MemoryResource):
                 self._add_pending(stream, nbytes, owner)
             del self._kept[key]
         self._kept_owners.pop(stream, None)
+
+    @property
+    def tracker(self) -> AsyncResource:
+        return self
 
     def blocks_on_stream(self, stream: int) -> list[Block]:
         """Live blocks allocated on ``stream``."""

@@ -12,6 +12,7 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, check_block
 from numba_streamsafe.errors import StreamMisuse
 from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.events import EventPool
 
 __all__ = ["DeferringAdaptor", "MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
 
@@ -50,11 +51,13 @@ class MemoryResource(abc.ABC):
       failure part-way leaves the block live so the call can be retried.
     * ``bytes_outstanding() == live + pending_free`` at every quiescent point.
     * A resource that does not track uses says so in :meth:`supports_tracking`
-      and refuses :meth:`prepare_use` / :meth:`finish_use` with
+      and refuses :meth:`preflight` / :meth:`commit` with
       :class:`~numba_streamsafe.errors.StreamMisuse`.
     """
 
     device: int
+    #: The event pool a tracking resource records its marks with (None: none).
+    events: EventPool | None = None
 
     @abc.abstractmethod
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
@@ -100,6 +103,18 @@ class MemoryResource(abc.ABC):
     def reset_context(self) -> None:  # noqa: B027 - optional hook
         """Release every block: their context is being reset. Old handles become stale."""
 
+    def blocks_on_stream(self, stream: int) -> list[Block]:
+        """Live blocks allocated on ``stream`` (none, for a resource that does not
+        know streams)."""
+        return []
+
+    @property
+    def tracker(self) -> MemoryResource:
+        """The resource at the bottom of the stack (itself, unless an adaptor):
+        the one whose diagnostics (``block_events``, ``pending_per_stream``...)
+        describe the stack's state."""
+        return self
+
     def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
         """End ``stream``'s history (its handle may pass to a new stream), then call
         ``destroy(stream)`` if given. A resource that keeps no per-stream state
@@ -117,7 +132,7 @@ class MemoryResource(abc.ABC):
         return 0
 
     def supports_tracking(self) -> bool:
-        """Whether :meth:`prepare_use` and :meth:`finish_use` are available."""
+        """Whether :meth:`preflight` and :meth:`commit` are available."""
         return False
 
     def _refuse(self, what: str) -> StreamMisuse:
@@ -126,25 +141,20 @@ class MemoryResource(abc.ABC):
             "streams; build the runtime on AsyncResource, or synchronise the streams yourself"
         )
 
-    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
-        """Queue on ``stream`` the waits that ``access`` to ``block`` needs."""
-        raise self._refuse("prepare_use")
-
-    def finish_use(self, block: Block, stream: int, access: Access) -> None:
-        """Record ``access`` to ``block`` on ``stream`` as done (an event after it)."""
-        raise self._refuse("finish_use")
-
-    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        """:meth:`prepare_use` for every use of one launch, each event waited once.
+    def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        """Queue on ``stream`` the waits that the ``(block, access)`` uses of one
+        launch need, before the launch is queued; each event is waited for once.
 
         ``owner`` is the launch stream's owning object (None for a raw handle),
-        kept alive while the marks it waited for are in use.
+        kept alive while the marks it waited for are in use. Nothing is queued
+        when this raises.
         """
-        raise self._refuse("prepare_launch")
+        raise self._refuse("preflight")
 
-    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        """:meth:`finish_use` for every use of one launch, sharing one mark (one event)."""
-        raise self._refuse("commit_launch")
+    def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        """Record the uses of one launch on ``stream`` after it is queued, all
+        against one mark of the stream (one event at most)."""
+        raise self._refuse("commit")
 
 
 class ResourceAdaptor(MemoryResource):
@@ -192,27 +202,25 @@ class ResourceAdaptor(MemoryResource):
     def supports_tracking(self) -> bool:
         return self.upstream.supports_tracking()
 
-    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
-        self.upstream.prepare_use(block, stream, access)
+    def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        self.upstream.preflight(uses, stream, owner)
 
-    def finish_use(self, block: Block, stream: int, access: Access) -> None:
-        self.upstream.finish_use(block, stream, access)
-
-    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        self.upstream.prepare_launch(uses, stream, owner)
-
-    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        self.upstream.commit_launch(uses, stream, owner)
+    def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        self.upstream.commit(uses, stream, owner)
 
     def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
         self.upstream.retire_stream(stream, destroy)
 
-    def __getattr__(self, name: str) -> Any:
-        # Diagnostics of the tracking resource (block_events, event_pool, ...)
-        # stay reachable through any number of decorators.
-        if name == "upstream":
-            raise AttributeError(name)
-        return getattr(self.upstream, name)
+    def blocks_on_stream(self, stream: int) -> list[Block]:
+        return self.upstream.blocks_on_stream(stream)
+
+    @property
+    def events(self) -> EventPool | None:  # type: ignore[override]
+        return self.upstream.events
+
+    @property
+    def tracker(self) -> MemoryResource:
+        return self.upstream.tracker
 
 
 class DeferringAdaptor(ResourceAdaptor):
@@ -221,7 +229,7 @@ class DeferringAdaptor(ResourceAdaptor):
     :meth:`defer_free` queues the block here (no lock, no driver call:
     finalizer-safe) instead of in the upstream, and the queue drains through
     :meth:`_free_queued` at the next safe point: :meth:`flush`,
-    :meth:`reap_pending`, :meth:`prepare_launch`, and the subclass's
+    :meth:`reap_pending`, :meth:`preflight`, and the subclass's
     ``allocate`` (which calls :meth:`_drain` when :attr:`_deferred` is not
     empty). :meth:`hold_frees` holds this queue and the upstream's;
     :meth:`reset_context` forgets the queued blocks (they are stale).
@@ -258,10 +266,10 @@ class DeferringAdaptor(ResourceAdaptor):
         self._drain()
         self.upstream.reap_pending()
 
-    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+    def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
-        self.upstream.prepare_launch(uses, stream, owner)
+        self.upstream.preflight(uses, stream, owner)
 
     @contextlib.contextmanager
     def hold_frees(self) -> Iterator[None]:

@@ -67,7 +67,7 @@ class DebugGuardResource(DeferringAdaptor):
     :meth:`release_quarantine`. Until then its address is not handed out
     again, so a stray use of the freed block reads poison instead of another
     allocation's data, and a use through the library
-    (:meth:`prepare_use`, a recorder) is refused with
+    (:meth:`preflight`, a recorder) is refused with
     :class:`~numba_streamsafe.errors.UseAfterFree`.
 
     Parameters
@@ -94,8 +94,7 @@ class DebugGuardResource(DeferringAdaptor):
 
     Notes
     -----
-    * Tracking calls (:meth:`prepare_use`, :meth:`finish_use`,
-      :meth:`prepare_launch`, :meth:`commit_launch`) take inner blocks and
+    * Tracking calls (:meth:`preflight`, :meth:`commit`) take inner blocks and
       track the outer block upstream; :meth:`find` returns the inner block for
       an address in its range and None for an address in a guard.
     * :meth:`bytes_outstanding` and :meth:`stats` are the upstream's: they
@@ -178,7 +177,7 @@ class DebugGuardResource(DeferringAdaptor):
                 if self.upstream.supports_tracking():
                     # The fills are writes of the block: later uses on other
                     # streams must be ordered after them.
-                    self.upstream.finish_use(outer, s, Access.WRITE)
+                    self.upstream.commit(((outer, Access.WRITE),), s)
         except BaseException:
             try:
                 self.upstream.deallocate(outer)
@@ -249,24 +248,16 @@ class DebugGuardResource(DeferringAdaptor):
         return self._entry(block, what).outer
 
     # ---------------------------------------------------------------- tracking
-    def prepare_use(self, block: Block, stream: int, access: Access) -> None:
-        """:meth:`MemoryResource.prepare_use` of the inner ``block``, tracked as its outer one."""
-        self.upstream.prepare_use(self._outer(block, "prepare_use"), stream, access)
-
-    def finish_use(self, block: Block, stream: int, access: Access) -> None:
-        """:meth:`MemoryResource.finish_use` of the inner ``block``, tracked as its outer one."""
-        self.upstream.finish_use(self._outer(block, "finish_use"), stream, access)
-
-    def prepare_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+    def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
         outer = self._outer
-        self.upstream.prepare_launch([(outer(b, "prepare_use"), a) for b, a in uses], stream,
+        self.upstream.preflight([(outer(b, "preflight"), a) for b, a in uses], stream,
                                      owner)
 
-    def commit_launch(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+    def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         outer = self._outer
-        self.upstream.commit_launch([(outer(b, "finish_use"), a) for b, a in uses], stream,
+        self.upstream.commit([(outer(b, "commit"), a) for b, a in uses], stream,
                                     owner)
 
     def block_events(self, block: Block) -> Any:
@@ -345,7 +336,7 @@ class DebugGuardResource(DeferringAdaptor):
             tracks = self.upstream.supports_tracking()
             if tracks:
                 # The allocation stream waits for every recorded use of the block.
-                self.upstream.prepare_use(outer, stream, Access.READ_WRITE)
+                self.upstream.preflight(((outer, Access.READ_WRITE),), stream)
             else:
                 sync = getattr(self.driver, "synchronize", None)
                 if sync is not None:
@@ -354,7 +345,7 @@ class DebugGuardResource(DeferringAdaptor):
                 self._check_guards(outer, inner)
             self.driver.memset_async(inner.ptr, self.poison, inner.nbytes, stream)
             if tracks:
-                self.upstream.finish_use(outer, stream, Access.WRITE)
+                self.upstream.commit(((outer, Access.WRITE),), stream)
             # The block is poisoned: from here on nothing raises for it.
             del self._live[inner.ptr]
             inner.state = BlockState.FREED

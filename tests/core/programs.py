@@ -2,7 +2,7 @@
 
 A *program step on the GPU* is::
 
-    rec = rt.recorder(s); rec.read(b) ...; rec.preflight()
+    rec = LaunchRecorder(rt, s); rec.read(b) ...; rec.preflight()
     driver.trace_access(s, accesses, label)        # the kernel, as the simulator sees it
     rec.commit()
 
@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
+from numba_streamsafe.recorder import LaunchRecorder
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
 
@@ -63,7 +64,7 @@ def launch(rt: DeviceRuntime, stream: int, uses: Sequence[tuple[Block, Access]],
     """Queue one kernel on ``stream`` that makes ``uses``; fence it unless ``fenced`` is False."""
     rec = None
     if fenced:
-        rec = rt.recorder(stream)
+        rec = LaunchRecorder(rt, stream)
         for block, access in uses:
             rec.use(block, access)
         rec.preflight()
@@ -93,7 +94,7 @@ def snapshot(resource: Any, *blocks: Block, events: bool = True) -> tuple:
         stats = dataclasses.replace(stats, events_in_use=0, events_idle=0)
     deps = []
     for block in blocks:
-        last_write, reads = resource.block_events(block)
+        last_write, reads = resource.tracker.block_events(block)
         deps.append((id(last_write), last_write.refs, last_write.stream,
                      tuple(sorted((s, id(m), m.refs) for s, m in reads.items()))))
     return resource.bytes_outstanding(), stats, tuple(deps)

@@ -19,6 +19,7 @@ from numba_streamsafe import (
 )
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY
 from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
@@ -87,7 +88,7 @@ def test_reads_keep_at_most_one_event_per_stream(sim, fences):
     records = sim.calls["cuEventRecord"]
     peak = 0
     for i in range(100_000):
-        res.finish_use(x, streams[i % 4], R)
+        res.commit([(x, R)], streams[i % 4])
         if res.events.in_use > peak:
             peak = res.events.in_use
     last_write, reads = res.block_events(x)
@@ -130,7 +131,7 @@ def test_eager_commit_records_one_event_for_all_blocks(sim):
     rt = DeviceRuntime(res)
     a, b = sim.create_stream(), sim.create_stream()
     blocks = _three_blocks(rt, a)
-    rec = rt.recorder(a)
+    rec = LaunchRecorder(rt, a)
     for blk in blocks:
         rec.write(blk)
     rec.preflight()
@@ -158,7 +159,7 @@ def test_lazy_commit_records_the_shared_event_when_first_waited_for(rt, res, sim
     launch(rt, a, [(blk, W) for blk in blocks], label="producer")
     assert sim.calls["cuEventRecord"] == records, "nothing to record until a stream must wait"
     waits = sim.calls["cuStreamWaitEvent"]
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     for blk in blocks:
         rec.write(blk)
     rec.preflight()

@@ -32,6 +32,7 @@ from numba_streamsafe import (
     UseAfterFree,
 )
 from numba_streamsafe.blocks import BlockState, next_generation
+from numba_streamsafe.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
@@ -47,12 +48,12 @@ def calls(sim) -> collections.Counter:
 
 
 def use(res, sim, block, stream, access) -> int:
-    """prepare_use, the kernel, finish_use; return how many waits prepare_use queued."""
+    """preflight, the kernel, commit; return how many waits preflight queued."""
     before = sim.calls["cuStreamWaitEvent"]
-    res.prepare_use(block, stream, access)
+    res.preflight([(block, access)], stream)
     queued = sim.calls["cuStreamWaitEvent"] - before
     sim.trace_access(stream, [(block.ptr, block.nbytes, access)], f"{access.name}@{stream:#x}")
-    res.finish_use(block, stream, access)
+    res.commit([(block, access)], stream)
     return queued
 
 
@@ -107,7 +108,7 @@ def test_allocate_on_unknown_stream_is_stream_misuse(rt, res, sim):
     sim.destroy_stream(gone)
     before, allocs = snapshot(res, keep), sim.calls["cuMemAllocAsync"]
     for bad in (0xBAD0, gone):
-        with pytest.raises(StreamMisuse, match="create_stream"):
+        with pytest.raises(StreamMisuse, match="create_stream|was destroyed"):
             rt.allocate(64, bad, "bad")
     assert snapshot(res, keep) == before
     assert sim.calls["cuMemAllocAsync"] == allocs
@@ -121,7 +122,7 @@ def test_block_of_another_device_is_invalid_argument(rt, res, sim, two_streams):
     before, driver_calls = snapshot(res, real), calls(sim)
 
     def preflight():
-        rec = rt.recorder(b)
+        rec = LaunchRecorder(rt, b)
         rec.write(alien)
         try:
             rec.preflight()
@@ -129,8 +130,8 @@ def test_block_of_another_device_is_invalid_argument(rt, res, sim, two_streams):
             rec.abandon()
 
     for call in (lambda: rt.deallocate(alien),
-                 lambda: res.prepare_use(alien, b, W),
-                 lambda: res.finish_use(alien, b, W),
+                 lambda: res.preflight([(alien, W)], b),
+                 lambda: res.commit([(alien, W)], b),
                  lambda: res.block_events(alien),
                  preflight):
         with pytest.raises(InvalidArgument, match="device 1.*device 0.*runtime"):
@@ -164,9 +165,9 @@ def test_stale_generation_is_use_after_free_and_spares_the_new_owner(rt, res, si
     launch(rt, b, [(new, R)])
     before, driver_calls = snapshot(res, new), calls(sim)
     for call in (lambda: rt.deallocate(old),
-                 lambda: res.prepare_use(old, b, W),
-                 lambda: res.finish_use(old, b, W),
-                 lambda: res.prepare_launch([(new, R), (old, R)], b)):
+                 lambda: res.preflight([(old, W)], b),
+                 lambda: res.commit([(old, W)], b),
+                 lambda: res.preflight([(new, R), (old, R)], b)):
         with pytest.raises(UseAfterFree, match=f"now holds generation {new.generation}"):
             call()
     assert snapshot(res, new) == before
@@ -180,15 +181,15 @@ def test_unknown_pointer_is_use_after_free(rt, res, sim, two_streams):
     ghost = Block(0xDEAD000, 64, 0, a, "ghost", next_generation())
     before, driver_calls = snapshot(res, keep), calls(sim)
     for call in (lambda: rt.deallocate(ghost),
-                 lambda: res.prepare_use(ghost, b, R),
-                 lambda: res.commit_launch([(keep, W), (ghost, W)], b)):
+                 lambda: res.preflight([(ghost, R)], b),
+                 lambda: res.commit([(keep, W), (ghost, W)], b)):
         with pytest.raises(UseAfterFree, match="'ghost'.*not live"):
             call()
     assert snapshot(res, keep) == before, "a refused commit records nothing, even for valid uses"
     assert calls(sim) == driver_calls
 
 
-# ------------------------------------------------------------- 2. prepare_use
+# --------------------------------------------------------------- 2. preflight
 def test_read_waits_only_on_a_cross_stream_last_write(res, sim, four_streams):
     a, b, c, d = four_streams
     x = res.allocate(256, a, "x")  # the allocation is the first "write", on a
@@ -227,8 +228,8 @@ def test_same_stream_events_are_never_waited(res, sim, two_streams):
     assert sim.hazards == []
 
 
-# -------------------------------------------------------------- 3. finish_use
-def test_finish_use_write_replaces_last_write_and_read_adds_itself(res, sim, four_streams):
+# ------------------------------------------------------------------ 3. commit
+def test_commit_write_replaces_last_write_and_read_adds_itself(res, sim, four_streams):
     a, b, c, d = four_streams
     x = res.allocate(256, a, "x")
     alloc_mark, reads = res.block_events(x)
@@ -332,10 +333,10 @@ def test_deallocate_failure_part_way_leaves_the_block_live(sim, fences, call, sk
 # ----------------------------------------------------------- 6. non-tracking
 def _refuses_tracking(res, block, stream):
     assert res.supports_tracking() is False
-    for call in (lambda: res.prepare_use(block, stream, R),
-                 lambda: res.finish_use(block, stream, W),
-                 lambda: res.prepare_launch([(block, R)], stream),
-                 lambda: res.commit_launch([(block, W)], stream)):
+    for call in (lambda: res.preflight([(block, R)], stream),
+                 lambda: res.commit([(block, W)], stream),
+                 lambda: res.preflight([(block, R)], stream),
+                 lambda: res.commit([(block, W)], stream)):
         with pytest.raises(StreamMisuse, match="does not track.*AsyncResource"):
             call()
 
@@ -352,7 +353,7 @@ def test_non_tracking_stacks_refuse_tracking_calls(sim, wrap):
     assert accounting(res) == before
     # A runtime over it refuses at preflight, before the launch.
     rt = DeviceRuntime(res)
-    rec = rt.recorder(s)
+    rec = LaunchRecorder(rt, s)
     rec.read(x)
     with pytest.raises(StreamMisuse, match="does not track"):
         rec.preflight()
@@ -372,7 +373,7 @@ def test_decorators_forward_tracking_calls(sim, wrap):
     assert set(inner.block_events(x)[1]) == {b}
     assert use(res, sim, x, a, W) == 1
     assert inner.block_events(x)[0].stream == a and inner.block_events(x)[1] == {}
-    assert res.block_events(x) == inner.block_events(x)  # diagnostics reach through
+    assert res.tracker is inner  # diagnostics reach through the tracker
     assert sim.hazards == []
 
 
@@ -476,11 +477,11 @@ def test_budget_reaps_before_refusing(sim):
     res = BudgetResource(AsyncResource(sim), 1000)
     s = sim.create_stream()
     res.deallocate(res.allocate(600, s, "x"))
-    assert res.bytes_outstanding() == 600 and res.pending_bytes == 600
+    assert res.bytes_outstanding() == 600 and res.tracker.pending_bytes == 600
     syncs = sim.calls["cuStreamSynchronize"]
     y = res.allocate(600, s, "y")  # only fits once the queued free is reaped
     assert sim.calls["cuStreamSynchronize"] == syncs + 1
-    assert res.pending_bytes == 0 and res.bytes_outstanding() == 600
+    assert res.tracker.pending_bytes == 0 and res.bytes_outstanding() == 600
     res.deallocate(y)
     with pytest.raises(OutOfBudget) as info:
         res.allocate(1001, s, "never fits")
@@ -498,7 +499,7 @@ def test_recorder_merges_registrations_of_one_block(rt, res, sim, two_streams):
     x = rt.allocate(256, a, "x")
     y = rt.allocate(256, a, "y")
     alias = Block(x.ptr, x.nbytes, x.device, x.stream, "alias of x", x.generation)
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     rec.read(x)
     rec.write(alias)  # same (ptr, generation, device)
     rec.read(y)
@@ -518,7 +519,7 @@ def test_recorder_registration_after_preflight_is_stream_misuse(rt, res, sim, tw
     a, b = two_streams
     x = rt.allocate(256, a, "x")
     y = rt.allocate(256, a, "y")
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     rec.read(x)
     rec.preflight()
     before, driver_calls = snapshot(res, x, y), calls(sim)
@@ -538,7 +539,7 @@ def test_recorder_registration_after_preflight_is_stream_misuse(rt, res, sim, tw
 def test_commit_without_preflight_is_stream_misuse(rt, res, sim, two_streams):
     a, b = two_streams
     x = rt.allocate(256, a, "x")
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     rec.write(x)
     before, driver_calls = snapshot(res, x), calls(sim)
     with pytest.raises(StreamMisuse, match=r"without preflight\(\).*Call preflight\(\)"):
@@ -547,14 +548,14 @@ def test_commit_without_preflight_is_stream_misuse(rt, res, sim, two_streams):
     rec.preflight()
     rec.commit()
     assert res.block_events(x)[0].stream == b
-    empty = rt.recorder(b)
+    empty = LaunchRecorder(rt, b)
     empty.commit()  # nothing registered: nothing to order
 
 
 def test_strict_recorder_refuses_untracked_memory_at_preflight(rt, res, sim, two_streams):
     a, b = two_streams
     x = rt.allocate(256, a, "x")
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     assert rec.mode is RecorderMode.STRICT
     rec.read(x)
     rec.write(None, "foreign output")  # accepted until preflight
@@ -570,10 +571,10 @@ def test_permissive_recorder_skips_untracked_memory(res, sim, two_streams, where
     a, b = two_streams
     if where == "runtime":
         rt = DeviceRuntime(res, mode="permissive")
-        rec = rt.recorder(b)
+        rec = LaunchRecorder(rt, b)
     else:
         rt = DeviceRuntime(res)
-        rec = rt.recorder(b, mode="permissive")
+        rec = LaunchRecorder(rt, b, mode="permissive")
     assert rec.mode is RecorderMode.PERMISSIVE
     x = rt.allocate(256, a, "x")
     rec.read(x)
@@ -591,21 +592,21 @@ def test_dropping_an_uncommitted_recorder_warns(rt, two_streams):
     a, b = two_streams
     x = rt.allocate(256, a, "x")
     with pytest.warns(UncommittedLaunchWarning, match="1 use.*without commit"):
-        rec = rt.recorder(b)
+        rec = LaunchRecorder(rt, b)
         rec.read(x)
         rec.preflight()
         del rec
         gc.collect()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        done = rt.recorder(b)
+        done = LaunchRecorder(rt, b)
         done.read(x)
         done.preflight()
         done.commit()
-        dropped = rt.recorder(b)
+        dropped = LaunchRecorder(rt, b)
         dropped.read(x)
         dropped.abandon()
-        empty = rt.recorder(b)
+        empty = LaunchRecorder(rt, b)
         del done, dropped, empty
         gc.collect()
     assert not [w for w in seen if issubclass(w.category, UncommittedLaunchWarning)]

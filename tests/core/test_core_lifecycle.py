@@ -16,6 +16,7 @@ from programs import launch, snapshot
 
 from numba_streamsafe import Access, StaleContext, StreamMisuse, UseAfterFree
 from numba_streamsafe.blocks import BlockState
+from numba_streamsafe.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 REPO = Path(__file__).resolve().parents[2]
@@ -169,7 +170,7 @@ def test_reset_makes_old_blocks_stale(rt, res, sim, two_streams):
     assert issubclass(StaleContext, UseAfterFree)
 
     def preflight():
-        rec = rt.recorder(b)
+        rec = LaunchRecorder(rt, b)
         rec.read(old)
         try:
             rec.preflight()
@@ -177,8 +178,8 @@ def test_reset_makes_old_blocks_stale(rt, res, sim, two_streams):
             rec.abandon()
 
     for call in (lambda: rt.deallocate(old),
-                 lambda: res.prepare_use(old, b, R),
-                 lambda: res.finish_use(old, b, W),
+                 lambda: res.preflight([(old, R)], b),
+                 lambda: res.commit([(old, W)], b),
                  lambda: res.block_events(old),
                  preflight):
         with pytest.raises(StaleContext, match="context was reset.*Allocate it again"):
@@ -304,9 +305,9 @@ def test_a_recorded_use_keeps_its_stream_object_alive_while_referenced(rt, res, 
     alive = weakref.ref(obj)
     x = rt.allocate(256, a, "x")
     for access, owner in ((R, obj), (W, None)):  # one open mark on t: read, then write
-        res.prepare_use(x, t, access)
+        res.preflight([(x, access)], t)
         sim.trace_access(t, [(x.ptr, x.nbytes, access)], f"{access.name} on t")
-        res.commit_launch([(x, access)], t, owner)
+        res.commit([(x, access)], t, owner)
     del obj
     gc.collect()
     assert alive() is not None, "x's last write is recorded on the object's stream"

@@ -122,12 +122,12 @@ def test_reuse_after_a_cross_stream_read_is_ordered(res, sim, free):
     owner = Owner()
     s, t = sim.create_stream(), sim.create_stream()
     a = res.allocate(4096, s, "a", stream_owner=owner)
-    res.prepare_launch([(a, Access.WRITE)], s)
+    res.preflight([(a, Access.WRITE)], s)
     sim.trace_access(s, [(a.ptr, a.nbytes, Access.WRITE)], "produce")
-    res.commit_launch([(a, Access.WRITE)], s)
-    res.prepare_launch([(a, Access.READ)], t)
+    res.commit([(a, Access.WRITE)], s)
+    res.preflight([(a, Access.READ)], t)
     sim.trace_access(t, [(a.ptr, a.nbytes, Access.READ)], "consume")
-    res.commit_launch([(a, Access.READ)], t)
+    res.commit([(a, Access.READ)], t)
     getattr(res, free)(a)
     allocs, frees = sim.calls["cuMemAllocAsync"], sim.calls["cuMemFreeAsync"]
     b = res.allocate(4096, s, "b", stream_owner=owner)
@@ -136,9 +136,9 @@ def test_reuse_after_a_cross_stream_read_is_ordered(res, sim, free):
     assert res.live_bytes == 4096 and res.pending_bytes == 0
     with pytest.raises(UseAfterFree):  # the old handle names a freed generation
         res.deallocate(a)
-    res.prepare_launch([(b, Access.WRITE)], s)
+    res.preflight([(b, Access.WRITE)], s)
     sim.trace_access(s, [(b.ptr, b.nbytes, Access.WRITE)], "overwrite")
-    res.commit_launch([(b, Access.WRITE)], s)
+    res.commit([(b, Access.WRITE)], s)
     assert sim.hazards == []
     # Without the free's fence the same program races: the checker sees it.
     bare = SimDriver(backing=False)

@@ -35,6 +35,7 @@ from programs import accounting, launch, snapshot
 
 from numba_streamsafe import Access, AsyncResource, DeviceRuntime, DriverError, StreamMisuse
 from numba_streamsafe.blocks import BlockState
+from numba_streamsafe.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 CODE = 999  # not a code the library reacts to
@@ -101,7 +102,7 @@ def test_preflight_failure_changes_nothing_and_can_be_retried(sim, fences, call,
     sealed = fences == "lazy" and call == "cuStreamWaitEvent"
     before = snapshot(res, x, y, events=False)
     in_use = res.events.in_use
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     rec.use(x, access)
     rec.write(y)
     sim.inject_failure(call, CODE)
@@ -123,7 +124,7 @@ def test_a_recorder_whose_preflight_failed_can_be_abandoned(rt, res, sim, two_st
     x = rt.allocate(1000, a, "x")
     launch(rt, a, [(x, W)])
     before = _state(res, x)
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     rec.read(x)
     sim.inject_failure("cuEventRecord", CODE)
     with pytest.raises(DriverError):
@@ -150,7 +151,7 @@ def test_eager_commit_failure_keeps_the_use_recorded_and_ordered(sim, call, acce
     y = rt.allocate(256, a, "untouched")
     y_deps = _deps(res, y)
     before = accounting(res)
-    rec = rt.recorder(b)
+    rec = LaunchRecorder(rt, b)
     rec.use(x, access)
     rec.preflight()
     sim.trace_access(b, [(x.ptr, x.nbytes, access)], "launch on b")
@@ -322,7 +323,7 @@ def test_destroy_stream_failure_keeps_the_stream_and_its_uses(rt, res, sim, four
 def test_a_failed_wait_for_a_producer_stream_leaks_no_event(rt, res, sim, two_streams, call):
     a, b = two_streams
     x = rt.allocate(256, b, "x")
-    rec = rt.recorder(b, mode="permissive")
+    rec = LaunchRecorder(rt, b, mode="permissive")
     rec.write(x)
     rec.use(None, R, "foreign array produced on a")
     rec.wait_for_stream(a)
@@ -382,7 +383,7 @@ def test_a_destroyed_handle_is_refused_but_a_live_object_at_its_address_is_not(s
     sim.destroyed_streams.add(h)
     before = snapshot(res)
     for attempt in (lambda: rt.allocate(64, h, "on a destroyed stream"),
-                    lambda: rt.recorder(h),
+                    lambda: LaunchRecorder(rt, h),
                     lambda: rt.destroy_stream(h)):
         with pytest.raises(StreamMisuse, match=f"stream {h:#x} was destroyed"):
             attempt()

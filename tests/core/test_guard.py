@@ -25,6 +25,7 @@ from numba_streamsafe.errors import (
     StreamMisuse,
     UseAfterFree,
 )
+from numba_streamsafe.recorder import LaunchRecorder
 from numba_streamsafe.resources import AsyncResource, DebugGuardResource, DirectResource
 from numba_streamsafe.runtime import DeviceRuntime
 
@@ -66,7 +67,7 @@ def launch(rt: DeviceRuntime, stream: int, uses, *, fenced: bool = True,
     """One kernel on ``stream`` making ``uses``, through a recorder unless ``fenced`` is False."""
     rec = None
     if fenced:
-        rec = rt.recorder(stream)
+        rec = LaunchRecorder(rt, stream)
         for block, access in uses:
             rec.use(block, access)
         rec.preflight()
@@ -224,10 +225,10 @@ def test_a_use_of_a_quarantined_block_is_use_after_free(rt, drv, streams):
     b = rt.allocate(N, streams[0], "gone")
     rt.deallocate(b)
     with pytest.raises(UseAfterFree, match="quarantine"):
-        rt.resource.prepare_use(b, streams[1], Access.READ)
+        rt.resource.preflight([(b, Access.READ)], streams[1])
     with pytest.raises(UseAfterFree, match="quarantine"):
-        rt.resource.finish_use(b, streams[1], Access.WRITE)
-    rec = rt.recorder(streams[1])
+        rt.resource.commit([(b, Access.WRITE)], streams[1])
+    rec = LaunchRecorder(rt, streams[1])
     rec.read(b)
     with pytest.raises(UseAfterFree):
         rec.preflight()
@@ -245,7 +246,7 @@ def test_a_stale_handle_is_refused_after_the_address_is_reused(rt, streams):
     new = rt.allocate(N, s, "new")
     assert new.ptr == b.ptr
     with pytest.raises(UseAfterFree, match=f"generation {new.generation}"):
-        rt.resource.prepare_use(b, s, Access.READ)
+        rt.resource.preflight([(b, Access.READ)], s)
     with pytest.raises(UseAfterFree):
         rt.deallocate(b)
     assert new.state is BlockState.LIVE
@@ -255,7 +256,7 @@ def test_a_stale_handle_is_refused_after_the_address_is_reused(rt, streams):
 def test_a_block_of_another_resource_is_refused(rt, drv, streams):
     other = AsyncResource(drv).allocate(N, streams[0], "foreign")
     with pytest.raises(UseAfterFree, match="not a live block"):
-        rt.resource.prepare_use(other, streams[0], Access.READ)
+        rt.resource.preflight([(other, Access.READ)], streams[0])
     with pytest.raises(UseAfterFree):
         rt.deallocate(other)
 
@@ -414,7 +415,7 @@ def test_reset_context_makes_every_handle_stale(rt, streams):
     rt.reset()
     assert rt.resource.quarantined == [] and rt.bytes_outstanding() == 0
     with pytest.raises(StaleContext):
-        rt.resource.prepare_use(live, streams[0], Access.READ)
+        rt.resource.preflight([(live, Access.READ)], streams[0])
     with pytest.raises(StaleContext):
         rt.deallocate(freed)
     assert live.state is BlockState.FREED
@@ -428,7 +429,7 @@ def test_guard_over_a_non_tracking_resource(drv):
     with pytest.raises(OutOfBounds, match="after"):
         res.deallocate(b)
     with pytest.raises(StreamMisuse):
-        res.prepare_use(b, 0, Access.READ)
+        res.preflight([(b, Access.READ)], 0)
     res.discard(b)
     res.release_quarantine()
     assert res.bytes_outstanding() == 0
@@ -469,7 +470,7 @@ def test_zero_guard_bytes_keeps_poison_and_quarantine(drv, streams):
     rt.deallocate(b)
     assert (drv.buffer(b.ptr, N) == POISON).all()
     with pytest.raises(UseAfterFree):
-        rt.resource.prepare_use(b, streams[0], Access.READ)
+        rt.resource.preflight([(b, Access.READ)], streams[0])
     drain(rt)
     assert rt.bytes_outstanding() == 0
 

@@ -28,9 +28,9 @@ R, W = Access.READ, Access.WRITE
 
 def kernel(res: AsyncResource, sim: SimDriver, stream: int, uses, owner=None, label="k"):
     """One kernel on ``stream``: preflight, the access as the simulator sees it, commit."""
-    res.prepare_launch(uses, stream, owner)
+    res.preflight(uses, stream, owner)
     sim.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in uses], label)
-    res.commit_launch(uses, stream, owner)
+    res.commit(uses, stream, owner)
 
 
 # ------------------------------------------------------------- the simulated driver

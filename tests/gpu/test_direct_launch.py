@@ -12,6 +12,7 @@ import pytest
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, ReadWrite, Write
+from numba_streamsafe.numba.policy import launch_policy
 
 pytestmark = pytest.mark.gpu
 
@@ -34,11 +35,11 @@ def _both_paths(rt, run):
     """``run()`` once with direct launches and once through Numba's path."""
     results = []
     for on in (True, False):
-        rt.direct_launch = on
+        launch_policy(rt).direct_launch = on
         try:
             results.append(run())
         finally:
-            rt.direct_launch = True
+            launch_policy(rt).direct_launch = True
     return results
 
 
@@ -211,8 +212,8 @@ def test_cross_stream_direct_launches_are_ordered(gpu, fresh_runtime, monkeypatc
 def test_switch_off_by_environment(gpu, child_env):
     code = (
         "import numba_streamsafe as nss\n"
-        "rt = nss.get_runtime()\n"
-        "print(rt.direct_launch)\n"
+        "from numba_streamsafe.numba.policy import launch_policy\n"
+        "print(launch_policy(nss.get_runtime()).direct_launch)\n"
     )
     on = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
                         text=True, timeout=300)

@@ -14,6 +14,7 @@ import pytest
 
 import numba_streamsafe as nss
 from numba_streamsafe import InvalidArgument, OutOfMemory, StreamMisuse
+from numba_streamsafe.numba.policy import launch_policy
 
 pytestmark = pytest.mark.gpu
 
@@ -97,7 +98,7 @@ def test_unannotated_array_in_strict_mode_is_stream_misuse(gpu, kernels):
 
 
 def test_foreign_array_in_strict_mode_is_stream_misuse(gpu, kernels):
-    if not nss.get_runtime().tracking:
+    if not launch_policy(nss.get_runtime()).tracking:
         pytest.skip("tracking is off (NUMBA_STREAMSAFE_RESOURCE=direct): launches are not "
                     "checked, so foreign arrays are not refused")
     foreign = gpu.to_device(np.arange(32, dtype=np.int32))  # Numba's default memory manager

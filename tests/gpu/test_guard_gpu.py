@@ -16,6 +16,7 @@ import pytest
 
 import numba_streamsafe as nss
 from numba_streamsafe import Access, BlockState, OutOfBounds, UseAfterFree
+from numba_streamsafe.recorder import LaunchRecorder
 
 pytestmark = pytest.mark.gpu
 
@@ -83,7 +84,7 @@ def test_a_byte_written_before_the_start_on_another_stream_is_caught(gpu, guard_
     drv = guard_rt.driver
     a, other = gpu.stream(), gpu.stream()
     b = guard_rt.allocate(4096, a, "underrun")
-    rec = guard_rt.recorder(other)
+    rec = LaunchRecorder(guard_rt, other)
     rec.write(b)
     rec.preflight()
     drv.memset_async(b.ptr - 1, 0x00, 1, guard_rt.stream_handle(other))
@@ -126,7 +127,7 @@ def test_a_freed_block_is_poisoned_and_quarantined(gpu, guard_rt):
     assert drv.copy_to_host(b.ptr, b.nbytes, h) == bytes([POISON]) * b.nbytes
     assert drv.copy_to_host(b.ptr + b.nbytes, GUARD, h) == bytes([CANARY]) * GUARD
     with pytest.raises(UseAfterFree, match="quarantine"):
-        guard_rt.resource.prepare_use(b, h, Access.READ)
+        guard_rt.resource.preflight([(b, Access.READ)], h)
     fresh = [guard_rt.allocate(4096, s, f"fresh{i}") for i in range(Q)]
     assert all(f.ptr != b.ptr for f in fresh)
     for f in fresh:

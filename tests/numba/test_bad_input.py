@@ -22,6 +22,7 @@ import numba_streamsafe as nss
 from numba_streamsafe import InvalidArgument, Read, ReadWrite, StreamSafeError, Write
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.errors import InvalidArgumentType
+from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, set_runtime
 
@@ -309,11 +310,11 @@ def test_tracking_applies_to_the_runtime_installed_on_entry(rt, streams):
     a, b = streams
     other = DeviceRuntime(AsyncResource(SimDriver()))
     with nss.tracking(False):
-        assert rt.tracking is False
+        assert launch_policy(rt).tracking is False
         old = set_runtime(other, 0)
         assert old is rt
         try:
-            assert get_runtime() is other and other.tracking is True
+            assert get_runtime() is other and launch_policy(other).tracking is True
             x = nss.to_device(np.arange(8, dtype=np.int64), stream=a)
             waits = other.driver.calls["cuStreamWaitEvent"]
             nss.copy_to_host(x, stream=b)  # fenced: other tracks
@@ -323,8 +324,8 @@ def test_tracking_applies_to_the_runtime_installed_on_entry(rt, streams):
             set_runtime(rt, 0)
         set_runtime(other, 0)  # left installed when the block ends
     try:
-        assert rt.tracking is True      # the entry runtime is restored ...
-        assert other.tracking is True   # ... and the one installed inside never changed
+        assert launch_policy(rt).tracking is True      # the entry runtime is restored
+        assert launch_policy(other).tracking is True  # the one installed inside is unchanged
     finally:
         set_runtime(rt, 0)
 
@@ -336,7 +337,7 @@ def test_tracking_follows_a_runtime_installed_before_entry(rt, streams):
     with nss.tracking(False):
         nss.copy_to_host(x, stream=b)  # unfenced
     assert rt.driver.calls["cuStreamWaitEvent"] == waits
-    assert rt.tracking is True
+    assert launch_policy(rt).tracking is True
 
 
 # ------------------------------------------------------- 9. examples' --n

@@ -187,15 +187,28 @@ def test_dims(dim, expected):
 def test_runtime_switch(monkeypatch):
     from numba_streamsafe import AsyncResource, DeviceRuntime
     from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.numba.policy import launch_policy
+    from numba_streamsafe.settings import reload_settings
 
     class Launching(SimDriver):
+        supports_direct_launch = True
+
         def launch_kernel(self, *args):
             raise AssertionError("not called here")
 
+    def direct(driver):
+        return launch_policy(DeviceRuntime(AsyncResource(driver))).direct_launch
+
     # The simulated driver cannot launch: tracked kernels use Numba's path.
-    assert DeviceRuntime(AsyncResource(SimDriver())).direct_launch is False
     monkeypatch.delenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", raising=False)
-    assert DeviceRuntime(AsyncResource(Launching())).direct_launch is True
-    for off in ("0", "off", " false "):
-        monkeypatch.setenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", off)
-        assert DeviceRuntime(AsyncResource(Launching())).direct_launch is False
+    reload_settings()
+    assert direct(SimDriver()) is False
+    assert direct(Launching()) is True
+    try:
+        for off in ("0", "off", " false "):
+            monkeypatch.setenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", off)
+            reload_settings()
+            assert direct(Launching()) is False
+    finally:
+        monkeypatch.delenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", raising=False)
+        reload_settings()

@@ -1,0 +1,51 @@
+"""The Numba layer's switches for one runtime: whether launches are fenced and
+whether covered overloads launch directly."""
+
+from __future__ import annotations
+
+import weakref
+
+from numba_streamsafe.runtime import DeviceRuntime
+from numba_streamsafe.settings import settings
+
+__all__ = ["LaunchPolicy", "launch_policy"]
+
+
+class LaunchPolicy:
+    """How tracked kernels and copies launch on one runtime.
+
+    Attributes
+    ----------
+    tracking : bool
+        When False, tracked kernels and copies launch without waits or marks,
+        as plain Numba would (to show races; see :func:`numba_streamsafe.tracking`).
+        A runtime whose stack cannot track (``DirectResource``) starts with it off.
+    direct_launch : bool
+        When True, tracked kernels launch covered overloads with one
+        ``cuLaunchKernel`` (:mod:`numba_streamsafe.numba.direct`) instead of
+        Numba's launch path. Needs a driver that launches
+        (``Driver.supports_direct_launch``); ``NUMBA_STREAMSAFE_DIRECT_LAUNCH=0``
+        turns it off.
+    """
+
+    __slots__ = ("tracking", "direct_launch", "__weakref__")
+
+    def __init__(self, rt: DeviceRuntime) -> None:
+        self.tracking: bool = rt.resource.supports_tracking()
+        self.direct_launch: bool = rt.driver.supports_direct_launch and settings().direct_launch
+
+    def __repr__(self) -> str:
+        return f"<LaunchPolicy tracking={self.tracking} direct_launch={self.direct_launch}>"
+
+
+#: id(runtime) -> its policy; an entry goes with its runtime.
+_policies: dict[int, LaunchPolicy] = {}
+
+
+def launch_policy(rt: DeviceRuntime) -> LaunchPolicy:
+    """The launch policy of ``rt``, made on first use and kept for its lifetime."""
+    policy = _policies.get(id(rt))
+    if policy is None:
+        policy = _policies[id(rt)] = LaunchPolicy(rt)
+        weakref.finalize(rt, _policies.pop, id(rt), None)
+    return policy

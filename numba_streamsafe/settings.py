@@ -1,0 +1,88 @@
+"""The ``NUMBA_STREAMSAFE_*`` environment variables, read into one dataclass.
+
+:func:`settings` reads them once, when a process-wide runtime or launch policy
+is first built; :func:`reload_settings` reads them again (for tests, or a
+program that changes its environment before building runtimes).
+
+========================================  ===============================================
+variable                                  meaning
+========================================  ===============================================
+``NUMBA_STREAMSAFE_DRIVER``               ``cuda`` or ``sim``; unset: ``sim`` when Numba's
+                                          CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``)
+``NUMBA_STREAMSAFE_RESOURCE``             ``async`` (tracked, stream-ordered) or ``direct``
+                                          (``cuMemAlloc``, untracked)
+``NUMBA_STREAMSAFE_FENCES``               ``lazy`` or ``eager``
+``NUMBA_STREAMSAFE_DIRECT_LAUNCH``        ``0`` (or false/no/off) sends every tracked launch
+                                          through Numba's launch path
+========================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from numba_streamsafe.errors import InvalidArgument
+
+__all__ = ["Settings", "settings", "reload_settings"]
+
+_OFF = ("0", "false", "no", "off")
+
+
+def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(name, "").strip().lower() or default
+    if value not in allowed:
+        raise InvalidArgument(
+            f"{name}={value!r}: use {' or '.join(repr(a) for a in allowed)} (or unset it)"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The library's settings from the environment (see the module docstring)."""
+
+    driver: str = "cuda"
+    resource: str = "async"
+    fences: str = "lazy"
+    direct_launch: bool = True
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        """Read the variables now.
+
+        Raises
+        ------
+        InvalidArgument
+            A variable holds a value it does not take (the message names both).
+        """
+        simulator = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+        return cls(
+            driver=_choice("NUMBA_STREAMSAFE_DRIVER", "sim" if simulator else "cuda",
+                           ("cuda", "sim")),
+            resource=_choice("NUMBA_STREAMSAFE_RESOURCE", "async", ("async", "direct")),
+            fences=_choice("NUMBA_STREAMSAFE_FENCES", "lazy", ("lazy", "eager")),
+            direct_launch=os.environ.get("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "1").strip().lower()
+            not in _OFF,
+        )
+
+
+_current: Settings | None = None
+_lock = threading.Lock()
+
+
+def settings() -> Settings:
+    """The settings, read from the environment on first use."""
+    current = _current
+    if current is None:
+        current = reload_settings()
+    return current
+
+
+def reload_settings() -> Settings:
+    """Read the environment again and return the new settings."""
+    global _current
+    with _lock:
+        _current = Settings.from_env()
+        return _current
