@@ -11,11 +11,28 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["stream_handle", "default_stream_handle", "LEGACY_DEFAULT", "PER_THREAD_DEFAULT"]
+__all__ = [
+    "stream_handle",
+    "default_stream_handle",
+    "is_default_stream",
+    "LEGACY_DEFAULT",
+    "CU_STREAM_LEGACY",
+    "PER_THREAD_DEFAULT",
+    "MAX_DEFAULT_STREAM",
+]
 
-#: Handle values of the default streams.
+#: Handle values of the default streams: the legacy default stream (0, or
+#: ``CU_STREAM_LEGACY``) and the per-thread one (``CU_STREAM_PER_THREAD``).
 LEGACY_DEFAULT = 0
+CU_STREAM_LEGACY = 1
 PER_THREAD_DEFAULT = 2
+#: Every handle up to this one names a default stream.
+MAX_DEFAULT_STREAM = 2
+
+
+def is_default_stream(handle: int) -> bool:
+    """True for the handles of the default streams (0, 1 and 2)."""
+    return 0 <= handle <= MAX_DEFAULT_STREAM
 
 
 def default_stream_handle() -> int:

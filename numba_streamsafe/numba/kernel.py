@@ -175,7 +175,6 @@ class TrackedKernel:
             )
         uses = Uses()
         host = False
-        resolve = target.resolve
         for (name, access), arg in zip(params, args, strict=True):
             # Fast path: an array over one of our blocks (GPU). Everything
             # else goes through the general resolution.
@@ -184,36 +183,42 @@ class TrackedKernel:
             if block is not None and access is not None:
                 uses.add(block, access, name)
                 continue
-            kind, block, producer = resolve(rt, arg)
-            if kind == target.DEVICE and access is not None:
-                if block is None:
-                    if producer is not None:
-                        uses.add_producer(producer)
-                    if self.allow_foreign:
-                        continue
-                    uses.add(None, access, f"argument {name!r} of {self.__name__}")
-                    continue
-                uses.add(block, access, name)
-            elif kind == target.OTHER:
-                if access is not None:
-                    raise self._not_an_array(name, access, arg)
-                continue
-            elif access is None:
-                if self._strict(rt):
-                    raise StreamMisuse(
-                        f"argument {name!r} of {self.__name__} is an array with no declared "
-                        f"access; annotate it (def {self.__name__}(..., {name}: Read | Write | "
-                        "ReadWrite, ...)) or pass access={...} to tracked_kernel"
-                    )
-            else:  # a host array
-                if access & Access.WRITE:
-                    raise InvalidArgument(
-                        f"argument {name!r} of {self.__name__} is declared {access.name} but is "
-                        "a host array; Numba would copy it back synchronously. Pass a device "
-                        "array (numba_streamsafe.to_device(a, stream=...))"
-                    )
-                host = True  # auto-transferred on the launch stream, freed there
+            host = self._resolve(rt, uses, name, access, arg) or host
         return uses, host
+
+    def _resolve(self, rt: Any, uses: Uses, name: str, access: Access | None, arg: Any
+                 ) -> bool:
+        """Add the use of one argument that is not an array over one of our
+        blocks with a declared access; True if it is a host array."""
+        kind, block, producer = target.resolve(rt, arg)
+        if kind == target.DEVICE and access is not None:
+            if block is None:
+                if producer is not None:
+                    uses.add_producer(producer)
+                if not self.allow_foreign:
+                    uses.add(None, access, f"argument {name!r} of {self.__name__}")
+                return False
+            uses.add(block, access, name)
+            return False
+        if kind == target.OTHER:
+            if access is not None:
+                raise self._not_an_array(name, access, arg)
+            return False
+        if access is None:
+            if self._strict(rt):
+                raise StreamMisuse(
+                    f"argument {name!r} of {self.__name__} is an array with no declared "
+                    f"access; annotate it (def {self.__name__}(..., {name}: Read | Write | "
+                    "ReadWrite, ...)) or pass access={...} to tracked_kernel"
+                )
+            return False
+        if access & Access.WRITE:  # a host array
+            raise InvalidArgument(
+                f"argument {name!r} of {self.__name__} is declared {access.name} but is "
+                "a host array; Numba would copy it back synchronously. Pass a device "
+                "array (numba_streamsafe.to_device(a, stream=...))"
+            )
+        return True  # auto-transferred on the launch stream, freed there
 
     def _not_an_array(self, name: str, access: Access, arg: Any) -> InvalidArgumentType:
         declared = _ACCESS_NAMES[access]

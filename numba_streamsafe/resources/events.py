@@ -1,4 +1,4 @@
-"""Event pool and stream marks: the shared, reference-counted fences of the tracker."""
+"""EventPool: a free list of the events the tracker records its marks with."""
 
 from __future__ import annotations
 
@@ -10,41 +10,9 @@ from typing import Any
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.errors import DriverError
 
-__all__ = ["EventPool", "Mark"]
+__all__ = ["EventPool"]
 
 _log = logging.getLogger("numba_streamsafe")
-
-
-class Mark:
-    """A point on a stream that uses of blocks are recorded against.
-
-    Every block used by a launch on ``stream`` refers to the stream's current
-    mark. The mark stands for "all work queued on ``stream`` so far": once an
-    event is recorded for it (the mark is *sealed*), waiting on that event
-    orders a consumer after every use that refers to the mark. A sealed mark
-    accepts no more uses; the stream gets a fresh mark.
-
-    ``refs`` counts the block states holding the mark; at zero a sealed mark's
-    event goes back to the pool. ``owner`` keeps the stream's owning object
-    alive while a use refers to the mark, so the stream cannot be destroyed
-    before the event is recorded. Callers change a mark only under their
-    resource's lock.
-    """
-
-    __slots__ = ("stream", "handle", "refs", "owner", "waiters")
-
-    def __init__(self, stream: int, owner: Any = None) -> None:
-        self.stream = stream
-        self.handle: Any = None
-        self.refs = 0
-        self.owner = owner
-        #: Streams that already wait for this mark's event, each with its owning
-        #: object (None for a raw handle), kept alive while the mark is in use.
-        self.waiters: dict[int, Any] | None = None
-
-    def __repr__(self) -> str:
-        state = "sealed" if self.handle is not None else "open"
-        return f"<Mark stream={self.stream:#x} {state} refs={self.refs}>"
 
 
 class EventPool:

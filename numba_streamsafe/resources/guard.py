@@ -338,9 +338,7 @@ class DebugGuardResource(DeferringAdaptor):
                 # The allocation stream waits for every recorded use of the block.
                 self.upstream.preflight(((outer, Access.READ_WRITE),), stream)
             else:
-                sync = getattr(self.driver, "synchronize", None)
-                if sync is not None:
-                    sync()  # untracked uses: wait for the whole device
+                self.driver.synchronize()  # untracked uses: wait for the whole device
             if check and self.guard_bytes:
                 self._check_guards(outer, inner)
             self.driver.memset_async(inner.ptr, self.poison, inner.nbytes, stream)

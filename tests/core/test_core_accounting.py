@@ -301,9 +301,9 @@ def test_reap_forgets_marks_of_streams_no_block_uses(rt, res, sim):
     streams = [sim.create_stream() for _ in range(20)]
     for s in streams:
         rt.deallocate(rt.allocate(256, s))
-    assert len(res._marks) >= 20
+    assert len(res.marks.open) >= 20
     rt.reap()
-    assert res._marks == {}, "no per-stream state is left once nothing refers to a stream"
+    assert res.marks.open == {}, "no per-stream state is left once nothing refers to a stream"
 
 
 # ------------------------------------------------------- the pool's release threshold

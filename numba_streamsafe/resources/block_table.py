@@ -1,0 +1,175 @@
+"""The table of live blocks and the dependency state of each: its last write
+and, per stream, its newest read since that write."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import Block
+from numba_streamsafe.errors import InvalidArgument, StaleContext, UseAfterFree
+from numba_streamsafe.resources.marks import Mark, MarkBook, retired_stream_id
+
+__all__ = ["Entry", "BlockTable"]
+
+_WRITE = Access.WRITE
+
+
+class Entry:
+    """Dependency state of one live block."""
+
+    __slots__ = ("block", "last_write", "reads")
+
+    def __init__(self, block: Block, ready: Mark) -> None:
+        self.block = block
+        #: The last write, or the allocation itself before any write.
+        self.last_write: Mark = ready
+        #: The newest read mark per stream since ``last_write``. A later mark
+        #: on a stream covers the earlier ones, so one per stream suffices.
+        self.reads: dict[int, Mark] = {}
+
+    def waits_for(self, stream: int, access: int) -> list[Mark]:
+        """Marks of other streams that ``access`` on ``stream`` must wait for."""
+        out = []
+        lw = self.last_write
+        if lw.stream != stream:
+            out.append(lw)
+        if access & _WRITE:
+            for s, mark in self.reads.items():
+                if s != stream:
+                    out.append(mark)
+        return out
+
+    def release(self, marks: MarkBook) -> None:
+        """Drop the entry's uses of its marks (the block is gone)."""
+        marks.release(self.last_write)
+        if self.reads:
+            for mark in self.reads.values():
+                marks.release(mark)
+            self.reads = {}
+
+
+class BlockTable:
+    """Live blocks by address, with their entries; callers hold their resource's lock.
+
+    Parameters
+    ----------
+    device : int
+        The device whose blocks the table holds.
+    """
+
+    __slots__ = ("device", "live", "epoch", "live_bytes", "_index")
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.live: dict[int, Entry] = {}
+        #: Context epoch; blocks of another epoch are stale.
+        self.epoch = 0
+        self.live_bytes = 0
+        #: Sorted live addresses for :meth:`find`; None when stale.
+        self._index: list[int] | None = []
+
+    def add(self, block: Block, ready: Mark) -> None:
+        self.live[block.ptr] = Entry(block, ready)
+        self._index = None
+        self.live_bytes += block.nbytes
+
+    def remove(self, entry: Entry) -> None:
+        del self.live[entry.block.ptr]
+        self._index = None
+        self.live_bytes -= entry.block.nbytes
+
+    def entry(self, block: Block, what: str) -> Entry:
+        """The live entry of ``block``.
+
+        Raises
+        ------
+        StaleContext
+            The block was made before a context reset.
+        InvalidArgument
+            The block belongs to another device.
+        UseAfterFree
+            The block was freed (its address may hold a newer block).
+        """
+        entry = self.live.get(block.ptr)
+        if entry is not None and entry.block is block:
+            return entry
+        if block.epoch != self.epoch:
+            raise StaleContext(
+                f"{what}: {block.describe()} was made before the CUDA context was reset "
+                f"(epoch {block.epoch}, now {self.epoch}); it no longer exists. "
+                "Allocate it again in the current context."
+            )
+        if block.device != self.device:
+            raise InvalidArgument(
+                f"{what}: {block.describe()} belongs to device {block.device}, but this "
+                f"resource serves device {self.device}; use that device's runtime"
+            )
+        if entry is None or entry.block.generation != block.generation:
+            now = (f"; the address now holds generation {entry.block.generation}"
+                   if entry is not None else "")
+            raise UseAfterFree(
+                f"{what}: {block.describe()} is not live (already freed{now}). "
+                "Do not use a block after deallocate; keep the array alive while it is in use."
+            )
+        return entry  # another handle of the same allocation
+
+    def entries(self, uses: Sequence[tuple[Block, Access]], what: str
+                ) -> list[tuple[Entry, Access]]:
+        """The validated entries of ``uses`` (see :meth:`entry`)."""
+        live = self.live
+        out: list[tuple[Entry, Access]] = []
+        for block, access in uses:
+            entry = live.get(block.ptr)
+            if entry is None or entry.block is not block:
+                entry = self.entry(block, what)
+            out.append((entry, access))
+        return out
+
+    def find(self, address: int) -> Block | None:
+        """The live block that holds ``address``, or None."""
+        index = self._index
+        if index is None:
+            # Rebuilt on demand: the hot paths find blocks through their
+            # arrays, so allocations and frees only mark it stale.
+            index = self._index = sorted(self.live)
+        i = bisect.bisect_right(index, address) - 1
+        if i < 0:
+            return None
+        block = self.live[index[i]].block
+        return block if address < block.ptr + block.nbytes else None
+
+    def on_stream(self, stream: int) -> list[Block]:
+        """Live blocks allocated on ``stream``."""
+        return [e.block for e in self.live.values() if e.block.stream == stream]
+
+    def forget_stream(self, stream: int) -> None:
+        """End ``stream``'s history: rename it in the marks and reads of live
+        blocks and drop it from every mark's waiters, so a new stream that gets
+        the same handle inherits nothing."""
+        tomb = retired_stream_id()
+        for entry in self.live.values():
+            lw = entry.last_write
+            if lw.stream == stream:
+                lw.stream = tomb
+            if lw.waiters:
+                lw.waiters.pop(stream, None)
+            reads = entry.reads
+            if reads:
+                mark = reads.pop(stream, None)
+                if mark is not None:
+                    mark.stream = tomb
+                    reads[tomb] = mark
+                for m in reads.values():
+                    if m.waiters:
+                        m.waiters.pop(stream, None)
+
+    def clear(self) -> list[Entry]:
+        """Forget every block, advance the epoch, and return the entries."""
+        entries = list(self.live.values())
+        self.live.clear()
+        self._index = None
+        self.live_bytes = 0
+        self.epoch += 1
+        return entries

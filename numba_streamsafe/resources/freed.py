@@ -1,0 +1,171 @@
+"""Freed bytes not yet back in the pool: blocks kept for same-stream reuse, and
+the ledger of frees queued per stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["KeptBlocks", "PendingFrees"]
+
+
+class PendingFrees:
+    """Bytes whose free is queued on each stream, with the stream's owning object
+    (kept alive until the stream is synchronised). Callers hold their lock."""
+
+    __slots__ = ("slots", "nbytes")
+
+    def __init__(self) -> None:
+        #: stream -> [bytes whose free is queued there, the stream's owner]
+        self.slots: dict[int, list[Any]] = {}
+        self.nbytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.slots)
+
+    def add(self, stream: int, nbytes: int, owner: Any) -> None:
+        self.nbytes += nbytes
+        slot = self.slots.get(stream)
+        if slot is None:
+            self.slots[stream] = [nbytes, owner]
+        else:
+            slot[0] += nbytes
+            if slot[1] is None:
+                slot[1] = owner
+
+    def take_all(self) -> dict[int, list[Any]]:
+        """Every stream's slot, no longer listed (still counted until released)."""
+        slots, self.slots = self.slots, {}
+        return slots
+
+    def take(self, stream: int) -> dict[int, list[Any]]:
+        """``stream``'s slot alone, as :meth:`take_all` does."""
+        slot = self.slots.pop(stream, None)
+        return {} if slot is None else {stream: slot}
+
+    def put_back(self, items: list[tuple[int, list[Any]]]) -> None:
+        """List taken slots again (their bytes are still counted)."""
+        for stream, (n, owner) in items:
+            slot = self.slots.setdefault(stream, [0, None])
+            slot[0] += n
+            if slot[1] is None:
+                slot[1] = owner
+
+    def release(self, nbytes: int) -> None:
+        """Stop counting ``nbytes`` taken earlier: their frees have run."""
+        self.nbytes -= nbytes
+
+    def release_stream(self, stream: int) -> None:
+        """Stop counting ``stream``'s bytes: its frees have run."""
+        slot = self.slots.pop(stream, None)
+        if slot is not None:
+            self.nbytes -= slot[0]
+
+    def per_stream(self) -> dict[int, int]:
+        return {s: slot[0] for s, slot in self.slots.items()}
+
+    def clear(self) -> None:
+        self.slots.clear()
+        self.nbytes = 0
+
+
+class KeptBlocks:
+    """Freed blocks kept for the next allocation of the same size on the same
+    stream, oldest first, up to a byte limit. Callers hold their lock.
+
+    A kept block's free is complete in stream order on its own stream (its
+    cross-stream waits were queued when it was freed), so an allocation on that
+    stream may take it without a driver call.
+    """
+
+    __slots__ = ("limit", "blocks", "owners", "nbytes")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        #: (stream, nbytes) -> addresses, oldest first.
+        self.blocks: dict[tuple[int, int], list[int]] = {}
+        #: stream -> its owning object, alive while blocks are kept for it.
+        self.owners: dict[int, Any] = {}
+        self.nbytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks)
+
+    def take(self, stream: int, nbytes: int) -> int | None:
+        """The address of a kept block of ``nbytes`` on ``stream``, or None."""
+        key = (stream, nbytes)
+        ptrs = self.blocks.get(key)
+        if not ptrs:
+            return None
+        ptr = ptrs.pop()
+        if not ptrs:
+            del self.blocks[key]
+        self.nbytes -= nbytes
+        return ptr
+
+    def put(self, stream: int, nbytes: int, ptr: int, owner: Any) -> None:
+        ptrs = self.blocks.get((stream, nbytes))
+        if ptrs is None:
+            self.blocks[(stream, nbytes)] = [ptr]
+        else:
+            ptrs.append(ptr)
+        self.nbytes += nbytes
+        if owner is not None:
+            self.owners[stream] = owner
+
+    def has_stream(self, stream: int) -> bool:
+        return any(s == stream for s, _ in self.blocks)
+
+    def free_oldest(self, limit: int, free: Callable[[int, int], None],
+                    pending: PendingFrees) -> None:
+        """Queue the frees (``free(ptr, stream)``) of the oldest kept blocks until
+        at most ``limit`` bytes stay kept; the freed bytes become ``pending``.
+
+        A failing free raises; what was freed is pending, the rest stays kept.
+        """
+        owners = self.owners
+        for key in list(self.blocks):
+            if self.nbytes <= limit:
+                break
+            stream, nbytes = key
+            ptrs = self.blocks[key]
+            while ptrs and self.nbytes > limit:
+                free(ptrs[-1], stream)
+                ptrs.pop()
+                self.nbytes -= nbytes
+                pending.add(stream, nbytes, owners.get(stream))
+            if not ptrs:
+                del self.blocks[key]
+                if limit and not self.has_stream(stream):
+                    owners.pop(stream, None)
+        if not self.blocks:
+            owners.clear()
+
+    def free_stream(self, stream: int, free: Callable[[int, int], None],
+                    pending: PendingFrees) -> None:
+        """Queue the frees of every block kept on ``stream``; they become ``pending``."""
+        owner = self.owners.get(stream)
+        for key in [k for k in self.blocks if k[0] == stream]:
+            nbytes = key[1]
+            ptrs = self.blocks[key]
+            while ptrs:
+                free(ptrs[-1], stream)
+                ptrs.pop()
+                self.nbytes -= nbytes
+                pending.add(stream, nbytes, owner)
+            del self.blocks[key]
+        self.owners.pop(stream, None)
+
+    def per_stream(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for (s, nbytes), ptrs in self.blocks.items():
+            out[s] = out.get(s, 0) + nbytes * len(ptrs)
+        return out
+
+    def clear(self) -> list[int]:
+        """Forget every kept block and return their addresses."""
+        ptrs = [ptr for ptrs in self.blocks.values() for ptr in ptrs]
+        self.blocks.clear()
+        self.owners.clear()
+        self.nbytes = 0
+        return ptrs
