@@ -1,0 +1,127 @@
+"""The package's layers depend one way: Numba layer -> protocol / recorder ->
+runtime -> resources -> driver, and no module imports itself back.
+
+Read from the source with :mod:`ast`: the imports at module level (those under
+``if TYPE_CHECKING:`` excepted: they never run) and those inside functions (a
+late import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "numba_streamsafe"
+
+#: Layer of each top-level part of the package, lowest first. A module may
+#: import its own layer and those below.
+LAYERS = {
+    "errors": 0, "access": 0, "streams": 0, "modes": 0, "settings": 0,
+    "_driver": 1, "blocks": 1,
+    "resources": 2,
+    "runtime": 3,
+    "protocol": 4, "recorder": 4,
+    "numba": 5,
+    "__init__": 6,
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        if name.endswith(".__init__"):
+            name = name[: -len(".__init__")]
+        out[name] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """The package modules ``module`` imports (outside TYPE_CHECKING blocks)."""
+    tree = ast.parse(path.read_text())
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            skip.update(id(n) for child in node.body for n in ast.walk(child))
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+GRAPH = {m: _imports(p, m, set(_modules())) for m, p in _modules().items()}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_go_down_the_layers(module):
+    layer = LAYERS[_part(module)]
+    upward = sorted(m for m in GRAPH[module]
+                    if m != "numba_streamsafe" and LAYERS[_part(m)] > layer)
+    assert not upward, f"{module} (layer {layer}) imports a higher layer: {upward}"
+
+
+def test_no_import_cycles():
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for dep in sorted(GRAPH[m]):
+            if dep == "numba_streamsafe":
+                continue  # the package's lazy __init__ (its names load on first use)
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        stack.pop()
+        state[m] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module)
+
+
+def test_the_checker_sees_imports(tmp_path):
+    """Controls: the graph holds known edges, a TYPE_CHECKING import is not one,
+    and an upward import planted in a copy of a module is found."""
+    assert "numba_streamsafe.resources" in GRAPH["numba_streamsafe.runtime"]
+    assert "numba_streamsafe.protocol" in GRAPH["numba_streamsafe.numba.kernel"]
+    assert "numba_streamsafe.runtime" not in GRAPH["numba_streamsafe.protocol"]  # TYPE_CHECKING
+    planted = tmp_path / "base.py"
+    planted.write_text((PACKAGE / "resources" / "base.py").read_text()
+                       + "\n\ndef late():\n    from numba_streamsafe.runtime import get_runtime\n")
+    found = _imports(planted, "numba_streamsafe.resources.base", set(_modules()))
+    assert "numba_streamsafe.runtime" in found
