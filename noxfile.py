@@ -10,9 +10,16 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Test suite on the CPU (Numba's CUDA simulator, simulated driver)."""
+    """Test suite on the CPU (Numba's CUDA simulator, simulated driver): the
+    default selection, then the tests marked slow, as CI runs them. With
+    arguments, one pytest run with those arguments."""
     session.install("-e", ".[test,cpu]")
-    session.run("pytest", *session.posargs)
+    if session.posargs:
+        session.run("pytest", *session.posargs)
+        return
+    session.run("pytest")
+    # Exit status 5: no test is marked slow.
+    session.run("pytest", "-m", "slow", success_codes=[0, 5])
 
 
 @nox.session

@@ -7,21 +7,11 @@ lists every unordered pair of conflicting accesses in ``sim.hazards``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-HERE = str(Path(__file__).resolve().parent)
-if HERE not in sys.path:  # for ``import programs``
-    sys.path.insert(0, HERE)
-
-from numba_streamsafe._driver.sim import SimDriver  # noqa: E402
-from numba_streamsafe.resources import AsyncResource  # noqa: E402
-from numba_streamsafe.runtime import DeviceRuntime  # noqa: E402
+from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.resources import AsyncResource
+from numba_streamsafe.runtime import DeviceRuntime
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 N_THREADS = 8
 N_STREAMS = 4
 STEPS_PER_STREAM = 10_000  # per thread and stream: 8 x 4 x 10,000 steps in all
+FAST_STEPS_PER_STREAM = 1_000  # the default run's variant (the full one is marked slow)
 
 
 @pytest.fixture
@@ -31,7 +32,9 @@ def fast_switching():
     sys.setswitchinterval(old)
 
 
-def test_threads_share_one_runtime_without_hazards_or_leaks(fast_switching):
+@pytest.mark.parametrize("steps", [pytest.param(STEPS_PER_STREAM, marks=pytest.mark.slow),
+                                   FAST_STEPS_PER_STREAM])
+def test_threads_share_one_runtime_without_hazards_or_leaks(fast_switching, steps):
     sim = SimDriver(backing=False)
     res = AsyncResource(sim)
     rt = DeviceRuntime(res)
@@ -61,8 +64,8 @@ def test_threads_share_one_runtime_without_hazards_or_leaks(fast_switching):
 
         try:
             barrier.wait()
-            for i in range(N_STREAMS * STEPS_PER_STREAM):
-                stream = streams[i % N_STREAMS]  # each stream gets STEPS_PER_STREAM steps
+            for i in range(N_STREAMS * steps):
+                stream = streams[i % N_STREAMS]  # each stream gets ``steps`` steps
                 r = rng.random()
                 if not mine or (r < 0.2 and len(mine) < 8):
                     mine.append(rt.allocate(rng.choice(SIZES), stream, f"t{seed}"))
@@ -107,11 +110,11 @@ def test_threads_share_one_runtime_without_hazards_or_leaks(fast_switching):
     assert stats.live_blocks == 0 and stats.deferred == 0
     assert stats.allocations == stats.frees == counts["allocations"] + len(shared)
     assert counts["deallocate"] > 1000 and counts["defer_free"] > 1000 and counts["reaps"] > 100
-    assert counts["launches"] > N_THREADS * N_STREAMS * STEPS_PER_STREAM // 2
+    assert counts["launches"] > N_THREADS * N_STREAMS * steps // 2
     assert res.events.in_use == 0
     assert sim.live_events == res.events.idle
     assert sim.hazards == [], "\n".join(str(h) for h in sim.hazards[:10])
-    print(f"\n{N_THREADS} threads x {N_STREAMS} streams x {STEPS_PER_STREAM} steps: "
+    print(f"\n{N_THREADS} threads x {N_STREAMS} streams x {steps} steps: "
           f"{elapsed:.1f} s, {counts}")
 
 

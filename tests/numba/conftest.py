@@ -22,8 +22,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 if "numba.cuda" not in sys.modules:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"

@@ -72,6 +72,7 @@ def assert_compiled(results: dict, names) -> None:
         assert r["restype"] == "none", (name, r)
 
 
+@pytest.mark.slow
 def test_gpu_suite_kernels_compile(child_env, repo_root):
     results = compile_kernels(child_env, repo_root, str(GPU_KERNELS))
     assert_compiled(results, ["copy", "fill", "slow_copy", "slow_fill", "unannotated"])
@@ -90,6 +91,7 @@ def test_string_annotated_kernels_compile(child_env, repo_root):
     assert_compiled(results, signatures)
 
 
+@pytest.mark.slow
 def test_example_kernels_compile(child_env, repo_root):
     """Every tracked kernel of ``examples/common.py`` that names a ``ptx_signature``."""
     common = repo_root / "examples" / "common.py"
