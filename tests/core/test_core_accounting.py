@@ -1,6 +1,6 @@
 """Accounting under failure, bounded tracking state, one event per launch, out of memory.
 
-DESIGN.md section 4 item 5 and section 5 (bounded state, one event per
+docs/architecture.md section 4 item 5 and section 5 (bounded state, one event per
 launch, out of memory).
 """
 

@@ -1,4 +1,4 @@
-"""DESIGN.md section 4: the resource and recorder contract, item by item.
+"""docs/architecture.md section 4: the resource and recorder contract, item by item.
 
 Every refused call must raise a typed error that says what to do, and leave
 the accounting (``bytes_outstanding``, ``stats``) and the dependency state of

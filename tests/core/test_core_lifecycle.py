@@ -1,4 +1,4 @@
-"""Finalizer safety, context reset and stream lifetime (DESIGN.md section 5)."""
+"""Finalizer safety, context reset and stream lifetime (docs/architecture.md section 5)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Life cycle on a real GPU: interpreter exit, ``cuda.close()``, context reset,
-dropped streams and frees from other threads (DESIGN.md section 5).
+dropped streams and frees from other threads (docs/architecture.md section 5).
 
 What needs a fresh interpreter (the exit, the close, the reset) runs in a child
 process with the repository importable; the child must exit 0 and print no
