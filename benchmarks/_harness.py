@@ -1,4 +1,9 @@
-"""Shared pieces of the benchmarks: target set-up, timing, results as JSON."""
+"""Shared pieces of the benchmarks: target set-up, timing, results as JSON.
+
+Puts ``examples/`` on the import path: the benchmarks time the examples' kernels
+(``kernels_sort``, ``kernels_join``) and data (``data``), and ``target`` picks
+the GPU, or the simulator without one, before ``numba.cuda`` loads.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +18,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-import common  # noqa: E402,F401  (picks GPU or simulator before numba.cuda loads)
+import data  # noqa: E402,F401  (imports target, then the examples' kernels)
+import target  # noqa: E402  (picks GPU or simulator before numba.cuda loads)
 from numba import cuda  # noqa: E402
 
-from numba_streamsafe.numba.target import SIMULATOR  # noqa: E402
+SIMULATOR = target.SIMULATOR
 
-__all__ = ["SIMULATOR", "common", "median_time", "write_result", "device_name", "cuda"]
+__all__ = ["SIMULATOR", "median_time", "write_result", "device_name", "cuda"]
 
 
 def device_name() -> str:

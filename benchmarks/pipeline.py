@@ -1,6 +1,7 @@
 """The sort -> join pipeline, ordered four ways, timed side by side in one process.
 
-The pipeline is the one of ``examples/sort_join_pipeline.py``: the build keys
+The pipeline is the one of ``examples/sort_join_pipeline.py``, written against an
+ordering in ``ordered_pipeline.py`` (orderings in ``orderings.py``): the build keys
 uploaded from pinned host memory in chunks and sorted as they arrive, a hash
 table built from them, and the probe keys streamed through it in batches of
 pinned host memory. ``--build-memory pageable`` uploads the build keys from
@@ -41,7 +42,11 @@ import statistics
 import time
 
 import numpy as np
-from _harness import SIMULATOR, common, cuda, device_name, write_result
+from _harness import SIMULATOR, cuda, device_name, write_result
+from data import HostBatches, expected_rank, make_relations, pinned_copy
+from ordered_pipeline import bucket_sort_join, sort_join
+from orderings import ORDERINGS
+from target import hazards_now
 
 import numba_streamsafe as nss
 from numba_streamsafe import AsyncResource, DeviceRuntime
@@ -88,13 +93,13 @@ class HostStats:
 
 
 def one_run(kind: str, build, batches, streams, allocator: str = "streamsafe",
-            sample: bool = False, pipeline=common.sort_join):
+            sample: bool = False, pipeline=sort_join):
     """Time one run of ``pipeline`` ordered as ``kind``.
 
     Returns ``(seconds, count, results, memory samples, host)``, ``host`` a
     dict of the run's process CPU seconds and collector activity.
     """
-    cls = common.ORDERINGS["tracked" if kind == "tracked-eager" else kind]
+    cls = ORDERINGS["tracked" if kind == "tracked-eager" else kind]
     order = sampling(cls)(allocator) if sample else cls(allocator)
     collect, workers, build_stream, probe_streams = streams
     if sample:
@@ -131,7 +136,8 @@ def release_everything() -> None:
         cuda.current_context().deallocations.clear()
 
 
-def main() -> dict:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``argv``, default ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1 << 9 if SIMULATOR else 1 << 24)
     parser.add_argument("--rounds", type=int, default=1 if SIMULATOR else 15)
@@ -155,25 +161,37 @@ def main() -> dict:
     parser.add_argument("--name", default=None,
                         help="JSON name under $NSS_BENCH_DIR (default: pipeline, "
                              "pipeline-pageable or pipeline-bucket)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.sort == "bucket" and (args.chunks is not None or args.strides_per_pass
                                   != parser.get_default("strides_per_pass")
                                   or args.uploads != parser.get_default("uploads")):
         parser.error("--chunks, --strides-per-pass and --uploads apply to the streamed sort only")
     if args.sort == "bucket":
         args.uploads = None  # the serial variant uploads on its collector stream
+    return args
+
+
+def prepare(args: argparse.Namespace):
+    """What every run of ``args``' pipeline takes: ``(pipeline, build keys, probe
+    batches, expected answer, streams)``, ``streams`` as :func:`one_run` takes them."""
     upload = cuda.stream() if args.uploads == "one-stream" else None
-    pipeline = (common.bucket_sort_join if args.sort == "bucket"
-                else functools.partial(common.sort_join, chunks=args.chunks,
+    pipeline = (bucket_sort_join if args.sort == "bucket"
+                else functools.partial(sort_join, chunks=args.chunks,
                                        strides_per_pass=args.strides_per_pass, upload=upload))
 
-    build, probe = common.make_relations(args.n, 1)
+    build, probe = make_relations(args.n, 1)
     if args.build_memory == "pinned":
-        build = common.pinned_copy(build)
-    batches = common.HostBatches.of(probe, args.batches)
-    expected = common.expected_rank(build, probe)
+        build = pinned_copy(build)
+    batches = HostBatches.of(probe, args.batches)
+    expected = expected_rank(build, probe)
     streams = (cuda.stream(), [cuda.stream() for _ in range(args.streams)], cuda.stream(),
                [cuda.stream() for _ in range(args.streams)])
+    return pipeline, build, batches, expected, streams
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    pipeline, build, batches, expected, streams = prepare(args)
 
     lazy_rt = nss.get_runtime()
     if args.pool_internal_deps == "off":
@@ -189,10 +207,10 @@ def main() -> dict:
     for round_ in range(args.rounds + 1):  # the first round warms up
         for kind in kinds:
             nss.set_runtime(eager_rt if kind == "tracked-eager" else lazy_rt)
-            before = common.hazards_now()
+            before = hazards_now()
             seconds, count, results, _, used = one_run(kind, build, batches, streams,
                                                        pipeline=pipeline)
-            ok = np.array_equal(results, expected) and common.hazards_now() == before
+            ok = np.array_equal(results, expected) and hazards_now() == before
             correct[kind] &= bool(ok) and int(count[0]) == int((expected >= 0).sum())
             if round_:
                 times[kind].append(seconds)

@@ -14,7 +14,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from _harness import SIMULATOR, common, cuda, device_name, median_time
+from _harness import SIMULATOR, cuda, device_name, median_time
+from kernels_join import ROW, hash_probe
+from kernels_sort import bitonic_sort, merge_runs
+from ordered_pipeline import build_table
+from target import launch_shape
 
 import numba_streamsafe as nss
 
@@ -47,27 +51,27 @@ def main() -> dict[str, float]:
         for width in (1, 2):
             def sort(width=width, work=work, keys=keys):
                 work.copy_to_device(keys, stream=s)
-                common.bitonic_sort(work, s, width)
+                bitonic_sort(work, s, width)
             timed(f"copy + bitonic sort of {n}, {width} per pass", sort)
 
     half = args.n // 2
     a = nss.to_device(np.sort(rng.integers(0, 1 << 32, half, dtype=np.int64)), stream=s)
     b = nss.to_device(np.sort(rng.integers(0, 1 << 32, half, dtype=np.int64)), stream=s)
     merged = nss.device_array(args.n, np.int64, stream=s)
-    g, bl = common.launch_shape(args.n)
-    timed(f"merge of two runs of {half}", lambda: common.merge_runs[g, bl, s](a, b, merged))
+    g, bl = launch_shape(args.n)
+    timed(f"merge of two runs of {half}", lambda: merge_runs[g, bl, s](a, b, merged))
     host = cuda.pinned_array(args.n, np.int64)
     host[...] = 1
     dev = nss.device_array(args.n, np.int64, stream=s)
     timed(f"pinned upload of {args.n} keys", lambda: dev.copy_to_device(host, stream=s))
     timed(f"pinned download of {args.n} keys", lambda: dev.copy_to_host(host, stream=s))
-    rows_host = cuda.pinned_array(args.n, common.ROW)
-    rows = nss.device_array(args.n, common.ROW, stream=s)
+    rows_host = cuda.pinned_array(args.n, ROW)
+    rows = nss.device_array(args.n, ROW, stream=s)
     timed(f"pinned download of {args.n} rows", lambda: rows.copy_to_host(rows_host, stream=s))
-    timed(f"table build from {args.n} keys", lambda: common.build_table(merged, s))
-    table, mask, _ = common.build_table(merged, s)
+    timed(f"table build from {args.n} keys", lambda: build_table(merged, s))
+    table, mask, _ = build_table(merged, s)
     timed(f"probe of {args.n} keys",
-          lambda: common.hash_probe[g, bl, s](merged, table, rows, mask))
+          lambda: hash_probe[g, bl, s](merged, table, rows, mask))
     s.synchronize()
     return times
 

@@ -14,13 +14,16 @@ import argparse
 import statistics
 import time
 
-from _harness import SIMULATOR, common, cuda, device_name
+from _harness import SIMULATOR, cuda, device_name
+from data import HostBatches, make_relations, pinned_copy
+from ordered_pipeline import build_table, multistream_sort, probe_batches, streamed_sort
+from orderings import ORDERINGS
 
 import numba_streamsafe as nss
 
 
 def phases(kind: str, build, batches, streams, sort: str) -> dict[str, float]:
-    order = common.ORDERINGS[kind]()
+    order = ORDERINGS[kind]()
     collect, workers, build_stream, probe_streams = streams
     out: dict[str, float] = {}
 
@@ -35,16 +38,14 @@ def phases(kind: str, build, batches, streams, sort: str) -> dict[str, float]:
     with nss.tracking(order.tracking):
         if sort == "bucket":
             d_build = timed("upload build", lambda: order.upload(build, collect, "build keys"))
-            d_sorted = timed("sort", lambda: common.multistream_sort(
+            d_sorted = timed("sort", lambda: multistream_sort(
                 d_build, build.size, workers, collect, order))
             ready = order.mark(collect)
         else:
-            d_sorted, ready = timed("upload and sort", lambda: common.streamed_sort(
+            d_sorted, ready = timed("upload and sort", lambda: streamed_sort(
                 build, workers, collect, len(workers), order))
-        table = timed("build table", lambda: common.build_table(d_sorted, build_stream, order,
-                                                                ready))
-        timed("probe batches", lambda: common.probe_batches(batches, table, probe_streams,
-                                                            order))
+        table = timed("build table", lambda: build_table(d_sorted, build_stream, order, ready))
+        timed("probe batches", lambda: probe_batches(batches, table, probe_streams, order))
     order.finish()
     return out
 
@@ -58,10 +59,10 @@ def main() -> None:
     parser.add_argument("--sort", choices=("streamed", "bucket"), default="streamed")
     parser.add_argument("--build-memory", choices=("pinned", "pageable"), default="pinned")
     args = parser.parse_args()
-    build, probe = common.make_relations(args.n, 1)
+    build, probe = make_relations(args.n, 1)
     if args.build_memory == "pinned":
-        build = common.pinned_copy(build)
-    batches = common.HostBatches.of(probe, args.batches)
+        build = pinned_copy(build)
+    batches = HostBatches.of(probe, args.batches)
     streams = (cuda.stream(), [cuda.stream() for _ in range(args.streams)], cuda.stream(),
                [cuda.stream() for _ in range(args.streams)])
     kinds = ("tracked", "sync")

@@ -2,7 +2,11 @@
 
 Each example runs in a child process (it chooses its target before Numba's
 CUDA module loads): with tracking it must be correct with no hazard; with
-tracking off the simulated driver must see the race.
+tracking off the simulated driver must see the race. The examples' modules
+(``examples/kernels_sort.py``, ``kernels_join.py``, ``data.py``) are tested in
+children too. ``test_examples_match_benchmarks.py`` checks that the examples
+queue the GPU work the benchmarks time; ``test_quickstart.py`` runs the README's
+snippet.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def test_example_shows_the_race_without_tracking(example):
     assert "hazards seen by the simulated driver: 0" not in proc.stdout
 
 
+@pytest.mark.slow  # 8192 keys at the GPU's launch shapes: a minute on the simulator
 @pytest.mark.parametrize(("n", "strides"), [(2048, 1), (8192, 1), (8192, 2)])
 def test_shared_memory_sort_path_is_correct(n, strides):
     """The GPU's sort path: shared-memory passes, and from 2 * TILE on the
@@ -57,14 +62,15 @@ def test_shared_memory_sort_path_is_correct(n, strides):
     or both in one pass of bitonic_step2)."""
     code = (
         "import sys; sys.path.insert(0, 'examples')\n"
-        "import numpy as np, common, numba_streamsafe as nss\n"
+        "import target\n"
+        "target.SIMULATOR = False  # the GPU's launch shapes and shared-memory passes\n"
+        "import numpy as np, kernels_sort, numba_streamsafe as nss\n"
         "from numba import cuda\n"
-        "common.SIMULATOR = False  # take the GPU's shared-memory passes\n"
         f"keys = np.random.default_rng(0).integers(0, 1 << 32, {n}, dtype=np.int64)\n"
         "s = cuda.stream(); d = nss.to_device(keys, stream=s)\n"
-        f"common.bitonic_sort(d, s, {strides})\n"
+        f"kernels_sort.bitonic_sort(d, s, {strides})\n"
         "assert np.array_equal(nss.copy_to_host(d, stream=s), np.sort(keys))\n"
-        "assert common.hazards_now() == 0\n"
+        "assert target.hazards_now() == 0\n"
         "print('sorted')\n"
     )
     _run_code(code, "sorted")
@@ -75,17 +81,17 @@ def test_two_strides_per_pass_sorts_like_one():
     size from 1 to 256 keys, and a clear error for an unknown pass width."""
     code = (
         "import sys; sys.path.insert(0, 'examples')\n"
-        "import numpy as np, common, numba_streamsafe as nss\n"
+        "import numpy as np, kernels_sort, target, numba_streamsafe as nss\n"
         "from numba import cuda\n"
         "rng = np.random.default_rng(1); s = cuda.stream()\n"
         "for n in (1, 2, 4, 8, 16, 64, 256):\n"
         "    keys = rng.integers(0, 1 << 32, n, dtype=np.int64)\n"
         "    d = nss.to_device(keys, stream=s)\n"
-        "    common.bitonic_sort(d, s, 2)\n"
+        "    kernels_sort.bitonic_sort(d, s, 2)\n"
         "    assert np.array_equal(nss.copy_to_host(d, stream=s), np.sort(keys)), n\n"
-        "assert common.hazards_now() == 0\n"
+        "assert target.hazards_now() == 0\n"
         "try:\n"
-        "    common.bitonic_sort(d, s, 3)\n"
+        "    kernels_sort.bitonic_sort(d, s, 3)\n"
         "except ValueError as exc:\n"
         "    assert 'strides_per_pass must be 1 or 2' in str(exc)\n"
         "else:\n"
@@ -146,16 +152,16 @@ def test_relations_refuse_sizes_whose_rows_do_not_fit_the_row_type():
     code = (
         "import sys\n"
         "sys.path.insert(0, 'examples')\n"
-        "import numpy as np, common\n"
-        "assert np.iinfo(common.ROW).max == 2**31 - 1\n"
+        "import numpy as np, data, kernels_join\n"
+        "assert np.iinfo(kernels_join.ROW).max == 2**31 - 1 == data.MAX_JOIN_N\n"
         "for n in (0, 2**31):\n"
         "    try:\n"
-        "        common.make_relations(n, 1)\n"
+        "        data.make_relations(n, 1)\n"
         "    except ValueError as exc:\n"
         "        assert 'row numbers are int32' in str(exc), exc\n"
         "    else:\n"
         "        raise AssertionError(n)\n"
-        "build, probe = common.make_relations(64, 1)\n"
+        "build, probe = data.make_relations(64, 1)\n"
         "assert build.size == probe.size == 64\n"
         "print('refused')\n"
     )
@@ -172,19 +178,20 @@ def test_pipeline_benchmark_runs_with_uploads_on_the_using_streams():
 
 
 def test_upload_stream_waits_only_for_the_allocations_it_fills():
-    """In the tracked sort -> join, until its last copy is queued the upload stream
-    waits for nothing but the stream-ordered allocation of each build chunk on its
-    worker: no free, merge or probe holds up a copy. (The probe keys' frees wait
-    for their probes after that.)"""
+    """In the tracked sort -> join (the example's), until its last copy is queued the
+    upload stream waits for nothing but the stream-ordered allocation of each build
+    chunk on its worker: no free, merge or probe holds up a copy. (The probe keys'
+    frees wait for their probes after that.)"""
     code = (
         "import sys\n"
         "sys.path.insert(0, 'examples')\n"
         "import numpy as np\n"
         "from numba import cuda\n"
         "import numba_streamsafe as nss\n"
-        "import common\n"
-        "build, probe = common.make_relations(256, 3)\n"
-        "batches = common.HostBatches.of(probe, 8)\n"
+        "import data, target\n"
+        "import sort_join_pipeline as example\n"
+        "build, probe = data.make_relations(256, 3)\n"
+        "batches = data.HostBatches.of(probe, 8)\n"
         "collect, build_stream, upload = cuda.stream(), cuda.stream(), cuda.stream()\n"
         "workers = [cuda.stream() for _ in range(4)]\n"
         "probes = [cuda.stream() for _ in range(4)]\n"
@@ -199,17 +206,18 @@ def test_upload_stream_waits_only_for_the_allocations_it_fills():
         "    log.append((stream, recorded.get(event)))\n"
         "    return wait(stream, event)\n"
         "drv.event_record, drv.stream_wait_event = on_record, on_wait\n"
-        "upload_into = common.Ordering.upload\n"
-        "def on_upload(self, host, stream, tag, into=None):\n"
+        "to_device = nss.to_device\n"
+        "def on_upload(host, stream=0, **kwargs):\n"
         "    log.append((rt.stream_handle(stream), 'copy'))\n"
-        "    return upload_into(self, host, stream, tag, into)\n"
-        "common.Ordering.upload = on_upload\n"
-        "count = common.sort_join(common.pinned_copy(build), batches, collect, workers,\n"
-        "                         build_stream, probes, upload=upload)\n"
+        "    return to_device(host, stream=stream, **kwargs)\n"
+        "nss.to_device = on_upload\n"
+        "count = example.sort_join(data.pinned_copy(build), batches, collect, workers,\n"
+        "                          build_stream, probes, upload)\n"
         "got = np.concatenate(batches.results)\n"
-        "assert np.array_equal(got, common.expected_rank(build, probe))\n"
-        "assert common.hazards_now() == 0\n"
+        "assert np.array_equal(got, data.expected_rank(build, probe))\n"
+        "assert target.hazards_now() == 0\n"
         "up = rt.stream_handle(upload)\n"
+        "assert {s for s, src in log if src == 'copy'} == {up}, 'every copy on the upload stream'\n"
         "on_upload = [src for s, src in log if s == up]\n"
         "last = len(on_upload) - 1 - on_upload[::-1].index('copy')\n"
         "assert on_upload.count('copy') == 4 + 8, on_upload\n"
