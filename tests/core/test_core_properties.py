@@ -18,10 +18,13 @@ import os
 import random
 
 import programs as P
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-#: Programs the Hypothesis property runs (NSS_PROPERTY_EXAMPLES overrides).
+#: Programs the Hypothesis property runs: a quick run by default, and the full
+#: run (marked slow, run by CI) at NSS_PROPERTY_EXAMPLES, 5000 unless set.
+QUICK_EXAMPLES = 400
 EXAMPLES = int(os.environ.get("NSS_PROPERTY_EXAMPLES", "5000"))
 
 
@@ -40,11 +43,20 @@ def _assert_clean_after_fenced(run: P.Run) -> None:
     assert run.sim.reserved_bytes == 0
 
 
+def test_fenced_programs_have_no_hazards_quick():
+    _fenced_programs_have_no_hazards(QUICK_EXAMPLES)
+
+
+@pytest.mark.slow
 def test_fenced_programs_have_no_hazards():
+    _fenced_programs_have_no_hazards(EXAMPLES)
+
+
+def _fenced_programs_have_no_hazards(examples: int) -> None:
     seen = {"programs": 0, "unfenced with hazards": 0, "with reuse": 0, "with kept reuse": 0,
             "with a recycled handle": 0, "with a reset": 0}
 
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(program=P.program_strategy(max_steps=25), fences=st.sampled_from(["lazy", "eager"]))
     def fenced_program_is_safe(program: P.Program, fences: str) -> None:
         seen["programs"] += 1
@@ -60,12 +72,12 @@ def test_fenced_programs_have_no_hazards():
         _assert_clean_after_fenced(run)
 
     fenced_program_is_safe()
-    assert seen["programs"] >= EXAMPLES, seen
+    assert seen["programs"] >= examples, seen
     # The generated programs exercise what the property is about.
     assert seen["unfenced with hazards"] > 0 and seen["with reuse"] > 0, seen
     assert seen["with kept reuse"] > 0, seen
-    assert seen["with a recycled handle"] >= EXAMPLES // 10, seen
-    assert seen["with a reset"] >= EXAMPLES // 10, seen
+    assert seen["with a recycled handle"] >= examples // 10, seen
+    assert seen["with a reset"] >= examples // 10, seen
 
 
 def test_unfenced_programs_show_hazards_and_fenced_ones_none():
