@@ -19,6 +19,7 @@ from numba_streamsafe.errors import (
     OutOfBounds,
     OutOfBudget,
     OutOfMemory,
+    PeerAccessRequired,
     StaleContext,
     StreamMisuse,
     StreamSafeError,
@@ -34,7 +35,12 @@ from numba_streamsafe.resources import (
     LoggingResource,
     MemoryResource,
 )
-from numba_streamsafe.runtime import DeviceRuntime, get_runtime, set_runtime
+from numba_streamsafe.runtime import (
+    DeviceRuntime,
+    enable_peer_access,
+    get_runtime,
+    set_runtime,
+)
 
 __version__ = "0.1.0"
 
@@ -72,6 +78,7 @@ __all__ = [
     "UseAfterFree",
     "StaleContext",
     "OutOfBounds",
+    "PeerAccessRequired",
     "MemoryResource",
     "AsyncResource",
     "POOL_KEEP_ALL",
@@ -82,6 +89,7 @@ __all__ = [
     "DeviceRuntime",
     "get_runtime",
     "set_runtime",
+    "enable_peer_access",
     "LaunchRecorder",
     "RecorderMode",
     "UncommittedLaunchWarning",

@@ -18,6 +18,7 @@ __all__ = [
     "UseAfterFree",
     "StaleContext",
     "OutOfBounds",
+    "PeerAccessRequired",
 ]
 
 
@@ -115,3 +116,23 @@ class StaleContext(UseAfterFree):
 
 class OutOfBounds(StreamSafeError):
     """A guard detected a write outside a block's bounds."""
+
+
+class PeerAccessRequired(StreamMisuse):
+    """A kernel (or memset) on one device was given an array of another device
+    whose memory it has no peer access to. Nothing was queued.
+
+    Enable peer access (``numba_streamsafe.enable_peer_access(device, peer)``,
+    where the GPUs support it), or copy the array to the launch device
+    (``numba_streamsafe.copy``, which needs no peer access).
+
+    Attributes
+    ----------
+    device, peer : int
+        The launch device and the device whose memory it cannot access.
+    """
+
+    def __init__(self, message: str, device: int, peer: int) -> None:
+        super().__init__(message)
+        self.device = device
+        self.peer = peer

@@ -15,6 +15,15 @@ these steps on one stream:
    record the uses against the stream's current mark
    (``MemoryResource.commit``).
 
+Blocks of another device than the launch runtime's (section 7 of
+``docs/architecture.md``) are looked for only while runtimes of several
+devices are installed (``DeviceRuntime.multi_device``). A kernel or memset
+needs peer access to them (:class:`~numba_streamsafe.errors.PeerAccessRequired`
+otherwise, before anything is queued); a copy (:class:`CopyUses`) does not.
+Their device's resource gives the marks the launch stream waits for
+(``preflight_foreign``), and records the launch after the work against an
+event of the launch stream (``commit_foreign``).
+
 The module knows nothing of Numba; the Numba layer wraps a launch in
 :func:`fenced`.
 """
@@ -22,16 +31,17 @@ The module knows nothing of Numba; the Numba layer wraps a launch in
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import StreamMisuse
+from numba_streamsafe.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
 
-__all__ = ["Uses", "single", "preflight", "commit", "trace", "fenced", "refuse_untracked"]
+__all__ = ["Uses", "CopyUses", "single", "preflight", "commit", "trace", "fenced",
+           "refuse_untracked"]
 
 T = TypeVar("T")
 
@@ -48,6 +58,9 @@ class Uses:
     """
 
     __slots__ = ("blocks", "untracked", "producers")
+    #: Whether the work is a copy, which reaches another device's memory
+    #: without peer access (:class:`CopyUses`).
+    copy = False
 
     def __init__(self) -> None:
         self.blocks: list[tuple[Block, Access]] = []
@@ -83,9 +96,16 @@ class Uses:
         return len(self.blocks)
 
 
-def single(block: Block | None, access: Access, what: str) -> Uses:
-    """:class:`Uses` of one buffer."""
-    uses = Uses()
+class CopyUses(Uses):
+    """The buffers of a copy: blocks of another device need no peer access."""
+
+    __slots__ = ()
+    copy = True
+
+
+def single(block: Block | None, access: Access, what: str, copy: bool = False) -> Uses:
+    """:class:`Uses` of one buffer (of a copy when ``copy``)."""
+    uses = CopyUses() if copy else Uses()
     uses.add(block, access, what)
     return uses
 
@@ -116,8 +136,12 @@ def preflight(rt: DeviceRuntime, stream: int, uses: Uses, strict: bool, owner: o
     """
     if uses.untracked and strict:
         raise refuse_untracked(uses.untracked, remedy)
-    if uses.blocks:
-        rt.resource.preflight(uses.blocks, stream, owner)
+    blocks = uses.blocks
+    if blocks:
+        if rt.multi_device and _spans_devices(rt.device, blocks):
+            _preflight_across(rt, stream, uses, owner)
+        else:
+            rt.resource.preflight(blocks, stream, owner)
     if uses.producers:
         for producer in uses.producers:
             rt.order_after_stream(stream, producer)
@@ -126,15 +150,117 @@ def preflight(rt: DeviceRuntime, stream: int, uses: Uses, strict: bool, owner: o
 def commit(rt: DeviceRuntime, stream: int, uses: Uses, owner: object = None) -> None:
     """Record ``uses`` on ``stream`` after the work is queued: later uses on other
     streams wait for it, and the blocks' frees too."""
-    if uses.blocks:
-        rt.resource.commit(uses.blocks, stream, owner)
+    blocks = uses.blocks
+    if blocks:
+        if rt.multi_device and _spans_devices(rt.device, blocks):
+            _commit_across(rt, stream, uses, owner)
+        else:
+            rt.resource.commit(blocks, stream, owner)
 
 
 def trace(rt: DeviceRuntime, stream: int, uses: Uses, label: str) -> None:
     """Tell a checking driver (the simulated one) what the work on ``stream`` touches."""
     driver = rt.driver
     if driver.traces_accesses:
-        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in uses.blocks], label)
+        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in uses.blocks], label,
+                            copy=uses.copy)
+
+
+# ------------------------------------------------------------ several devices
+def _spans_devices(device: int, blocks: list[tuple[Block, Access]]) -> bool:
+    """Whether a block of ``blocks`` belongs to another device than ``device``."""
+    for block, _ in blocks:
+        if block.device != device:
+            return True
+    return False
+
+
+def _by_device(rt: DeviceRuntime, uses: Uses
+               ) -> tuple[list[tuple[Block, Access]], dict[int, list[tuple[Block, Access]]]]:
+    """The uses of ``rt``'s device, and those of each other device."""
+    local: list[tuple[Block, Access]] = []
+    foreign: dict[int, list[tuple[Block, Access]]] = {}
+    for block, access in uses.blocks:
+        if block.device == rt.device:
+            local.append((block, access))
+        else:
+            foreign.setdefault(block.device, []).append((block, access))
+    return local, foreign
+
+
+def _peer_runtime(rt: DeviceRuntime, device: int, uses: Uses,
+                  blocks: list[tuple[Block, Access]]) -> DeviceRuntime:
+    """The installed runtime of ``device``, after checking that a launch on ``rt``
+    may use its ``blocks``.
+
+    Raises
+    ------
+    PeerAccessRequired
+        A kernel or memset (not a copy) and no peer access from ``rt``'s device.
+    InvalidArgument
+        No runtime of ``device`` is installed.
+    """
+    if not uses.copy and device not in rt.peers:
+        names = "; ".join(b.describe() for b, _ in blocks[:3])
+        raise PeerAccessRequired(
+            f"a launch on device {rt.device} was given memory of device {device} ({names}), "
+            f"and device {rt.device} has no peer access to device {device}. Enable it with "
+            f"numba_streamsafe.enable_peer_access({rt.device}, {device}) where the GPUs "
+            f"support it, or copy the array to device {rt.device} first "
+            "(numba_streamsafe.copy needs no peer access); nothing was queued",
+            rt.device, device)
+    peer = rt.runtime_of(device)
+    if peer is None:
+        raise InvalidArgument(
+            f"a launch on device {rt.device} was given memory of device {device}, whose runtime "
+            "is not installed, so its uses cannot be ordered; install it (set_runtime, or "
+            "get_runtime(device) for the process-wide one) before using its arrays elsewhere")
+    return peer
+
+
+def _preflight_across(rt: DeviceRuntime, stream: int, uses: Uses, owner: object) -> None:
+    """:func:`preflight` of uses that span devices: the launch stream waits for the
+    marks each foreign device's resource names (``cuStreamWaitEvent`` across
+    devices) and for the local ones; nothing is queued on it when this raises."""
+    local, foreign = _by_device(rt, uses)
+    peers = [(_peer_runtime(rt, d, uses, blocks), blocks) for d, blocks in sorted(foreign.items())]
+    key = rt.stream_key(stream)
+    held: list[tuple[DeviceRuntime, list[Any]]] = []
+    try:
+        for peer, blocks in peers:
+            with peer.activate():
+                held.append((peer, peer.resource.preflight_foreign(blocks, key)))
+        rt.resource.preflight(local, stream, owner)  # refuses a resource that cannot track
+        wait = rt.driver.stream_wait_event
+        for _, marks in held:
+            for mark in marks:
+                wait(stream, mark.handle)
+    finally:
+        for peer, marks in held:
+            if marks:
+                with peer.activate():
+                    peer.resource.release_foreign(marks)
+
+
+def _commit_across(rt: DeviceRuntime, stream: int, uses: Uses, owner: object) -> None:
+    """:func:`commit` of uses that span devices: the local ones against the
+    stream's mark; those of each other device against an event recorded now
+    on the launch stream (of the launch device's pool)."""
+    local, foreign = _by_device(rt, uses)
+    resource = rt.resource
+    if local:
+        resource.commit(local, stream, owner)
+    pool = resource.events
+    if pool is None:
+        raise StreamMisuse(f"{type(resource).__name__} records no events, so a launch on device "
+                           f"{rt.device} cannot be ordered before uses on other devices; build "
+                           "the runtime on AsyncResource")
+    key = rt.stream_key(stream)
+    for device, blocks in sorted(foreign.items()):
+        peer = _peer_runtime(rt, device, uses, blocks)
+        event = pool.record(stream)
+        with peer.activate():
+            peer.resource.commit_foreign(blocks, key, event, pool, owner)
 
 
 def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
@@ -160,10 +286,13 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     if not tracking:
         result = work(*args)
         if driver.traces_accesses:
-            driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
+            driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label,
+                                copy=uses.copy)
         return result
     if uses.untracked and strict:
         raise refuse_untracked(uses.untracked, _REMEDY)
+    if rt.multi_device and blocks and _spans_devices(rt.device, blocks):
+        return _fenced_across(rt, stream, uses, label, owner, work, args)
     resource = rt.resource
     if blocks:
         resource.preflight(blocks, stream, owner)
@@ -175,6 +304,19 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
     if blocks:
         resource.commit(blocks, stream, owner)
+    return result
+
+
+def _fenced_across(rt: DeviceRuntime, stream: int, uses: Uses, label: str, owner: object,
+                   work: Callable[..., T], args: tuple[object, ...]) -> T:
+    """:func:`fenced` for uses that span devices (strict mode already checked)."""
+    _preflight_across(rt, stream, uses, owner)
+    if uses.producers:
+        for producer in uses.producers:
+            rt.order_after_stream(stream, producer)
+    result = work(*args)
+    trace(rt, stream, uses, label)
+    _commit_across(rt, stream, uses, owner)
     return result
 
 

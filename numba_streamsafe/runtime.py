@@ -1,4 +1,11 @@
-"""DeviceRuntime: one resource stack, one driver and one policy per device."""
+"""DeviceRuntime: one resource stack, one driver and one policy per device.
+
+Each device has its own runtime (its pool, events and marks):
+:func:`get_runtime` gives the process-wide one of a device. Runtimes of
+several devices installed at once know of each other (``multi_device``), so
+the launch protocol can order a launch on one device after uses of another
+device's blocks (see ``docs/architecture.md``, section 7).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from numba_streamsafe.resources import (
     MemoryResource,
     ResourceStats,
 )
+from numba_streamsafe.resources.marks import retired_stream_id
 from numba_streamsafe.settings import settings
 from numba_streamsafe.streams import default_stream_handle, stream_handle
 
@@ -28,6 +36,9 @@ __all__ = [
     "get_runtime",
     "set_runtime",
     "clear_runtimes",
+    "installed_runtime",
+    "sole_runtime",
+    "enable_peer_access",
     "default_driver",
     "default_stack",
 ]
@@ -51,7 +62,11 @@ def default_driver(device: int = 0) -> Driver:
     if settings().driver == "sim":
         from numba_streamsafe._driver.sim import SimDriver
 
-        return SimDriver(device)
+        # Simulated devices of one process share a system (one happens-before
+        # model): that of an installed simulated runtime, else a new one.
+        system = next((rt.driver.system for rt in list(_runtimes.values())
+                       if isinstance(rt.driver, SimDriver)), None)
+        return SimDriver(device, system=system)
     from numba_streamsafe._driver.cuda import CudaDriver
 
     return CudaDriver(device)
@@ -86,6 +101,63 @@ class DeviceRuntime:
         self._destroyed: set[int] = self.driver.destroyed_streams
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stream_lock = threading.Lock()
+        #: True while runtimes of other devices are installed beside this one:
+        #: the launch protocol then looks for blocks of other devices.
+        self.multi_device = False
+        #: Devices whose memory this device's kernels may access
+        #: (:meth:`enable_peer_access`).
+        self.peers: set[int] = set()
+        #: Stream handle -> its key in other devices' state (:meth:`stream_key`).
+        self._keys: dict[int, int] = {}
+
+    # ------------------------------------------------------------ other devices
+    def stream_key(self, handle: int) -> int:
+        """The key other devices' resources know this device's stream ``handle``
+        by, when they record its uses of their blocks.
+
+        Negative and unique in the process (never a stream handle of any
+        device, whose default streams share the values 0 to 2), stable until
+        the stream is destroyed through :meth:`destroy_stream` (a stream that
+        later gets the handle gets a new key, so it inherits no uses) or the
+        context is reset.
+        """
+        key = self._keys.get(handle)
+        if key is None:
+            with self._stream_lock:
+                key = self._keys.get(handle)
+                if key is None:
+                    key = self._keys[handle] = retired_stream_id()
+        return key
+
+    def enable_peer_access(self, peer: DeviceRuntime) -> None:
+        """Let this device's kernels use ``peer``'s blocks: the driver enables
+        peer access (``cuCtxEnablePeerAccess``) and the runtime records it, so
+        launches here accept arrays of ``peer``, ordered across the devices.
+
+        Raises
+        ------
+        InvalidArgument
+            ``peer`` serves this same device.
+        DriverError
+            The driver refused (no peer-to-peer path between the GPUs).
+        """
+        if peer.device == self.device:
+            raise InvalidArgument(
+                f"peer access from device {self.device} to itself: pass another device's runtime"
+            )
+        self.driver.enable_peer_access(peer.device)
+        self.peers.add(peer.device)
+
+    def runtime_of(self, device: int) -> DeviceRuntime | None:
+        """The installed runtime of ``device`` (this one for its own), or None."""
+        if device == self.device:
+            return self
+        return _runtimes.get(device)
+
+    def activate(self) -> Any:
+        """A context manager making this device's context current inside it (on
+        a GPU, when another device's is current; nothing on the simulator)."""
+        return self.driver.activate()
 
     # ----------------------------------------------------------------- streams
     def stream_handle(self, stream: Any) -> int:
@@ -138,7 +210,8 @@ class DeviceRuntime:
                 f"{stream!r} is the default stream {handle} and cannot be destroyed; destroy "
                 "only streams you created"
             )
-        self.resource.flush()
+        with self.driver.activate():
+            self.resource.flush()
         on_it = self.resource.blocks_on_stream(handle)
         if on_it:
             names = "; ".join(b.describe() for b in on_it[:5])
@@ -149,7 +222,9 @@ class DeviceRuntime:
         # Seal the uses recorded on the stream and reap its queued frees while
         # the stream still exists (afterwards neither could be done), forget
         # its history, and destroy it with no reap in between.
-        self.resource.retire_stream(handle, self.driver.destroy_stream)
+        with self.driver.activate():
+            self.resource.retire_stream(handle, self.driver.destroy_stream)
+        self._keys.pop(handle, None)  # other devices' uses by it keep its old key
 
     def order_after_stream(self, stream: int, producer: int) -> None:
         """Make ``stream`` wait for everything queued so far on ``producer``."""
@@ -208,10 +283,12 @@ class DeviceRuntime:
         self.resource.defer_free(block)
 
     def flush(self) -> None:
-        self.resource.flush()
+        with self.driver.activate():
+            self.resource.flush()
 
     def reap(self) -> None:
-        self.resource.reap_pending()
+        with self.driver.activate():
+            self.resource.reap_pending()
 
     def trim(self, keep_bytes: int = 0) -> None:
         """Run queued frees, wait for pending ones, then hand the pool's unused
@@ -226,8 +303,9 @@ class DeviceRuntime:
             raise InvalidArgument(
                 f"keep_bytes must be an int >= 0 (pooled bytes to keep), got {keep_bytes!r}"
             )
-        self.resource.reap_pending()
-        self.driver.pool_trim(keep_bytes)
+        with self.driver.activate():
+            self.resource.reap_pending()
+            self.driver.pool_trim(keep_bytes)
 
     def bytes_outstanding(self) -> int:
         return self.resource.bytes_outstanding()
@@ -253,6 +331,7 @@ class DeviceRuntime:
         :class:`~numba_streamsafe.errors.StaleContext`; their finalizers do nothing.
         """
         self.resource.reset_context()
+        self._keys.clear()  # the streams are gone; new ones may get their handles
 
     def stats(self) -> RuntimeStats:
         stats = self.resource.stats()
@@ -272,6 +351,19 @@ def _driver_of(resource: MemoryResource) -> Driver:
 
 _runtimes: dict[int, DeviceRuntime] = {}
 _runtimes_lock = threading.Lock()
+#: The installed runtime while there is exactly one, else None: the Numba
+#: layer's launches take it without asking which device is current.
+_sole: DeviceRuntime | None = None
+
+
+def _installed_changed() -> None:
+    """Caller holds ``_runtimes_lock``: refresh :data:`_sole` and every installed
+    runtime's ``multi_device``."""
+    global _sole
+    several = len(_runtimes) > 1
+    _sole = None if several or not _runtimes else next(iter(_runtimes.values()))
+    for rt in _runtimes.values():
+        rt.multi_device = several
 
 
 def get_runtime(device: int = 0) -> DeviceRuntime:
@@ -288,7 +380,35 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
         if rt is None:
             rt = DeviceRuntime(default_stack(default_driver(device)))
             _runtimes[device] = rt
+            _installed_changed()
         return rt
+
+
+def installed_runtime(device: int) -> DeviceRuntime | None:
+    """The process-wide runtime of ``device`` if one is installed (none is built)."""
+    return _runtimes.get(device)
+
+
+def sole_runtime() -> DeviceRuntime | None:
+    """The process-wide runtime while exactly one device has one, else None."""
+    return _sole
+
+
+def enable_peer_access(device: int, peer: int) -> None:
+    """Let kernels on ``device`` use arrays of ``peer`` (one direction; call it
+    both ways for both). The driver enables peer access, and the runtime of
+    ``device`` records it: a launch there then accepts arrays of ``peer``,
+    ordered after their uses on ``peer``'s streams (and ``peer``'s later uses
+    and frees after the launch). Both devices' runtimes are built if needed.
+
+    Raises
+    ------
+    InvalidArgument
+        ``device == peer``.
+    DriverError
+        The GPUs have no peer-to-peer path (copy the arrays instead).
+    """
+    get_runtime(device).enable_peer_access(get_runtime(peer))
 
 
 def default_stack(driver: Driver) -> MemoryResource:
@@ -315,10 +435,14 @@ def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRunt
     with _runtimes_lock:
         old = _runtimes.get(key)
         _runtimes[key] = runtime
+        _installed_changed()
         return old
 
 
 def clear_runtimes() -> None:
     """Forget every process-wide runtime (the next :func:`get_runtime` builds anew)."""
     with _runtimes_lock:
+        for rt in _runtimes.values():
+            rt.multi_device = False
         _runtimes.clear()
+        _installed_changed()

@@ -9,6 +9,7 @@ Every method raises :class:`~numba_streamsafe.errors.DriverError` on failure.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Driver", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_HANDLE"]
@@ -129,10 +130,29 @@ class Driver(Protocol):
         """
         ...
 
-    def trace_access(self, stream: int, accesses: Any, label: str) -> None:
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue on ``stream`` the copy of ``nbytes`` bytes from ``src`` to ``dst``
+        (``cuMemcpyAsync``); either may be memory of another device (no peer
+        access needed). The simulated backend checks it as a read and a write."""
+        ...
+
+    def enable_peer_access(self, peer: int) -> None:
+        """Let kernels of this device access device ``peer``'s memory
+        (``cuCtxEnablePeerAccess``); idempotent."""
+        ...
+
+    def activate(self) -> AbstractContextManager[None]:
+        """A context manager that makes this device's context current inside it
+        (for calls made for this device while another device's is current)."""
+        ...
+
+    def trace_access(self, stream: int, accesses: Any, label: str, *,
+                     copy: bool = False) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.
 
         ``accesses`` is a sequence of ``(ptr, nbytes, Access)``. The CUDA
-        backend does nothing; the simulated backend checks happens-before.
+        backend does nothing; the simulated backend checks happens-before, and
+        that a kernel (``copy`` False) touches memory of another device only
+        with peer access.
         """
         ...

@@ -3,13 +3,24 @@
 Every call checks its ``CUresult`` and raises
 :class:`~numba_streamsafe.errors.DriverError` with the call's name, the code and
 the driver's own message. The device's primary context (the one Numba uses) is
-made current on each thread before its first call.
+made current on a thread that has no current context before its first call.
+
+More than one device: a thread's current context is left as it is (Numba's
+``with cuda.gpus[d]:`` chooses it). The calls that act on "the current
+context" (creating streams and events, synchronous allocation, ``cuCtx*``,
+the default streams) push the driver's own context around themselves once a
+second device's context is in use in the process, and :meth:`CudaDriver.activate`
+does so around a group of calls; the launch-path calls (``cuMemAllocAsync``,
+``cuMemFreeAsync``, ``cuEventRecord``, ``cuStreamWaitEvent``, ``cuLaunchKernel``)
+take their stream as given and expect the device's context to be current when
+that stream is a default one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
@@ -19,6 +30,7 @@ from numba_streamsafe.errors import DriverError, StreamMisuse
 __all__ = ["CudaDriver"]
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
+_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
 
 
 def _bindings() -> Any:
@@ -39,6 +51,11 @@ class CudaDriver:
 
     traces_accesses = False
     supports_direct_launch = True
+    #: Devices whose driver was built in this process.
+    _devices: set[int] = set()
+    #: True once a second device's context is in use: context-dependent calls
+    #: then make their own context current around themselves.
+    _several = False
 
     def __init__(self, device: int = 0) -> None:
         drv = _bindings()
@@ -54,6 +71,9 @@ class CudaDriver:
         #: using a destroyed one would crash the process.
         self.destroyed_streams: set[int] = set()
         self._tls = threading.local()
+        CudaDriver._devices.add(device)
+        if len(CudaDriver._devices) > 1:
+            CudaDriver._several = True
         self._ensure_context()
         self._event_flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
         # Bound methods, looked up once: these sit on the launch path.
@@ -92,12 +112,75 @@ class CudaDriver:
         return result
 
     def _ensure_context(self) -> None:
+        """Before a thread's first call: make the device's context current when
+        the thread has none. Another device's current context is left current
+        (the calls that depend on it push their own, see :meth:`_push`)."""
         if getattr(self._tls, "ready", False):
             return
         err, current = self._drv.cuCtxGetCurrent()
-        if err or int(current) != int(self._ctx):
+        if err or not int(current):
             self._check("cuCtxSetCurrent", self._drv.cuCtxSetCurrent(self._ctx))
+        elif int(current) != int(self._ctx):
+            CudaDriver._several = True
         self._tls.ready = True
+
+    def _push(self) -> bool:
+        """Make the device's context current for one call: True when it was
+        pushed (:meth:`_pop` then). With one device's context in use this is
+        :meth:`_ensure_context` (no driver call once the thread is ready)."""
+        self._ensure_context()
+        if not CudaDriver._several:
+            return False
+        err, current = self._drv.cuCtxGetCurrent()
+        if not err and int(current) == int(self._ctx):
+            return False
+        self._check("cuCtxPushCurrent", self._drv.cuCtxPushCurrent(self._ctx))
+        return True
+
+    def _pop(self, pushed: bool) -> None:
+        if pushed:
+            self._check("cuCtxPopCurrent", self._drv.cuCtxPopCurrent())
+
+    def _call(self, call: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` with the device's context current, checked."""
+        pushed = self._push()
+        try:
+            return self._check(call, fn(*args))
+        finally:
+            self._pop(pushed)
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        """Make the device's context current inside the block (pushed when another
+        is current, popped on exit): for a group of calls made for this device
+        from another device's context."""
+        pushed = self._push()
+        try:
+            yield
+        finally:
+            self._pop(pushed)
+
+    # ---------------------------------------------------------------- peers
+    def enable_peer_access(self, peer: int) -> None:
+        """Let this device's kernels access ``peer``'s memory
+        (``cuCtxEnablePeerAccess`` of ``peer``'s primary context, from this
+        device's). Idempotent."""
+        drv = self._drv
+        dev = self._check("cuDeviceGet", drv.cuDeviceGet(peer))
+        ok = self._check("cuDeviceCanAccessPeer", drv.cuDeviceCanAccessPeer(self._dev, dev))
+        if not ok:
+            raise DriverError("cuDeviceCanAccessPeer", 0,
+                              f"device {self.device} cannot access device {peer}'s memory "
+                              "(no peer-to-peer path); copy the arrays between the devices")
+        peer_ctx = self._check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(dev))
+        CudaDriver._several = True
+        pushed = self._push()
+        try:
+            (err,) = drv.cuCtxEnablePeerAccess(peer_ctx, 0)
+            if err and int(err) != _CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+                self._check("cuCtxEnablePeerAccess", (err,))
+        finally:
+            self._pop(pushed)
 
     # ----------------------------------------------------------------- memory
     def alloc_async(self, nbytes: int, stream: int) -> int:
@@ -113,16 +196,13 @@ class CudaDriver:
             self._retry_in_context("cuMemFreeAsync", err, self._free_async, ptr, stream)
 
     def alloc(self, nbytes: int) -> int:
-        self._ensure_context()
-        return int(self._check("cuMemAlloc", self._drv.cuMemAlloc(nbytes)))
+        return int(self._call("cuMemAlloc", self._drv.cuMemAlloc, nbytes))
 
     def free(self, ptr: int) -> None:
-        self._ensure_context()
-        self._check("cuMemFree", self._drv.cuMemFree(ptr))
+        self._call("cuMemFree", self._drv.cuMemFree, ptr)
 
     def pool_trim(self, keep_bytes: int = 0) -> None:
-        self._ensure_context()
-        self._check("cuMemPoolTrimTo", self._drv.cuMemPoolTrimTo(self._pool, keep_bytes))
+        self._call("cuMemPoolTrimTo", self._drv.cuMemPoolTrimTo, self._pool, keep_bytes)
 
     def set_pool_attribute(self, name: str, value: int) -> None:
         """Set a ``CUmemPool_attribute`` of the device's default pool, by short name.
@@ -139,8 +219,7 @@ class CudaDriver:
         self._check("cuMemPoolSetAttribute", drv.cuMemPoolSetAttribute(self._pool, attr, val))
 
     def mem_info(self) -> tuple[int, int]:
-        self._ensure_context()
-        free, total = self._check("cuMemGetInfo", self._drv.cuMemGetInfo())
+        free, total = self._call("cuMemGetInfo", self._drv.cuMemGetInfo)
         return int(free), int(total)
 
     def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
@@ -157,8 +236,7 @@ class CudaDriver:
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
             raise DriverError("cuMemsetD8Async", CUDA_ERROR_INVALID_VALUE,
                               f"fill value {value!r} is not a byte; pass an int from 0 to 255")
-        self._ensure_context()
-        self._check("cuMemsetD8Async", self._drv.cuMemsetD8Async(ptr, value, nbytes, stream))
+        self._call("cuMemsetD8Async", self._drv.cuMemsetD8Async, ptr, value, nbytes, stream)
 
     def copy_to_host(self, ptr: int, nbytes: int, stream: int) -> bytes:
         """``cuMemcpyDtoHAsync`` of ``nbytes`` bytes at ``ptr`` into a host buffer on
@@ -174,21 +252,28 @@ class CudaDriver:
             raise DriverError("cuMemcpyDtoHAsync", CUDA_ERROR_INVALID_VALUE,
                               f"size {nbytes!r} is not a non-negative int")
         host = np.empty(nbytes, dtype=np.uint8)
-        self._ensure_context()
-        if nbytes:
-            self._check("cuMemcpyDtoHAsync",
-                        self._drv.cuMemcpyDtoHAsync(host.ctypes.data, ptr, nbytes, stream))
-        self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
+        pushed = self._push()
+        try:
+            if nbytes:
+                self._check("cuMemcpyDtoHAsync",
+                            self._drv.cuMemcpyDtoHAsync(host.ctypes.data, ptr, nbytes, stream))
+            self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
+        finally:
+            self._pop(pushed)
         return host.tobytes()
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue ``cuMemcpyAsync`` of ``nbytes`` bytes from ``src`` to ``dst`` on
+        ``stream``; the two may be memory of different devices (unified
+        addressing; no peer access needed)."""
+        self._call("cuMemcpyAsync", self._drv.cuMemcpyAsync, dst, src, nbytes, stream)
 
     # ----------------------------------------------------------------- events
     def event_create(self) -> Any:
-        self._ensure_context()
-        return self._check("cuEventCreate", self._drv.cuEventCreate(self._event_flags))
+        return self._call("cuEventCreate", self._drv.cuEventCreate, self._event_flags)
 
     def event_destroy(self, event: Any) -> None:
-        self._ensure_context()
-        self._check("cuEventDestroy", self._drv.cuEventDestroy(event))
+        self._call("cuEventDestroy", self._drv.cuEventDestroy, event)
 
     def event_record(self, event: Any, stream: int) -> None:
         if self.destroyed_streams and stream in self.destroyed_streams:
@@ -241,35 +326,34 @@ class CudaDriver:
     def stream_synchronize(self, stream: int) -> None:
         if stream in self.destroyed_streams:
             raise self._destroyed("cuStreamSynchronize", stream)
-        self._ensure_context()
-        self._check("cuStreamSynchronize", self._drv.cuStreamSynchronize(stream))
+        self._call("cuStreamSynchronize", self._drv.cuStreamSynchronize, stream)
 
     def stream_query(self, stream: int) -> bool:
         if stream in self.destroyed_streams:
             raise self._destroyed("cuStreamQuery", stream)
-        self._ensure_context()
-        (err,) = self._drv.cuStreamQuery(stream)
+        pushed = self._push()
+        try:
+            (err,) = self._drv.cuStreamQuery(stream)
+        finally:
+            self._pop(pushed)
         if err == self._drv.CUresult.CUDA_ERROR_NOT_READY:
             return False
         self._check("cuStreamQuery", (err,))
         return True
 
     def synchronize(self) -> None:
-        self._ensure_context()
-        self._check("cuCtxSynchronize", self._drv.cuCtxSynchronize())
+        self._call("cuCtxSynchronize", self._drv.cuCtxSynchronize)
 
     def create_stream(self) -> int:
-        self._ensure_context()
         flags = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
-        handle = int(self._check("cuStreamCreate", self._drv.cuStreamCreate(flags)))
+        handle = int(self._call("cuStreamCreate", self._drv.cuStreamCreate, flags))
         self.destroyed_streams.discard(handle)  # a new stream at a destroyed one's address
         return handle
 
     def destroy_stream(self, stream: int) -> None:
         if stream in self.destroyed_streams:
             raise self._destroyed("cuStreamDestroy", stream)
-        self._ensure_context()
-        self._check("cuStreamDestroy", self._drv.cuStreamDestroy(stream))
+        self._call("cuStreamDestroy", self._drv.cuStreamDestroy, stream)
         self.destroyed_streams.add(stream)
 
     def check_stream(self, stream: int) -> None:
@@ -280,8 +364,11 @@ class CudaDriver:
                 f"stream {stream:#x} was destroyed; its handle names no stream any more "
                 "(the driver would crash on it). Pass a live stream"
             )
-        self._ensure_context()
-        err, ctx = self._drv.cuStreamGetCtx(stream)
+        pushed = self._push()
+        try:
+            err, ctx = self._drv.cuStreamGetCtx(stream)
+        finally:
+            self._pop(pushed)
         if err:
             raise StreamMisuse(
                 f"stream {stream:#x} is not a usable stream on device {self.device} "
@@ -294,6 +381,6 @@ class CudaDriver:
             )
 
     def trace_access(self, stream: int, accesses: Iterable[tuple[int, int, Access]],
-                     label: str) -> None:
+                     label: str, *, copy: bool = False) -> None:
         """No checking on real hardware; use the simulated driver in tests."""
         return None

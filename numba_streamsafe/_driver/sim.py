@@ -26,6 +26,15 @@ has a serial of its own), so a reused handle inherits no ordering. Work queued
 on a destroyed stream still completes: a device-wide synchronize (and so
 ``cuMemFree``) orders the host after it.
 
+Several simulated devices share one :class:`SimSystem`: one lock, one host
+clock, one counter of stream serials and handles, and events any device's
+streams may wait for (as ``cuStreamWaitEvent`` allows across contexts; an event
+is recorded only on a stream of its own device, as ``cuEventRecord`` requires).
+Each device keeps its own streams, memory and pool. A kernel's access to
+memory of another device is a hazard (``no-peer-access``) unless that device
+enabled peer access to it (:meth:`SimDriver.enable_peer_access`); copies
+between devices need none. Happens-before is checked across devices.
+
 Faults can be injected per call name with :meth:`SimDriver.inject_failure`.
 """
 
@@ -36,6 +45,7 @@ import collections
 import itertools
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +59,7 @@ from numba_streamsafe._driver.base import (
 from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse
 
-__all__ = ["SimDriver", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
+__all__ = ["SimDriver", "SimSystem", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
 
 #: The host, as a pseudo-stream in vector clocks.
 HOST = -1
@@ -57,6 +67,8 @@ LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
 _MIN_CHUNK = 256
 _ALIGN = 256
+#: ``CUDA_ERROR_INVALID_DEVICE``: a peer that is no device of the system.
+_INVALID_DEVICE = 101
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,46 @@ class _Chunk:
         self.reads: dict[int, _Op] = {}
 
 
+class SimSystem:
+    """What the simulated devices of one machine share.
+
+    One lock, one host clock, one counter of stream serials (vector clocks
+    are keyed by them, so clocks compare across devices), one counter of
+    handles (stream and event handles and unbacked addresses never collide
+    across devices, as CUDA's do not), the events (any device's stream may
+    wait for any event), the peer-access flags and the hazards found.
+
+    Build the drivers over it: ``SimDriver(0, system=s)``, ``SimDriver(1,
+    system=s)``. A driver built without one gets a system of its own.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.serials = itertools.count(1)
+        self.host_clock: dict[int, int] = {}
+        #: Event handle -> its captured clock (None until recorded).
+        self.events: dict[int, dict[int, int] | None] = {}
+        #: Event handle -> the device it was created on.
+        self.event_devices: dict[int, int] = {}
+        #: ``(device, peer)``: ``device``'s kernels may access ``peer``'s memory.
+        self.peer_access: set[tuple[int, int]] = set()
+        self.hazards: list[Hazard] = []
+        self.drivers: dict[int, SimDriver] = {}
+        self._next_handle = 0x1000
+
+    def take_handles(self, step: int = 0x10) -> int:
+        """A fresh handle; the next ``step`` values are taken with it."""
+        handle = self._next_handle
+        self._next_handle += step
+        return handle
+
+    def assert_no_hazards(self) -> None:
+        """Raise ``AssertionError`` listing every hazard seen on any device."""
+        if self.hazards:
+            shown = "\n  ".join(str(h) for h in self.hazards[:10])
+            raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")
+
+
 def _round_capacity(nbytes: int) -> int:
     cap = _MIN_CHUNK
     while cap < nbytes:
@@ -133,19 +185,27 @@ class SimDriver:
     recycle_streams : bool
         Give the handle of the most recently destroyed stream to the next
         stream created, as CUDA may (a handle is an address the driver reuses).
+    system : SimSystem, optional
+        The machine this device belongs to, shared with the other devices'
+        drivers (one happens-before model across them); a system of its own
+        when omitted. ``hazards`` is the system's list.
     """
 
     traces_accesses = True
     supports_direct_launch = False
 
     def __init__(self, device: int = 0, capacity: int = 1 << 34, backing: bool = True, *,
-                 recycle_streams: bool = True) -> None:
+                 recycle_streams: bool = True, system: SimSystem | None = None) -> None:
+        if system is None:
+            system = SimSystem()
+        system.drivers[device] = self  # a later driver of the same ordinal replaces it
+        self.system = system
         self.device = device
         self.capacity = capacity
         self.backing = backing
         self.recycle_streams = recycle_streams
-        self._lock = threading.RLock()
-        self._serials = itertools.count(1)
+        self._lock = system.lock
+        self._serials = system.serials
         self._streams: dict[int, _Stream] = {
             LEGACY_STREAM: _Stream(LEGACY_STREAM, next(self._serials)),
             PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM, next(self._serials)),
@@ -161,9 +221,8 @@ class SimDriver:
         #: Streams created and destroyed over the driver's life.
         self.streams_created = 0
         self.streams_destroyed = 0
-        self._next_handle = 0x1000
-        self._host_clock: dict[int, int] = {}
-        self._events: dict[int, dict[int, int] | None] = {}
+        self._host_clock = system.host_clock
+        self._events = system.events
         self._bases: list[int] = []
         self._chunks: dict[int, _Chunk] = {}
         self._pool: list[_Chunk] = []
@@ -171,7 +230,7 @@ class SimDriver:
         self.pool_attributes: dict[str, int] = {}
         self._reserved = 0
         self._faults: dict[str, collections.deque[int]] = {}
-        self.hazards: list[Hazard] = []
+        self.hazards = system.hazards
         self.calls: collections.Counter[str] = collections.Counter()
         self.events_created = 0
         self.events_destroyed = 0
@@ -201,8 +260,7 @@ class SimDriver:
                 handle = self._free_handles.pop()
                 self.destroyed_streams.discard(handle)
             else:
-                handle = self._next_handle
-                self._next_handle += 0x10
+                handle = self.system.take_handles()
             stream = _Stream(handle, next(self._serials))
             self._streams[handle] = stream
             self._by_serial[stream.serial] = stream
@@ -236,8 +294,11 @@ class SimDriver:
                                                                  PER_THREAD_STREAM)]:
                 self.destroy_stream(handle)
             self.synchronize()
-            self.events_destroyed += len(self._events)
-            self._events.clear()
+            mine = [h for h, d in self.system.event_devices.items() if d == self.device]
+            for handle in mine:
+                del self._events[handle]
+                del self.system.event_devices[handle]
+            self.events_destroyed += len(mine)
             for chunk in list(self._chunks.values()):
                 self._release(chunk)
             self._pool = []
@@ -325,18 +386,20 @@ class SimDriver:
     def event_create(self) -> int:
         with self._lock:
             self._enter("cuEventCreate")
-            handle = self._next_handle
-            self._next_handle += 0x10
+            handle = self.system.take_handles()
             self._events[handle] = None
+            self.system.event_devices[handle] = self.device
             self.events_created += 1
             return handle
 
     def event_destroy(self, event: int) -> None:
+        """Destroy ``event`` (one of any device of the system, as the driver allows)."""
         with self._lock:
             self._enter("cuEventDestroy")
             self._event(event, "cuEventDestroy")
             del self._events[event]
-            self.events_destroyed += 1
+            owner = self.system.event_devices.pop(event)
+            self.system.drivers[owner].events_destroyed += 1
 
     def _event(self, event: int, call: str) -> dict[int, int] | None:
         try:
@@ -346,9 +409,16 @@ class SimDriver:
                               f"event {event:#x} does not exist") from None
 
     def event_record(self, event: int, stream: int) -> None:
+        """Capture ``stream``'s work in ``event``, an event of this device (as
+        ``cuEventRecord``, which fails for an event of another context)."""
         with self._lock:
             self._enter("cuEventRecord")
             self._event(event, "cuEventRecord")
+            if self.system.event_devices[event] != self.device:
+                raise DriverError("cuEventRecord", CUDA_ERROR_INVALID_HANDLE,
+                                  f"event {event:#x} belongs to device "
+                                  f"{self.system.event_devices[event]}, stream {stream:#x} to "
+                                  f"device {self.device}")
             s = self._stream(stream, "cuEventRecord")
             self._events[event] = dict(s.clock)
 
@@ -369,6 +439,8 @@ class SimDriver:
                 self._join_host(clock)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
+        """Order later work on ``stream`` after ``event``'s, which may be an event of
+        any device of the system (as ``cuStreamWaitEvent`` allows)."""
         with self._lock:
             self._enter("cuStreamWaitEvent")
             clock = self._event(event, "cuStreamWaitEvent")
@@ -381,8 +453,33 @@ class SimDriver:
 
     @property
     def live_events(self) -> int:
-        """Events created and not yet destroyed."""
-        return len(self._events)
+        """Events of this device created and not yet destroyed."""
+        device = self.device
+        return sum(1 for d in self.system.event_devices.values() if d == device)
+
+    # -------------------------------------------------------------- devices
+    def activate(self) -> AbstractContextManager[None]:
+        """Make this device current for the calls inside (nothing to do here:
+        every simulated call names its device)."""
+        return nullcontext()
+
+    def enable_peer_access(self, peer: int) -> None:
+        """Let this device's kernels access ``peer``'s memory (``cuCtxEnablePeerAccess``).
+
+        Idempotent. Raises :class:`~numba_streamsafe.errors.DriverError` when
+        ``peer`` is this device or no device of the system.
+        """
+        with self._lock:
+            self._enter("cuCtxEnablePeerAccess")
+            if peer == self.device or peer not in self.system.drivers:
+                raise DriverError("cuCtxEnablePeerAccess", _INVALID_DEVICE,
+                                  f"device {peer!r} is not a peer of simulated device "
+                                  f"{self.device} (devices: {sorted(self.system.drivers)})")
+            self.system.peer_access.add((self.device, peer))
+
+    def can_access(self, peer: int) -> bool:
+        """Whether this device's kernels may access ``peer``'s memory."""
+        return peer == self.device or (self.device, peer) in self.system.peer_access
 
     # ------------------------------------------------------------------ memory
     def alloc_async(self, nbytes: int, stream: int) -> int:
@@ -437,8 +534,7 @@ class SimDriver:
             base = (buffer.ctypes.data + _ALIGN - 1) // _ALIGN * _ALIGN
         else:
             buffer = None
-            base = self._next_handle << 20
-            self._next_handle += (cap >> 20) + 1
+            base = self.system.take_handles((cap >> 20) + 1) << 20
         chunk = _Chunk(base, cap, buffer)
         self._reserved += cap
         bisect.insort(self._bases, base)
@@ -590,9 +686,32 @@ class SimDriver:
             self.stream_synchronize(stream)
             return data
 
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue the copy of ``nbytes`` bytes from ``src`` to ``dst`` on ``stream``
+        (``cuMemcpyAsync``): either may be memory of another device of the system,
+        which needs no peer access. Checked as a read of ``src`` and a write of
+        ``dst``; the backing bytes move at once.
+
+        Raises
+        ------
+        DriverError
+            ``nbytes`` is negative; ``stream`` does not exist.
+        """
+        with self._lock:
+            self._enter("cuMemcpyAsync")
+            _check_fill_args("cuMemcpyAsync", 0, nbytes)
+            op = self._enqueue(stream, "cuMemcpyAsync", "cuMemcpyAsync")
+            if nbytes:
+                self._trace(((src, nbytes, Access.READ), (dst, nbytes, Access.WRITE)), op)
+                source = self._backed_view(src, nbytes)
+                target = self._backed_view(dst, nbytes)
+                if source is not None and target is not None:
+                    n = min(len(source), len(target))
+                    target[:n] = source[:n]
+
     def _backed_view(self, ptr: int, nbytes: int) -> np.ndarray | None:
         """The backing bytes of ``ptr``..``ptr+nbytes`` up to the end of its chunk, or None."""
-        chunk = self._chunk_at(ptr)
+        chunk = self._owner_of(ptr)[1]
         if chunk is None or chunk.buffer is None:
             return None
         start = ptr - chunk.buffer.ctypes.data
@@ -609,24 +728,46 @@ class SimDriver:
             return None
         return chunk
 
+    def _owner_of(self, address: int) -> tuple[int, _Chunk | None]:
+        """The device whose memory holds ``address`` (this one first) and its chunk."""
+        chunk = self._chunk_at(address)
+        if chunk is not None:
+            return self.device, chunk
+        for device, driver in self.system.drivers.items():
+            if driver is not self:
+                chunk = driver._chunk_at(address)
+                if chunk is not None:
+                    return device, chunk
+        return self.device, None
+
     def trace_access(self, stream: int, accesses: Iterable[tuple[int, int, Access]],
-                     label: str) -> None:
-        """Check a kernel or copy on ``stream`` that touches ``accesses``."""
+                     label: str, *, copy: bool = False) -> None:
+        """Check a kernel or copy on ``stream`` that touches ``accesses``.
+
+        Memory of another device of the system is checked too; a kernel
+        (``copy`` False) that touches it without peer access
+        (:meth:`enable_peer_access`) is a ``no-peer-access`` hazard.
+        """
         with self._lock:
             op = self._enqueue(stream, label, "launch")
-            self._trace(accesses, op)
+            self._trace(accesses, op, peer_checked=not copy)
 
     def trace_host_access(self, accesses: Iterable[tuple[int, int, Access]], label: str) -> None:
         """Check a host-side access (for example reading results after a sync)."""
         with self._lock:
             self._trace(accesses, self._host_op(label))
 
-    def _trace(self, accesses: Iterable[tuple[int, int, Access]], op: _Op) -> None:
+    def _trace(self, accesses: Iterable[tuple[int, int, Access]], op: _Op,
+               peer_checked: bool = False) -> None:
         for ptr, nbytes, access in accesses:
-            chunk = self._chunk_at(ptr)
+            device, chunk = self._owner_of(ptr)
             if chunk is None or not chunk.live:
                 self.hazards.append(Hazard("use-after-free", ptr, "the free", str(op)))
                 continue
+            if peer_checked and device != self.device and not self.can_access(device):
+                self.hazards.append(Hazard(
+                    "no-peer-access", ptr, f"memory of device {device}",
+                    f"{op} of device {self.device}, which has no peer access to it"))
             if ptr + nbytes > chunk.base + chunk.nbytes:
                 self.hazards.append(Hazard("out-of-bounds", ptr, f"allocation of {chunk.nbytes} B",
                                            str(op)))

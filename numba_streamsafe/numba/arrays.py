@@ -4,6 +4,12 @@ Each function takes the ``stream`` to queue on (a Numba stream, a
 ``cuda.core`` stream, a handle, or None for the innermost
 :func:`~numba_streamsafe.stream_scope`, else the default stream) and runs the
 copy between preflight and commit, like a tracked kernel.
+
+New arrays are allocated on the current device (Numba's current context on a
+GPU; :func:`~numba_streamsafe.use_device` on the simulator), and copies run
+there. Copies reach arrays of other devices without peer access, ordered
+across the devices; a memset of another device's array needs peer access,
+like a kernel.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import current_stream
-from numba_streamsafe.protocol import Uses, fenced, single
+from numba_streamsafe.protocol import CopyUses, fenced, single
 
 __all__ = ["device_array", "to_device", "copy_to_host", "copy", "memset", "block_of"]
 
@@ -199,11 +205,11 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
         raise InvalidArgument(f"order must be 'C' or 'F', got {order!r}")
     nbytes = _nbytes(shape, dtype)
     stream = _stream(stream)
-    rt = target.runtime()
+    rt, context = target.allocation_target()
     # A zero-size array still gets a (minimal) block so it has an identity.
     block = rt.allocate(max(nbytes, 1), stream, tag)
     strides = target.c_strides(shape, dtype.itemsize, order)
-    return target.make_array(rt, block, shape, strides, dtype, stream)
+    return target.make_array(rt, block, shape, strides, dtype, stream, context)
 
 
 def block_of(array: Any) -> Block | None:
@@ -266,7 +272,8 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     handle = rt.stream_handle(stream)
 
     if host.nbytes:
-        fenced(rt, handle, single(block, Access.WRITE, "to"), f"copy to device ({tag})",
+        fenced(rt, handle, single(block, Access.WRITE, "to", copy=True),
+               f"copy to device ({tag})",
                _strict(rt), _owner(stream), to.copy_to_device, host, target.numba_stream(stream),
                tracking=_tracking(rt))
     return to
@@ -337,7 +344,8 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
         _check_out(out, shape, strides, dtype)
     handle = rt.stream_handle(stream)
 
-    return fenced(rt, handle, single(block, Access.READ, "array"), "copy to host", _strict(rt),
+    return fenced(rt, handle, single(block, Access.READ, "array", copy=True), "copy to host",
+                  _strict(rt),
                   _owner(stream), array.copy_to_host, out, target.numba_stream(stream),
                   tracking=_tracking(rt))
 
@@ -415,11 +423,24 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
         )
     handle = rt.stream_handle(stream)
 
-    uses = Uses()
+    uses = CopyUses()
     uses.add(src_block, Access.READ, "src")
     uses.add(dst_block, Access.WRITE, "dst")
+    if _across_devices(rt, dst_block, src_block):
+        nbytes = math.prod(dst_shape) * dst_dtype.itemsize
+        if nbytes:
+            fenced(rt, handle, uses, "device copy across devices", _strict(rt), _owner(stream),
+                   rt.driver.copy_async, target.pointer_of(dst), target.pointer_of(src), nbytes,
+                   handle, tracking=_tracking(rt))
+        return
     fenced(rt, handle, uses, "device copy", _strict(rt), _owner(stream), dst.copy_to_device, src,
            target.numba_stream(stream), tracking=_tracking(rt))
+
+
+def _across_devices(rt: Any, *blocks: Block | None) -> bool:
+    """Whether a block lies on another device than ``rt``'s (a copy between
+    devices goes through the driver's ``cuMemcpyAsync``)."""
+    return any(b is not None and b.device != rt.device for b in blocks)
 
 
 def memset(array: Any, value: int, *, stream: Any = None) -> None:

@@ -29,6 +29,9 @@ __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     """Numba memory manager over the numba_streamsafe runtime of the context's device.
 
+    Numba makes one per context, so each device's allocations come from that
+    device's runtime (its own pool, events and marks).
+
     Host (pinned, mapped) allocations are left to
     :class:`numba.cuda.HostOnlyCUDAMemoryManager`.
     """
@@ -43,7 +46,7 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     def runtime(self) -> DeviceRuntime:
         rt = self._runtime
         if rt is None:
-            device = self.context.device.id if self.context is not None else 0
+            device = target.device_id(self.context.device) if self.context is not None else 0
             rt = self._runtime = get_runtime(device)
         return rt
 

@@ -18,7 +18,7 @@ from numba_streamsafe.numba import direct, target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import stream_scope
 from numba_streamsafe.protocol import Uses, fenced
-from numba_streamsafe.runtime import get_runtime
+from numba_streamsafe.runtime import sole_runtime
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
 
@@ -97,8 +97,11 @@ class TrackedKernel:
             self.dispatcher = cuda.jit(**jit_options)(func)
         else:
             self.dispatcher = cuda.jit(signature, **jit_options)(func)
-        #: Direct-launch plans per tuple of argument types (or UNSUPPORTED).
+        #: Direct-launch plans of device 0 per tuple of argument types (or
+        #: UNSUPPORTED); those of other devices (a plan holds one device's
+        #: loaded function) in ``_device_plans``.
         self._plans: dict[tuple[Any, ...], direct.LaunchPlan | str] = {}
+        self._device_plans: dict[int, dict[tuple[Any, ...], direct.LaunchPlan | str]] = {}
         #: Grids Numba's low-occupancy warning was given for (direct launches).
         self._warned_grids: set[tuple[int, int, int]] = set()
 
@@ -237,17 +240,19 @@ class TrackedKernel:
         argtypes = direct.argtypes_of(args)
         if argtypes is None:
             return None
-        plan = self._plans.get(argtypes)
+        device = rt.device
+        plans = self._plans if device == 0 else self._device_plans.setdefault(device, {})
+        plan = plans.get(argtypes)
         if plan is None:
             plan = direct.build_plan(self.dispatcher, argtypes)
             if plan is None:  # not compiled yet: Numba compiles it on this launch
                 return None
-            self._plans[argtypes] = plan
+            plans[argtypes] = plan
         if plan is direct.UNSUPPORTED:
             return None
         assert isinstance(plan, direct.LaunchPlan)
-        if not plan.current(rt.device):  # the module was unloaded (context reset)
-            del self._plans[argtypes]
+        if not plan.current(device):  # another device's function, or unloaded (reset)
+            del plans[argtypes]
             return None
         return plan
 
@@ -256,7 +261,9 @@ class TrackedKernel:
                 numba_launch: Callable[[], Callable[..., Any]]) -> None:
         """Preflight, the launch (direct when ``dims`` is given and a plan
         applies, else ``numba_launch()(*args)``), commit."""
-        rt = get_runtime()
+        rt = sole_runtime()
+        if rt is None:  # several devices (or none yet): the current one's
+            rt = target.launch_runtime()
         uses, host = self._uses(rt, args)
         handle = rt.stream_handle(stream)
         owner = None if isinstance(stream, int) else stream

@@ -1,4 +1,5 @@
-"""Which stream Numba allocations are ordered on, and whether launches are tracked."""
+"""Which stream Numba allocations are ordered on, which device the library's
+work goes to, and whether launches are tracked."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["stream_scope", "current_stream", "tracking"]
+__all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope"]
 
 
 class _Scopes(threading.local):
-    """Per-thread stack of scope streams (an empty one on each new thread)."""
+    """Per-thread stack of scope streams (an empty one on each new thread), and
+    the device of the innermost :func:`use_device` (None outside one)."""
 
     def __init__(self) -> None:
         self.stack: list[Any] = []
+        self.device: int | None = None
 
 
 # Every thread finds its own (initially empty) stack here, so the lookup made on
@@ -48,6 +51,47 @@ def current_stream() -> Any:
     """The stream of the innermost :func:`stream_scope` on this thread, or None."""
     stack = _local.stack
     return stack[-1] if stack else None
+
+
+def device_scope() -> int | None:
+    """The device of the innermost :func:`use_device` on this thread, or None."""
+    return _local.device
+
+
+@contextlib.contextmanager
+def use_device(device: int) -> Iterator[int]:
+    """Send the library's work on this thread to ``device`` inside the block.
+
+    New arrays (:func:`numba_streamsafe.device_array`, ``to_device``) are
+    allocated there, and tracked launches, copies and memsets run there (their
+    streams must be streams of that device), ordered with uses of other
+    devices' arrays (see ``enable_peer_access``). On a GPU this enters Numba's
+    ``with cuda.gpus[device]:`` (so plain Numba calls go there too; entering
+    that directly works as well); on Numba's CUDA simulator it is the only way
+    to choose a device. The device's runtime is built on entry if needed.
+
+    Examples
+    --------
+    >>> with use_device(1):                            # doctest: +SKIP
+    ...     y = nss.device_array(n, stream=s1)         # on device 1
+    ...     consume[grid, block, s1](x0, y)            # x0 of device 0: peer access
+    """
+    from numba import config
+    from numba.cuda import gpus
+
+    from numba_streamsafe.runtime import get_runtime
+
+    get_runtime(device)
+    old = _local.device
+    _local.device = device
+    try:
+        if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+            yield device
+        else:
+            with gpus[device]:
+                yield device
+    finally:
+        _local.device = old
 
 
 @contextlib.contextmanager

@@ -15,10 +15,12 @@ import numpy as np
 from numba import config, cuda
 
 from numba_streamsafe.blocks import Block
-from numba_streamsafe.runtime import DeviceRuntime, get_runtime
+from numba_streamsafe.numba.scope import device_scope
+from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 from numba_streamsafe.streams import stream_handle
 
-__all__ = ["SIMULATOR", "Resolved", "make_array", "resolve", "numba_stream", "runtime"]
+__all__ = ["SIMULATOR", "Resolved", "make_array", "resolve", "numba_stream", "runtime",
+           "launch_runtime", "current_device", "device_id", "allocation_target"]
 
 #: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
@@ -38,9 +40,37 @@ _NOT_ARRAY: Resolved = (OTHER, None, None)
 _HOST: Resolved = (HOST, None, None)
 
 
-def runtime(device: int = 0) -> DeviceRuntime:
-    """The process-wide runtime of ``device`` (see :func:`numba_streamsafe.get_runtime`)."""
+def runtime(device: int | None = None) -> DeviceRuntime:
+    """The process-wide runtime of ``device``; by default the one work is queued
+    on now (:func:`launch_runtime`)."""
+    if device is None:
+        return launch_runtime()
     return get_runtime(device)
+
+
+def device_id(device: Any) -> int:
+    """The ordinal of a Numba context's ``device``: a Numba ``Device`` (its
+    ``id``), or the raw ``CUdevice`` a context Numba attached to may hold."""
+    ordinal = getattr(device, "id", None)
+    if ordinal is None:
+        try:
+            ordinal = int(device)
+        except TypeError:  # the simulator's device names no ordinal: it has one
+            ordinal = 0
+    return int(ordinal)
+
+
+def launch_runtime() -> DeviceRuntime:
+    """The runtime of the device a launch, copy or memset queued now runs on.
+
+    While one device's runtime is installed, that one (no question asked:
+    the single-device path costs nothing). Otherwise the current device
+    (:func:`current_device`).
+    """
+    rt = sole_runtime()
+    if rt is None:
+        rt = get_runtime(current_device())
+    return rt
 
 
 def c_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") -> tuple[int, ...]:
@@ -66,8 +96,19 @@ def numba_stream(stream: Any) -> Any:
 if SIMULATOR:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimArray
 
+    def current_device() -> int:
+        """The device of the innermost :func:`~numba_streamsafe.use_device` on this
+        thread, else 0 (Numba's CUDA simulator has one device)."""
+        device = device_scope()
+        return 0 if device is None else device
+
+    def allocation_target() -> tuple[DeviceRuntime, Any]:
+        """The runtime new arrays are allocated from, and the context to make them in."""
+        return launch_runtime(), None
+
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
-                   strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
+                   strides: tuple[int, ...], dtype: np.dtype, stream: Any,
+                   context: Any = None) -> Any:
         buffer = rt.driver.buffer(block.ptr, block.nbytes)  # type: ignore[attr-defined]
         owner = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
         owner.keep = buffer  # type: ignore[attr-defined]  # the chunk outlives every view
@@ -109,6 +150,20 @@ else:
     from numba.cuda.cudadrv.driver import binding as _binding
 
     _CUdeviceptr = _binding.CUdeviceptr
+
+    def current_device() -> int:
+        """The device of the thread's current context (``cuCtxGetDevice``), else 0
+        (Numba makes device 0's context current when none is)."""
+        from cuda.bindings import driver as _drv
+
+        err, device = _drv.cuCtxGetDevice()
+        return 0 if err else int(device)
+
+    def allocation_target() -> tuple[DeviceRuntime, Any]:
+        """The runtime of the current Numba context's device, and that context
+        (new arrays are allocated there)."""
+        context = cuda.current_context()
+        return get_runtime(device_id(context.device)), context
 
     class _Release:
         """What ``MemoryPointer.free()`` calls as its finalizer: queues the
@@ -155,8 +210,11 @@ else:
             self._finalizer()
 
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
-                   strides: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
-        mp = BlockPointer(cuda.current_context(), block, rt.resource.defer_free)
+                   strides: tuple[int, ...], dtype: np.dtype, stream: Any,
+                   context: Any = None) -> Any:
+        if context is None:
+            context = cuda.current_context()
+        mp = BlockPointer(context, block, rt.resource.defer_free)
         array = DeviceNDArray(shape, strides, dtype, stream=numba_stream(stream), gpu_data=mp)
         if array.gpu_data is not mp:
             # Numba gives an empty array a null pointer and drops ours: keep the

@@ -24,7 +24,7 @@ from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.events import EventPool
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import Mark, MarkBook
+from numba_streamsafe.resources.marks import ForeignMark, Mark, MarkBook
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
@@ -339,6 +339,81 @@ class AsyncResource(MemoryResource):
                             release(prev)
             if self._eager:
                 marks.seal(mark)
+
+    # ------------------------------------------------------ other devices' streams
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Mark]:
+        """The marks a stream of another device must wait for before ``uses``
+        (blocks of this device), sealed, each held (one more use) until
+        :meth:`release_foreign`: their events stay recorded while the caller
+        queues the waits on its stream (``cuStreamWaitEvent`` takes an event of
+        another device). ``key`` is the stream's key in this device's state
+        (``DeviceRuntime.stream_key``): uses recorded under it need no wait.
+
+        Nothing is held when this raises (a block freed or stale).
+        """
+        if self._deferred:
+            self._drain()
+        with self._lock:
+            held: list[Mark] = []
+            try:
+                for entry, access in self._table.entries(uses, "preflight"):
+                    for mark in entry.waits_for(key, access):
+                        if isinstance(mark, ForeignMark) and mark.stale:
+                            continue
+                        if not any(m is mark for m in held):
+                            self.marks.seal(mark)
+                            mark.refs += 1
+                            held.append(mark)
+            except BaseException:
+                for mark in held:
+                    self.marks.release(mark)
+                raise
+            return held
+
+    def release_foreign(self, held: Sequence[Mark]) -> None:
+        """Drop the holds of :meth:`preflight_foreign` (the waits are queued)."""
+        with self._lock:
+            for mark in held:
+                self.marks.release(mark)
+
+    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: EventPool,
+                       owner: Any = None) -> None:
+        """Record ``uses`` of this device's blocks by a stream of another device,
+        known here as ``key``, whose launch ``event`` (of ``pool``, that device's
+        event pool) was recorded after the work: later uses and the blocks'
+        frees on this device wait for it. ``owner`` (the stream's object) is kept
+        alive while a use refers to it. On an error the event goes back to ``pool``.
+        """
+        try:
+            with self._lock:
+                entries = self._table.entries(uses, "commit")
+                mark = ForeignMark(key, owner, event, pool)
+                self._record(entries, mark, key)
+        except BaseException:
+            pool.release(event)
+            raise
+        if not mark.refs:
+            mark.give_back()
+
+    def _record(self, entries: list[tuple[Any, Access]], mark: Mark, stream: int) -> None:
+        """Record ``entries`` against ``mark`` of ``stream``; caller holds the lock.
+        The same rules as :meth:`commit` (which is written out for speed)."""
+        release = self.marks.release
+        for entry, access in entries:
+            if access & _WRITE:
+                mark.refs += 1
+                release(entry.last_write)
+                entry.last_write = mark
+                for old in entry.reads.values():
+                    release(old)
+                entry.reads = {}
+            else:
+                prev = entry.reads.get(stream)
+                if prev is not mark:
+                    entry.reads[stream] = mark
+                    mark.refs += 1
+                    if prev is not None:
+                        release(prev)
 
     def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
         """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live block."""

@@ -156,6 +156,27 @@ class MemoryResource(abc.ABC):
         against one mark of the stream (one event at most)."""
         raise self._refuse("commit")
 
+    # A launch on another device that uses this resource's blocks (peer access,
+    # copies between devices). ``key`` names the launch stream in this
+    # resource's state: ``DeviceRuntime.stream_key``, never one of its handles.
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Any]:
+        """Seal and hold the marks a stream of another device (``key``) must wait
+        for before ``uses``; the caller queues waits on their events
+        (``mark.handle``), then calls :meth:`release_foreign`. Nothing is held
+        when this raises."""
+        raise self._refuse("a launch on another device")
+
+    def release_foreign(self, held: Sequence[Any]) -> None:
+        """Drop the holds :meth:`preflight_foreign` returned."""
+        raise self._refuse("a launch on another device")
+
+    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: EventPool,
+                       owner: Any = None) -> None:
+        """Record ``uses`` by a stream of another device (``key``) whose ``event``
+        (of that device's ``pool``) follows the work; the event goes back to
+        ``pool`` when no block refers to it (or at once, on an error)."""
+        raise self._refuse("a launch on another device")
+
 
 class ResourceAdaptor(MemoryResource):
     """A resource that wraps another and forwards what it does not change."""
@@ -207,6 +228,16 @@ class ResourceAdaptor(MemoryResource):
 
     def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         self.upstream.commit(uses, stream, owner)
+
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Any]:
+        return self.upstream.preflight_foreign(uses, key)
+
+    def release_foreign(self, held: Sequence[Any]) -> None:
+        self.upstream.release_foreign(held)
+
+    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: EventPool,
+                       owner: Any = None) -> None:
+        self.upstream.commit_foreign(uses, key, event, pool, owner)
 
     def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
         self.upstream.retire_stream(stream, destroy)
@@ -270,6 +301,11 @@ class DeferringAdaptor(ResourceAdaptor):
         if self._deferred:
             self._drain()
         self.upstream.preflight(uses, stream, owner)
+
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Any]:
+        if self._deferred:
+            self._drain()
+        return self.upstream.preflight_foreign(uses, key)
 
     @contextlib.contextmanager
     def hold_frees(self) -> Iterator[None]:

@@ -95,16 +95,17 @@ class BlockTable:
         entry = self.live.get(block.ptr)
         if entry is not None and entry.block is block:
             return entry
+        if block.device != self.device:
+            raise InvalidArgument(
+                f"{what}: {block.describe()} belongs to device {block.device}, but this "
+                f"resource serves device {self.device}; use that device's runtime (the "
+                "launch protocol orders uses of other devices' blocks through theirs)"
+            )
         if block.epoch != self.epoch:
             raise StaleContext(
                 f"{what}: {block.describe()} was made before the CUDA context was reset "
                 f"(epoch {block.epoch}, now {self.epoch}); it no longer exists. "
                 "Allocate it again in the current context."
-            )
-        if block.device != self.device:
-            raise InvalidArgument(
-                f"{what}: {block.describe()} belongs to device {block.device}, but this "
-                f"resource serves device {self.device}; use that device's runtime"
             )
         if entry is None or entry.block.generation != block.generation:
             now = (f"; the address now holds generation {entry.block.generation}"

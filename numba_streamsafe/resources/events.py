@@ -36,6 +36,10 @@ class EventPool:
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self.in_use = 0
+        #: Advanced by :meth:`forget` (a context reset): handles given out before
+        #: belong to a destroyed context. Marks kept by other devices' resources
+        #: (:class:`~numba_streamsafe.resources.marks.ForeignMark`) compare it.
+        self.generation = 0
 
     def acquire(self) -> Any:
         """Return an idle handle, creating one when none is idle."""
@@ -88,6 +92,7 @@ class EventPool:
         with self._lock:
             idle, self._idle = list(self._idle), collections.deque()
             self.in_use = 0
+            self.generation += 1
         for handle in idle:
             try:
                 self._driver.event_destroy(handle)

@@ -260,6 +260,22 @@ class DebugGuardResource(DeferringAdaptor):
         self.upstream.commit([(outer(b, "commit"), a) for b, a in uses], stream,
                                     owner)
 
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Any]:
+        if self._deferred:
+            self._drain()
+        outer = self._outer
+        return self.upstream.preflight_foreign([(outer(b, "preflight"), a) for b, a in uses], key)
+
+    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: Any,
+                       owner: Any = None) -> None:
+        outer = self._outer
+        try:
+            outers = [(outer(b, "commit"), a) for b, a in uses]
+        except BaseException:
+            pool.release(event)
+            raise
+        self.upstream.commit_foreign(outers, key, event, pool, owner)
+
     def block_events(self, block: Block) -> Any:
         """The upstream's ``block_events`` diagnostics of the inner ``block``."""
         outer = self._outer(block, "block_events")

@@ -16,7 +16,7 @@ from typing import Any
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.resources.events import EventPool
 
-__all__ = ["Mark", "MarkBook", "retired_stream_id"]
+__all__ = ["Mark", "ForeignMark", "MarkBook", "retired_stream_id"]
 
 #: Identities given to the marks and reads of retired streams: negative, so
 #: never the handle of a stream that exists (handles are >= 0).
@@ -58,6 +58,41 @@ class Mark:
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"
         return f"<Mark stream={self.stream:#x} {state} refs={self.refs}>"
+
+
+class ForeignMark(Mark):
+    """A use by a stream of another device, recorded in this device's blocks.
+
+    ``stream`` is the key this device knows the foreign stream by (negative,
+    so never one of its own handles); the event was recorded on the foreign
+    stream, after the launch, from the foreign device's pool, and goes back to
+    that pool (``pool``) when no block refers to the mark. The mark is sealed
+    from the start: this device never records it, it only waits for it, which
+    CUDA allows across devices. After a context reset of the foreign device
+    (``pool.generation`` moved on) its work is complete and its event gone:
+    the mark is *stale*, waits skip it and its event is not given back.
+    """
+
+    __slots__ = ("pool", "generation")
+
+    def __init__(self, key: int, owner: Any, event: Any, pool: EventPool) -> None:
+        super().__init__(key, owner)
+        self.handle = event
+        self.pool = pool
+        self.generation = pool.generation
+
+    @property
+    def stale(self) -> bool:
+        return self.pool.generation != self.generation
+
+    def give_back(self) -> None:
+        """Return the event to its device's pool (unless stale)."""
+        handle, self.handle = self.handle, None
+        if handle is not None and not self.stale:
+            self.pool.release(handle)
+
+    def __repr__(self) -> str:
+        return f"<ForeignMark key={self.stream} refs={self.refs}{' stale' if self.stale else ''}>"
 
 
 class MarkBook:
@@ -112,6 +147,8 @@ class MarkBook:
         """
         wait = self.driver.stream_wait_event
         for mark in marks:
+            if mark.__class__ is not Mark and isinstance(mark, ForeignMark) and mark.stale:
+                continue  # its device was reset: its work is complete
             waiters = mark.waiters
             if waiters is None:
                 mark.waiters = waiters = {}
@@ -129,8 +166,11 @@ class MarkBook:
         mark.refs -= 1
         if mark.refs == 0:
             if mark.handle is not None:
-                self.events.release(mark.handle)
-                mark.handle = None
+                if mark.__class__ is Mark:
+                    self.events.release(mark.handle)
+                    mark.handle = None
+                elif isinstance(mark, ForeignMark):
+                    mark.give_back()
             mark.owner = None
             mark.waiters = None
 
