@@ -56,6 +56,7 @@ _LAZY = {
     "stream_scope": "numba_streamsafe.numba.scope",
     "current_stream": "numba_streamsafe.numba.scope",
     "tracking": "numba_streamsafe.numba.scope",
+    "use_device": "numba_streamsafe.numba.scope",
     "StreamSafeMemoryManager": "numba_streamsafe.numba.emm",
     "_numba_memory_manager": "numba_streamsafe.numba.emm",
 }
