@@ -37,6 +37,7 @@ __all__ = [
     "set_runtime",
     "clear_runtimes",
     "installed_runtime",
+    "installed_devices",
     "sole_runtime",
     "enable_peer_access",
     "default_driver",
@@ -387,6 +388,11 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
 def installed_runtime(device: int) -> DeviceRuntime | None:
     """The process-wide runtime of ``device`` if one is installed (none is built)."""
     return _runtimes.get(device)
+
+
+def installed_devices() -> list[int]:
+    """The devices that have a process-wide runtime, in order."""
+    return sorted(_runtimes)
 
 
 def sole_runtime() -> DeviceRuntime | None:
