@@ -24,7 +24,7 @@ LAYERS = {
     "runtime": 3,
     "protocol": 4, "recorder": 4,
     "numba": 5,
-    "__init__": 6,
+    "__init__": 6, "dask": 6,
 }
 
 
