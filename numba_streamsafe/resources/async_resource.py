@@ -20,7 +20,7 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, BlockState, check_block, next_generation, positive_size
 from numba_streamsafe.errors import DriverError, InvalidArgument, OutOfMemory, StreamSafeError
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
-from numba_streamsafe.resources.block_table import BlockTable
+from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.events import EventPool
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
@@ -165,10 +165,15 @@ class AsyncResource(MemoryResource):
         #: retired, so a stream is never destroyed under a reap that syncs it.
         self._reap_lock = threading.RLock()
         self._table = BlockTable(self.device)
-        self._live = self._table.live  # read on every launch
         self.marks = MarkBook(driver, self.events)
         self._pending = PendingFrees()
         self._kept = KeptBlocks(opts.reuse_bytes)
+        # The tables' dicts, read on every allocation, free and launch (the hot
+        # paths update them in place rather than through a method call each).
+        self._live = self._table.live
+        self._open = self.marks.open
+        self._kept_blocks = self._kept.blocks
+        self._pending_slots = self._pending.slots
         self._deferred = DeferredFrees()
         self._deferred_queue = self._deferred.queue  # truthiness checked on every allocation
         self._peak = 0
@@ -182,12 +187,35 @@ class AsyncResource(MemoryResource):
             nbytes = positive_size(nbytes, tag)
         if stream > MAX_DEFAULT_STREAM:
             self.driver.check_stream(stream)
-        if self._pending and not self._allocations % _REAP_EVERY:
+        if self._pending_slots and not self._allocations % _REAP_EVERY:
             self.reap_completed()
-        if self._deferred_queue or self._kept:
-            block = self._allocate_kept(nbytes, stream, tag, stream_owner)
-            if block is not None:
-                return block
+        if self._deferred_queue or self._kept_blocks:
+            # Queued frees and the kept block under one lock: the common
+            # free-then-allocate cycle of one size makes no driver call.
+            with self._lock:
+                if self._deferred_queue:
+                    self._deferred.drain(self._deallocate_locked)
+                key = (stream, nbytes)
+                ptrs = self._kept_blocks.get(key)
+                if ptrs:
+                    ptr = ptrs.pop()  # KeptBlocks.take, inline
+                    if not ptrs:
+                        del self._kept_blocks[key]
+                    self._kept.nbytes -= nbytes
+                    block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
+                                  self._table.epoch, _LIVE, stream_owner)
+                    try:
+                        self._register(block, stream, stream_owner)
+                    except BaseException:
+                        # Only an eager fence can fail; its block went back to the pool.
+                        block.state = _FREED
+                        raise
+                    return block
+        return self._allocate_new(nbytes, stream, tag, stream_owner)
+
+    def _allocate_new(self, nbytes: int, stream: int, tag: str, stream_owner: Any) -> Block:
+        """A block from the driver's pool (``cuMemAllocAsync``), retried once after
+        giving memory back when the device is out of it."""
         try:
             ptr = self.driver.alloc_async(nbytes, stream)
         except DriverError as exc:
@@ -207,30 +235,11 @@ class AsyncResource(MemoryResource):
             self._register(block, stream, stream_owner)
         return block
 
-    def _allocate_kept(self, nbytes: int, stream: int, tag: str, stream_owner: Any
-                       ) -> Block | None:
-        """Run queued frees, then take a kept block of ``nbytes`` on ``stream``
-        (None if there is none), under one lock: the common free-then-allocate
-        cycle of one size makes no driver call."""
-        with self._lock:
-            if self._deferred_queue:
-                self._deferred.drain(self._deallocate_locked)
-            ptr = self._kept.take(stream, nbytes) if self._kept else None
-            if ptr is None:
-                return None
-            block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
-                          self._table.epoch, _LIVE, stream_owner)
-            try:
-                self._register(block, stream, stream_owner)
-            except BaseException:
-                # Only an eager fence can fail; its block went back to the pool.
-                block.state = _FREED
-                raise
-            return block
-
     def _register(self, block: Block, stream: int, stream_owner: Any) -> None:
         """Make ``block`` live, ready after its allocation; caller holds the lock."""
-        mark = self.marks.current(stream, stream_owner)
+        mark = self._open.get(stream)
+        if mark is None or (stream_owner is not None and mark.owner is None):
+            mark = self.marks.current(stream, stream_owner)
         if self._eager:
             try:
                 self.marks.seal(mark)  # the allocation-ready event
@@ -240,9 +249,12 @@ class AsyncResource(MemoryResource):
                 self.driver.free_async(block.ptr, stream)
                 raise
         mark.refs += 1
-        self._table.add(block, mark)
+        table = self._table
+        self._live[block.ptr] = Entry(block, mark)  # BlockTable.add, inline
+        table.index = None
+        table.live_bytes += block.nbytes
         self._allocations += 1
-        total = self._table.live_bytes + self._pending.nbytes + self._kept.nbytes
+        total = table.live_bytes + self._pending.nbytes + self._kept.nbytes
         if total > self._peak:
             self._peak = total
 
@@ -314,7 +326,9 @@ class AsyncResource(MemoryResource):
             if not entries:
                 return
             marks = self.marks
-            mark = marks.current(stream, owner)
+            mark = self._open.get(stream)
+            if mark is None or (owner is not None and mark.owner is None):
+                mark = marks.current(stream, owner)
             release = marks.release
             for entry, access in entries:
                 if access & _WRITE:
@@ -440,36 +454,45 @@ class AsyncResource(MemoryResource):
                 self.marks.wait_all(stream, marks, block.stream_owner)
         nbytes = block.nbytes
         owner = block.stream_owner
-        keep = self._keep(nbytes, stream, owner)
+        # Kept for reuse: only blocks of streams whose owning object is known
+        # (kept alive while they wait) and of the default streams (a raw handle
+        # may be destroyed and reused by another stream).
+        if nbytes <= self.reuse_bytes and (owner is not None or stream <= MAX_DEFAULT_STREAM):
+            keep = self._kept.nbytes + nbytes <= self.reuse_bytes or self._make_room(nbytes)
+        else:
+            keep = False
         if not keep:
             self.driver.free_async(block.ptr, stream)
         # The free is queued (or the block kept): from here on nothing can fail.
-        self._table.remove(entry)
+        table = self._table
+        del self._live[block.ptr]  # BlockTable.remove, inline
+        table.index = None
+        table.live_bytes -= nbytes
         entry.release(self.marks)
-        if keep:
-            self._kept.put(stream, nbytes, block.ptr, owner)
+        if keep:  # KeptBlocks.put, inline
+            kept = self._kept
+            ptrs = self._kept_blocks.get((stream, nbytes))
+            if ptrs is None:
+                self._kept_blocks[(stream, nbytes)] = [block.ptr]
+            else:
+                ptrs.append(block.ptr)
+            kept.nbytes += nbytes
+            if owner is not None:
+                kept.owners[stream] = owner
         else:
             self._pending.add(stream, nbytes, owner)
         self._frees += 1
         block.state = _FREED
         block.stream_owner = None
 
-    def _keep(self, nbytes: int, stream: int, owner: Any) -> bool:
-        """Whether a freed block of ``nbytes`` on ``stream`` is kept for reuse,
-        making room by freeing the oldest kept blocks; caller holds the lock.
-
-        Only blocks of streams whose owning object is known (kept alive while
-        they wait) and of the default streams qualify: a raw handle may be
-        destroyed and reused by another stream.
-        """
-        limit = self.reuse_bytes
-        if nbytes > limit or (owner is None and stream > MAX_DEFAULT_STREAM):
+    def _make_room(self, nbytes: int) -> bool:
+        """Free the oldest kept blocks until ``nbytes`` more fit under
+        ``reuse_bytes``; False if a free failed. Caller holds the lock."""
+        try:
+            self._kept.free_oldest(self.reuse_bytes - nbytes, self.driver.free_async,
+                                   self._pending)
+        except DriverError:
             return False
-        if self._kept.nbytes + nbytes > limit:
-            try:  # make room: the oldest kept blocks go back to the pool
-                self._kept.free_oldest(limit - nbytes, self.driver.free_async, self._pending)
-            except DriverError:
-                return False
         return True
 
     def defer_free(self, block: Block) -> None:

@@ -59,7 +59,7 @@ class BlockTable:
         The device whose blocks the table holds.
     """
 
-    __slots__ = ("device", "live", "epoch", "live_bytes", "_index")
+    __slots__ = ("device", "live", "epoch", "live_bytes", "index")
 
     def __init__(self, device: int) -> None:
         self.device = device
@@ -67,17 +67,19 @@ class BlockTable:
         #: Context epoch; blocks of another epoch are stale.
         self.epoch = 0
         self.live_bytes = 0
-        #: Sorted live addresses for :meth:`find`; None when stale.
-        self._index: list[int] | None = []
+        #: Sorted live addresses for :meth:`find`; None when stale. The
+        #: resource's hot paths update ``live``, ``live_bytes`` and ``index``
+        #: in place, as :meth:`add` and :meth:`remove` do.
+        self.index: list[int] | None = []
 
     def add(self, block: Block, ready: Mark) -> None:
         self.live[block.ptr] = Entry(block, ready)
-        self._index = None
+        self.index = None
         self.live_bytes += block.nbytes
 
     def remove(self, entry: Entry) -> None:
         del self.live[entry.block.ptr]
-        self._index = None
+        self.index = None
         self.live_bytes -= entry.block.nbytes
 
     def entry(self, block: Block, what: str) -> Entry:
@@ -130,11 +132,11 @@ class BlockTable:
 
     def find(self, address: int) -> Block | None:
         """The live block that holds ``address``, or None."""
-        index = self._index
+        index = self.index
         if index is None:
             # Rebuilt on demand: the hot paths find blocks through their
             # arrays, so allocations and frees only mark it stale.
-            index = self._index = sorted(self.live)
+            index = self.index = sorted(self.live)
         i = bisect.bisect_right(index, address) - 1
         if i < 0:
             return None
@@ -170,7 +172,7 @@ class BlockTable:
         """Forget every block, advance the epoch, and return the entries."""
         entries = list(self.live.values())
         self.live.clear()
-        self._index = None
+        self.index = None
         self.live_bytes = 0
         self.epoch += 1
         return entries

@@ -34,8 +34,11 @@ class PendingFrees:
                 slot[1] = owner
 
     def take_all(self) -> dict[int, list[Any]]:
-        """Every stream's slot, no longer listed (still counted until released)."""
-        slots, self.slots = self.slots, {}
+        """Every stream's slot, no longer listed (still counted until released).
+
+        ``slots`` is emptied in place: the resource reads it through an alias."""
+        slots = dict(self.slots)
+        self.slots.clear()
         return slots
 
     def take(self, stream: int) -> dict[int, list[Any]]:

@@ -1,0 +1,120 @@
+"""The parts AsyncResource is composed of, each on its own: KeptBlocks,
+PendingFrees, BlockTable and MarkBook (over the simulated driver)."""
+
+from __future__ import annotations
+
+import pytest
+
+from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import Block, next_generation
+from numba_streamsafe.errors import StaleContext, UseAfterFree
+from numba_streamsafe.resources.block_table import BlockTable
+from numba_streamsafe.resources.events import EventPool
+from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
+from numba_streamsafe.resources.marks import MarkBook
+
+
+def test_kept_blocks_take_what_was_put_on_the_same_stream_and_size():
+    kept = KeptBlocks(limit=1000)
+    owner = object()
+    kept.put(5, 100, 0xA00, owner)
+    kept.put(5, 100, 0xB00, None)
+    assert kept.nbytes == 200 and kept.per_stream() == {5: 200}
+    assert kept.take(5, 200) is None and kept.take(6, 100) is None
+    assert kept.take(5, 100) == 0xB00  # newest first
+    assert kept.owners == {5: owner}
+    assert kept.take(5, 100) == 0xA00 and not kept and kept.nbytes == 0
+
+
+def test_kept_blocks_free_the_oldest_first_and_count_them_pending():
+    kept, pending, freed = KeptBlocks(limit=1000), PendingFrees(), []
+    for stream, ptr in ((1, 0x100), (2, 0x200), (3, 0x300)):
+        kept.put(stream, 100, ptr, f"owner{stream}")
+    kept.free_oldest(150, lambda ptr, s: freed.append((ptr, s)), pending)
+    assert freed == [(0x100, 1), (0x200, 2)]
+    assert kept.nbytes == 100 and pending.nbytes == 200
+    assert pending.per_stream() == {1: 100, 2: 100} and set(kept.owners) == {3}
+    kept.free_stream(3, lambda ptr, s: freed.append((ptr, s)), pending)
+    assert not kept and kept.owners == {} and pending.nbytes == 300
+
+
+def test_kept_blocks_keep_what_a_failing_free_did_not_free():
+    kept, pending = KeptBlocks(limit=1000), PendingFrees()
+    kept.put(1, 100, 0x100, None)
+    kept.put(1, 100, 0x200, None)
+
+    def fail(ptr, stream):
+        raise RuntimeError("driver")
+
+    with pytest.raises(RuntimeError):
+        kept.free_oldest(0, fail, pending)
+    assert kept.nbytes == 200 and pending.nbytes == 0
+
+
+def test_pending_frees_take_put_back_and_release():
+    pending = PendingFrees()
+    owner = object()
+    pending.add(1, 100, None)
+    pending.add(1, 50, owner)
+    pending.add(2, 10, None)
+    slots = pending.slots
+    taken = pending.take_all()
+    assert pending.slots is slots and slots == {}, "emptied in place (the resource aliases it)"
+    assert taken == {1: [150, owner], 2: [10, None]} and pending.nbytes == 160
+    pending.put_back(list(taken.items())[1:])
+    assert pending.per_stream() == {2: 10}
+    pending.release(150)
+    pending.release_stream(2)
+    assert pending.nbytes == 0 and not pending
+
+
+def _block(ptr: int, stream: int = 0, epoch: int = 0, device: int = 0) -> Block:
+    return Block(ptr, 256, device, stream, "b", next_generation(), epoch)
+
+
+def test_block_table_validates_handles_and_finds_addresses():
+    sim = SimDriver(backing=False)
+    marks = MarkBook(sim, EventPool(sim))
+    table = BlockTable(device=0)
+    a = _block(0x1000)
+    table.add(a, marks.current(0))
+    assert table.find(0x10FF) is a and table.find(0x1100) is None and table.find(0xFFF) is None
+    assert table.entry(a, "use").block is a
+    with pytest.raises(UseAfterFree):
+        table.entry(_block(0x1000), "use")  # same address, another generation
+    with pytest.raises(StaleContext):
+        table.entry(_block(0x1000, epoch=1), "use")
+    entries = table.clear()
+    assert [e.block for e in entries] == [a] and table.epoch == 1 and table.live_bytes == 0
+
+
+def test_block_table_forgets_a_retired_stream():
+    sim = SimDriver(backing=False)
+    marks = MarkBook(sim, EventPool(sim))
+    table = BlockTable(device=0)
+    a = _block(0x1000, stream=0)
+    table.add(a, marks.current(7))
+    entry = table.entry(a, "use")
+    entry.reads[9] = marks.current(9)
+    entry.last_write.waiters = {9: None}
+    table.forget_stream(9)
+    assert 9 not in entry.reads and entry.last_write.waiters == {}
+    table.forget_stream(7)
+    assert entry.last_write.stream < 0
+    assert entry.waits_for(7, Access.READ) == [entry.last_write]  # a new stream 7 waits
+
+
+def test_mark_book_seals_once_waits_once_and_releases_its_event():
+    sim = SimDriver(backing=False)
+    a, b = sim.create_stream(), sim.create_stream()
+    pool = EventPool(sim)
+    marks = MarkBook(sim, pool)
+    mark = marks.current(a)
+    mark.refs = 1
+    marks.wait_all(b, [mark])
+    marks.wait_all(b, [mark])
+    assert sim.calls["cuEventRecord"] == 1 and sim.calls["cuStreamWaitEvent"] == 1
+    assert marks.current(a) is not mark, "a sealed mark is no longer open"
+    marks.release(mark)
+    assert mark.handle is None and mark.waiters is None and pool.in_use == 0
