@@ -348,6 +348,7 @@ def _example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # one interpreter per case; CI runs it
 @pytest.mark.parametrize(("example", "args"), [
     ("multistream_sort", ("--n", "-1")),
     ("hash_join", ("--n", "0")),

@@ -101,6 +101,7 @@ def test_two_strides_per_pass_sorts_like_one():
     _run_code(code, "sorted")
 
 
+@pytest.mark.slow
 def test_benchmarks_run_at_a_tiny_size():
     proc = _run("benchmarks/run_all.py", "--quick", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -111,6 +112,7 @@ def test_benchmarks_run_at_a_tiny_size():
            "'events': True}" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["pipeline_phases.py", "pipeline_kernels.py"])
 def test_diagnostics_run_at_a_tiny_size(script):
     proc = _run(f"benchmarks/{script}", "--n", "256", "--rounds", "1", timeout=600)
@@ -118,6 +120,7 @@ def test_diagnostics_run_at_a_tiny_size(script):
     assert " ms" in proc.stdout and "CUDA simulator" in proc.stdout
 
 
+@pytest.mark.slow
 def test_pipeline_benchmark_sets_the_pool_reuse_attribute():
     """``--pool-internal-deps off`` reaches the driver, and the run stays correct."""
     code = (
@@ -139,6 +142,7 @@ def test_pipeline_benchmark_sets_the_pool_reuse_attribute():
     _run_code(code, "attribute set")
 
 
+@pytest.mark.slow
 def test_alloc_parts_diagnostic_runs_on_the_simulator():
     """The per-manager breakdown runs every manager's worker and prints its table."""
     proc = _run("benchmarks/alloc_parts.py", "--passes", "1", timeout=300)
@@ -168,6 +172,7 @@ def test_relations_refuse_sizes_whose_rows_do_not_fit_the_row_type():
     _run_code(code, "refused")
 
 
+@pytest.mark.slow
 def test_pipeline_benchmark_runs_with_uploads_on_the_using_streams():
     """``--uploads per-stream`` (the placement before the upload stream) stays correct."""
     proc = _run("benchmarks/pipeline.py", "--n", "64", "--rounds", "1", "--uploads", "per-stream",

@@ -89,15 +89,3 @@ def test_string_annotated_kernels_compile(child_env, repo_root):
     }
     results = compile_kernels(child_env, repo_root, str(HERE / "future_annotated.py"), signatures)
     assert_compiled(results, signatures)
-
-
-@pytest.mark.slow
-def test_example_kernels_compile(child_env, repo_root):
-    """Every tracked kernel of ``examples/common.py`` that names a ``ptx_signature``."""
-    common = repo_root / "examples" / "common.py"
-    if not common.exists():
-        pytest.skip("examples/common.py does not exist yet")
-    results = compile_kernels(child_env, repo_root, f"sys.path:{common.parent}:common")
-    if not results:
-        pytest.skip("examples/common.py has no tracked kernel with a ptx_signature yet")
-    assert_compiled(results, results)
