@@ -301,7 +301,8 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
             rt.order_after_stream(stream, producer)
     result = work(*args)
     if driver.traces_accesses:
-        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label)
+        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label,
+                            copy=uses.copy)
     if blocks:
         resource.commit(blocks, stream, owner)
     return result
