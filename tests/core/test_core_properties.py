@@ -78,6 +78,7 @@ def _fenced_programs_have_no_hazards(examples: int) -> None:
     assert seen["with kept reuse"] > 0, seen
     assert seen["with a recycled handle"] >= examples // 10, seen
     assert seen["with a reset"] >= examples // 10, seen
+    print(f"\nproperty run: {seen}")  # shown with pytest -s
 
 
 def test_unfenced_programs_show_hazards_and_fenced_ones_none():
