@@ -63,8 +63,7 @@ class LaunchRecorder:
     def __init__(self, runtime: DeviceRuntime, stream: Any = None,
                  mode: RecorderMode | str | None = None) -> None:
         self.runtime = runtime
-        self.stream: int = runtime.stream_handle(stream)
-        self.owner = None if stream is None or isinstance(stream, int) else stream
+        self.stream, self.owner = runtime.stream_ref(stream)
         if mode is None:
             mode = runtime.mode
         self.mode = mode if mode.__class__ is RecorderMode else RecorderMode(mode)

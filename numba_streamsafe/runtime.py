@@ -28,7 +28,7 @@ from numba_streamsafe.resources import (
 )
 from numba_streamsafe.resources.marks import retired_stream_id
 from numba_streamsafe.settings import settings
-from numba_streamsafe.streams import default_stream_handle, stream_handle
+from numba_streamsafe.streams import StreamRef, default_stream_handle, stream_handle
 
 __all__ = [
     "DeviceRuntime",
@@ -161,6 +161,15 @@ class DeviceRuntime:
         return self.driver.activate()
 
     # ----------------------------------------------------------------- streams
+    def stream_ref(self, stream: Any) -> StreamRef:
+        """``(handle, owner)`` of ``stream``: its driver handle
+        (:meth:`stream_handle`) and the object that keeps it alive (None for a
+        raw handle or the default stream). The one place a user's stream is
+        resolved; the owner is what the tracker keeps alive while it relies on
+        the handle."""
+        owner = None if stream is None or isinstance(stream, int) else stream  # stream_owner
+        return self.stream_handle(stream), owner
+
     def stream_handle(self, stream: Any) -> int:
         """The driver handle of ``stream`` (see :func:`numba_streamsafe.streams.stream_handle`).
 
@@ -251,8 +260,7 @@ class DeviceRuntime:
         """Allocate ``nbytes`` ordered on ``stream`` (default: the default stream)."""
         if stream is None:
             return self.resource.allocate(nbytes, default_stream_handle(), tag)
-        handle = self.stream_handle(stream)
-        owner = stream if stream is not None and not isinstance(stream, int) else None
+        handle, owner = self.stream_ref(stream)
         return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
 
     def deallocate(self, block: Block) -> None:
@@ -317,8 +325,8 @@ class DeviceRuntime:
     def fence(self, uses: list[tuple[Block, Access]], stream: Any) -> None:
         """Queue on ``stream`` the waits that ``uses`` need (a preflight with no
         commit: the caller's work is not recorded)."""
-        owner = None if stream is None or isinstance(stream, int) else stream
-        self.resource.preflight(uses, self.stream_handle(stream), owner)
+        handle, owner = self.stream_ref(stream)
+        self.resource.preflight(uses, handle, owner)
 
     # --------------------------------------------------------------- lifecycle
     @property

@@ -39,9 +39,6 @@ def _strict(rt: Any) -> bool:
     return rt.mode is RecorderMode.STRICT
 
 
-def _owner(stream: Any) -> Any:
-    """What keeps ``stream`` alive: the user's stream object (None for handles)."""
-    return None if stream is None or isinstance(stream, int) else stream
 
 
 def _stream(stream: Any) -> Any:
@@ -269,12 +266,12 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     else:
         block = _device_block(rt, to, "to")
         _check_fits(host, to)
-    handle = rt.stream_handle(stream)
+    handle, owner = rt.stream_ref(stream)
 
     if host.nbytes:
         fenced(rt, handle, single(block, Access.WRITE, "to", copy=True),
                f"copy to device ({tag})",
-               _strict(rt), _owner(stream), to.copy_to_device, host, target.numba_stream(stream),
+               _strict(rt), owner, to.copy_to_device, host, target.numba_stream(stream),
                tracking=_tracking(rt))
     return to
 
@@ -342,11 +339,11 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
         )
     if out is not None:
         _check_out(out, shape, strides, dtype)
-    handle = rt.stream_handle(stream)
+    handle, owner = rt.stream_ref(stream)
 
     return fenced(rt, handle, single(block, Access.READ, "array", copy=True), "copy to host",
                   _strict(rt),
-                  _owner(stream), array.copy_to_host, out, target.numba_stream(stream),
+                  owner, array.copy_to_host, out, target.numba_stream(stream),
                   tracking=_tracking(rt))
 
 
@@ -421,7 +418,7 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
             f"and src {src_order}-ordered (strides {src_strides}); allocate both with one "
             "order= ('C' or 'F')"
         )
-    handle = rt.stream_handle(stream)
+    handle, owner = rt.stream_ref(stream)
 
     uses = CopyUses()
     uses.add(src_block, Access.READ, "src")
@@ -429,11 +426,11 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
     if _across_devices(rt, dst_block, src_block):
         nbytes = math.prod(dst_shape) * dst_dtype.itemsize
         if nbytes:
-            fenced(rt, handle, uses, "device copy across devices", _strict(rt), _owner(stream),
+            fenced(rt, handle, uses, "device copy across devices", _strict(rt), owner,
                    rt.driver.copy_async, target.pointer_of(dst), target.pointer_of(src), nbytes,
                    handle, tracking=_tracking(rt))
         return
-    fenced(rt, handle, uses, "device copy", _strict(rt), _owner(stream), dst.copy_to_device, src,
+    fenced(rt, handle, uses, "device copy", _strict(rt), owner, dst.copy_to_device, src,
            target.numba_stream(stream), tracking=_tracking(rt))
 
 
@@ -452,8 +449,8 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     block = _device_block(rt, array, "array")
     if not (array.flags["C_CONTIGUOUS"] or array.flags["F_CONTIGUOUS"]):
         raise StreamMisuse("memset needs a contiguous array; copy the view first")
-    handle = rt.stream_handle(stream)
+    handle, owner = rt.stream_ref(stream)
 
     fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
-           _owner(stream), target.memset, array, int(value), target.numba_stream(stream),
+           owner, target.memset, array, int(value), target.numba_stream(stream),
            tracking=_tracking(rt))

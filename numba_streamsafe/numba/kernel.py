@@ -265,8 +265,7 @@ class TrackedKernel:
         if rt is None:  # several devices (or none yet): the current one's
             rt = target.launch_runtime()
         uses, host = self._uses(rt, args)
-        handle = rt.stream_handle(stream)
-        owner = None if isinstance(stream, int) else stream
+        handle, owner = rt.stream_ref(stream)
         strict = self._strict(rt)
         policy = launch_policy(rt)
         tracking = policy.tracking
