@@ -120,3 +120,15 @@ def positive_size(nbytes: Any, tag: str) -> int:
             f"cannot allocate {nbytes!r} bytes for {tag!r}: the size must be a positive int"
         )
     return int(value)
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None, what: str = "") -> None:
+    """Refuse ``value`` unless it is an int (not a bool) from ``low`` to ``high``
+    (no upper bound when None), with :class:`~numba_streamsafe.errors.InvalidArgument`
+    naming ``name``; ``what`` says what the value means."""
+    if (not isinstance(value, int) or isinstance(value, bool) or value < low
+            or (high is not None and value > high)):
+        from numba_streamsafe.errors import InvalidArgument
+
+        span = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise InvalidArgument(f"{name} must be an int {span}{what}, got {value!r}")

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, check_block
+from numba_streamsafe.blocks import Block, check_block, check_int
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.resources import (
@@ -28,7 +28,12 @@ from numba_streamsafe.resources import (
 )
 from numba_streamsafe.resources.marks import retired_stream_id
 from numba_streamsafe.settings import settings
-from numba_streamsafe.streams import StreamRef, default_stream_handle, stream_handle
+from numba_streamsafe.streams import (
+    StreamRef,
+    default_stream_handle,
+    is_default_stream,
+    stream_handle,
+)
 
 __all__ = [
     "DeviceRuntime",
@@ -167,7 +172,7 @@ class DeviceRuntime:
         raw handle or the default stream). The one place a user's stream is
         resolved; the owner is what the tracker keeps alive while it relies on
         the handle."""
-        owner = None if stream is None or isinstance(stream, int) else stream  # stream_owner
+        owner = None if stream is None or isinstance(stream, int) else stream
         return self.stream_handle(stream), owner
 
     def stream_handle(self, stream: Any) -> int:
@@ -209,16 +214,11 @@ class DeviceRuntime:
             ``stream`` is a default stream (None, 0, 1 or 2), which cannot be
             destroyed; or live blocks are allocated on it (they are named).
         """
-        if stream is None or (isinstance(stream, int) and stream in (0, 1, 2)):
-            raise StreamMisuse(
-                f"stream {stream!r} is a default stream and cannot be destroyed; destroy only "
-                "streams you created (driver.create_stream(), numba.cuda.stream())"
-            )
         handle = self.stream_handle(stream)
-        if handle in (0, 1, 2):
+        if is_default_stream(handle):
             raise StreamMisuse(
-                f"{stream!r} is the default stream {handle} and cannot be destroyed; destroy "
-                "only streams you created"
+                f"stream {stream!r} is the default stream {handle} and cannot be destroyed; "
+                "destroy only streams you created (driver.create_stream(), numba.cuda.stream())"
             )
         with self.driver.activate():
             self.resource.flush()
@@ -308,10 +308,7 @@ class DeviceRuntime:
         InvalidArgument
             ``keep_bytes`` is not an int >= 0.
         """
-        if (not isinstance(keep_bytes, int) or isinstance(keep_bytes, bool)) or keep_bytes < 0:
-            raise InvalidArgument(
-                f"keep_bytes must be an int >= 0 (pooled bytes to keep), got {keep_bytes!r}"
-            )
+        check_int("keep_bytes", keep_bytes, 0, what=" (pooled bytes to keep)")
         with self.driver.activate():
             self.resource.reap_pending()
             self.driver.pool_trim(keep_bytes)
@@ -343,9 +340,7 @@ class DeviceRuntime:
         self._keys.clear()  # the streams are gone; new ones may get their handles
 
     def stats(self) -> RuntimeStats:
-        stats = self.resource.stats()
-        return RuntimeStats(**{f.name: getattr(stats, f.name) for f in fields(ResourceStats)},
-                            epoch=self.epoch)
+        return RuntimeStats(**asdict(self.resource.stats()), epoch=self.epoch)
 
 
 def _driver_of(resource: MemoryResource) -> Driver:

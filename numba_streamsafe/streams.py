@@ -13,7 +13,6 @@ from typing import Any
 
 __all__ = [
     "StreamRef",
-    "stream_owner",
     "stream_handle",
     "default_stream_handle",
     "is_default_stream",
@@ -36,12 +35,6 @@ MAX_DEFAULT_STREAM = 2
 #: the object that keeps the stream alive (the user's stream object; None for a
 #: raw handle or the default stream). A plain tuple: one is made per launch.
 StreamRef = tuple[int, Any]
-
-
-def stream_owner(stream: Any) -> Any:
-    """What keeps ``stream`` alive: the user's stream object, or None for a raw
-    handle and for None (the default stream)."""
-    return None if stream is None or isinstance(stream, int) else stream
 
 
 def is_default_stream(handle: int) -> bool:

@@ -17,7 +17,14 @@ from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, BlockState, check_block, next_generation, positive_size
+from numba_streamsafe.blocks import (
+    Block,
+    BlockState,
+    check_block,
+    check_int,
+    next_generation,
+    positive_size,
+)
 from numba_streamsafe.errors import DriverError, InvalidArgument, OutOfMemory, StreamSafeError
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
@@ -42,13 +49,6 @@ _FREED = BlockState.FREED
 _WRITE = Access.WRITE
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None, what: str = "") -> None:
-    if (not isinstance(value, int) or isinstance(value, bool) or value < low
-            or (high is not None and value > high)):
-        span = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise InvalidArgument(f"{name} must be an int {span}{what}, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class AsyncOptions:
     """The settings of an :class:`AsyncResource` (see its parameters).
@@ -67,11 +67,11 @@ class AsyncOptions:
     def __post_init__(self) -> None:
         if self.fences not in ("lazy", "eager"):
             raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {self.fences!r}")
-        _check_int("max_idle_events", self.max_idle_events, 0,
+        check_int("max_idle_events", self.max_idle_events, 0,
                    what=" (idle events the pool keeps)")
-        _check_int("reuse_bytes", self.reuse_bytes, 0)
+        check_int("reuse_bytes", self.reuse_bytes, 0)
         if self.release_threshold is not None:
-            _check_int("release_threshold", self.release_threshold, 0, POOL_KEEP_ALL,
+            check_int("release_threshold", self.release_threshold, 0, POOL_KEEP_ALL,
                        " (or None)")
 
 
