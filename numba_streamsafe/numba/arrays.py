@@ -39,8 +39,6 @@ def _strict(rt: Any) -> bool:
     return rt.mode is RecorderMode.STRICT
 
 
-
-
 def _stream(stream: Any) -> Any:
     return current_stream() if stream is None else stream
 
