@@ -26,7 +26,7 @@ from typing import Any
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
 from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse
-from numba_streamsafe.streams import is_default_stream
+from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["CudaDriver"]
 
@@ -358,7 +358,7 @@ class CudaDriver:
         self.destroyed_streams.add(stream)
 
     def check_stream(self, stream: int) -> None:
-        if is_default_stream(stream):  # legacy, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+        if 0 <= stream <= MAX_DEFAULT_STREAM:  # legacy, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
             return
         if stream in self.destroyed_streams:
             raise StreamMisuse(
