@@ -163,9 +163,11 @@ class CudaDriver:
 
     # ---------------------------------------------------------------- peers
     def enable_peer_access(self, peer: int) -> None:
-        """Let this device's kernels access ``peer``'s memory
-        (``cuCtxEnablePeerAccess`` of ``peer``'s primary context, from this
-        device's). Idempotent."""
+        """Let this device's kernels access ``peer``'s memory: its ``cuMemAlloc``
+        memory (``cuCtxEnablePeerAccess`` of ``peer``'s primary context, from
+        this device's) and its stream-ordered pool's (``cuMemPoolSetAccess`` on
+        ``peer``'s default pool, for this device, read-write: peer access of
+        the contexts does not reach pool memory). Idempotent."""
         drv = self._drv
         dev = self._check("cuDeviceGet", drv.cuDeviceGet(peer))
         ok = self._check("cuDeviceCanAccessPeer", drv.cuDeviceCanAccessPeer(self._dev, dev))
@@ -182,6 +184,12 @@ class CudaDriver:
                 self._check("cuCtxEnablePeerAccess", (err,))
         finally:
             self._pop(pushed)
+        peer_pool = self._check("cuDeviceGetDefaultMemPool", drv.cuDeviceGetDefaultMemPool(dev))
+        desc = drv.CUmemAccessDesc()
+        desc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        desc.location.id = self.device
+        desc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self._check("cuMemPoolSetAccess", drv.cuMemPoolSetAccess(peer_pool, [desc], 1))
 
     # ----------------------------------------------------------------- memory
     def alloc_async(self, nbytes: int, stream: int) -> int:

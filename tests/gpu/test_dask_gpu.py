@@ -56,9 +56,9 @@ def test_one_worker_per_gpu(gpu):
         who = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
         stats = client.run(worker_stats)
     right = sum(ok for ok, _ in results)
-    buses = sorted({bus for _, bus in results})
+    gpus = sorted({uuid for _, uuid in results})
     line = (f"dask workers={ngpus} tasks={TASKS} right={right}/{TASKS} "
-            f"gpus_used={len(buses)} visible={sorted(who.values())}")
+            f"gpus_used={len(gpus)} visible={sorted(who.values())}")
     for address, per_device in stats.items():
         s = per_device[0]
         line += f" | {who[address]}: allocations={s.allocations}"
@@ -69,6 +69,7 @@ def test_one_worker_per_gpu(gpu):
             f.write(line + "\n")
     assert right == TASKS, line
     assert sorted(who.values()) == [str(i) for i in range(ngpus)], line
+    assert len(gpus) == ngpus, "the workers did not each get a GPU of their own: " + line
     assert len(stats) == ngpus, line
     for per_device in stats.values():
         assert list(per_device) == [0], per_device
