@@ -19,9 +19,16 @@ esac
 mkdir -p "$OUT"
 
 SITE=/tmp/site
+# .whl/: numpy < 2.5 and the test dependencies; .whl-dask/ (optional): distributed and
+# its dependencies, for the Dask GPU test (pip download "distributed==X" --python-version 3.12
+# --only-binary=:all: -d .whl-dask).
 if compgen -G ".whl/*.whl" > /dev/null; then
+    wheels=(.whl/*.whl)
+    if compgen -G ".whl-dask/*.whl" > /dev/null; then
+        wheels+=(.whl-dask/*.whl)
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" .whl/*.whl
+        --target "$SITE" "${wheels[@]}"
 else
     echo "warning: no wheels in .whl/; using the installed packages" >&2
 fi
