@@ -6,13 +6,15 @@ scenarios: all on one stream (no fence needed) and alternating between two
 streams (every launch must wait for the previous one's write). A third
 variant, "tracked, Numba path", turns the direct launches off
 (``launch_policy(rt).direct_launch = False``) to show what fencing alone costs
-on top of Numba's launch. Prints the per-launch medians and the ratios; writes the
-numbers as JSON.
+on top of Numba's launch, and "tracked, traced" records every launch in a
+``numba_streamsafe.trace()`` (its cost over "tracked"). Prints the per-launch
+medians and the ratios; writes the numbers as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -51,7 +53,8 @@ def main() -> dict:
 
     rt = nss.get_runtime()
     direct = launch_policy(rt).direct_launch
-    variants = [("untracked", plain, direct), ("tracked", tracked, direct)]
+    variants = [("untracked", plain, direct), ("tracked", tracked, direct),
+                ("tracked, traced", tracked, direct)]
     if direct:
         variants.append(("tracked, Numba path", tracked, False))
     results = {}
@@ -61,15 +64,18 @@ def main() -> dict:
             for label, k, on in variants:
                 launch_policy(rt).direct_launch = on
                 cuda.synchronize()
-                start = time.perf_counter()
-                for i in range(args.launches):
-                    k[1, 32, streams[i & 1]](a, b, c)
-                cuda.synchronize()
-                per[label].append((time.perf_counter() - start) / args.launches * 1e6)
+                recording = nss.trace() if label == "tracked, traced" else contextlib.nullcontext()
+                with recording:
+                    start = time.perf_counter()
+                    for i in range(args.launches):
+                        k[1, 32, streams[i & 1]](a, b, c)
+                    cuda.synchronize()
+                    per[label].append((time.perf_counter() - start) / args.launches * 1e6)
         launch_policy(rt).direct_launch = direct
         med = {k: statistics.median(v) for k, v in per.items()}
         results[scenario] = {"us_per_launch": med, "samples_us": per,
                              "ratio": med["tracked"] / med["untracked"]}
+        results[scenario]["ratio_traced"] = med["tracked, traced"] / med["tracked"]
         if "tracked, Numba path" in med:
             results[scenario]["ratio_numba_path"] = med["tracked, Numba path"] / med["untracked"]
     print(f"launch overhead on {device_name()} ({args.launches} launches x {args.rounds} rounds)")
@@ -80,6 +86,8 @@ def main() -> dict:
         if "ratio_numba_path" in r:
             line += (f"  (Numba path {m['tracked, Numba path']:7.2f} us, "
                      f"ratio {r['ratio_numba_path']:.3f})")
+        line += f"  traced {m['tracked, traced']:7.2f} us, traced/tracked {r['ratio_traced']:.3f}"
+
         print(line)
     write_result("launch_overhead", {"launches": args.launches, "rounds": args.rounds,
                                      "results": results})

@@ -64,6 +64,11 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
                         help="launch without fences, to show the race")
     parser.add_argument("--repeat", type=int, default=1, help="runs (the last one is reported)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--trace", metavar="FILE", default=None,
+                        help="record the last run and save it as Chrome trace / Perfetto JSON "
+                             "(device times on a GPU)")
+    parser.add_argument("--plot", metavar="FILE", default=None,
+                        help="record the last run and draw its timeline (PNG; needs matplotlib)")
     args = parser.parse_args()
     if args.n is None:
         args.n = sim_n if target.SIMULATOR else default_gpu_n
@@ -90,7 +95,11 @@ def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
     """
     args = parse_args(description, min_n=min_n, max_n=max_n)
     reports = [run(args.n, args.streams, not args.no_tracking, args.seed)
-               for _ in range(args.repeat)]
+               for _ in range(args.repeat - 1)]
+    if args.trace or args.plot:
+        reports.append(_traced(run, args))
+    else:
+        reports.append(run(args.n, args.streams, not args.no_tracking, args.seed))
     reports[-1].print()
     if args.repeat > 1:
         wrong = sum(not r.correct for r in reports)
@@ -102,6 +111,24 @@ def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
               + f" (each: {' '.join(f'{r.seconds * 1e3:.1f}' for r in reports)})")
     ok = all(r.correct and r.hazards == 0 for r in reports)
     return 0 if (args.no_tracking or ok) else 1
+
+
+def _traced(run: Callable[[int, int, bool, int], Report], args: argparse.Namespace) -> Report:
+    """One run under ``numba_streamsafe.trace``, saved and drawn as asked."""
+    import numba_streamsafe as nss
+
+    with nss.trace(device_times=not target.SIMULATOR) as t:
+        report = run(args.n, args.streams, not args.no_tracking, args.seed)
+    if args.trace:
+        t.save(args.trace)
+        print(f"trace: {args.trace} ({len(t.ops)} operations; open it in ui.perfetto.dev)")
+    if args.plot:
+        t.plot(args.plot)
+        print(f"timeline: {args.plot}")
+    summary = t.summary()
+    print("  trace: " + ", ".join(f"{k} {v}" for k, v in summary.items())
+          + f"; {'device' if t.device_times_measured else 'host'} times")
+    return report
 
 
 class Timer:

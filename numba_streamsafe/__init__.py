@@ -25,6 +25,7 @@ from numba_streamsafe.errors import (
     StreamSafeError,
     UseAfterFree,
 )
+from numba_streamsafe.memstats import memory_stats, reset_peak_stats
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedLaunchWarning
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
@@ -41,6 +42,7 @@ from numba_streamsafe.runtime import (
     get_runtime,
     set_runtime,
 )
+from numba_streamsafe.tracing import Trace, trace
 
 __version__ = "0.1.0"
 
@@ -62,6 +64,10 @@ _LAZY = {
 }
 
 __all__ = [
+    "trace",
+    "Trace",
+    "memory_stats",
+    "reset_peak_stats",
     "Access",
     "Read",
     "Write",

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from numba_streamsafe import tracehook
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
@@ -57,7 +58,7 @@ class Uses:
     Array Interface rule for a foreign array that names its stream).
     """
 
-    __slots__ = ("blocks", "untracked", "producers")
+    __slots__ = ("blocks", "untracked", "producers", "names")
     #: Whether the work is a copy, which reaches another device's memory
     #: without peer access (:class:`CopyUses`).
     copy = False
@@ -66,6 +67,8 @@ class Uses:
         self.blocks: list[tuple[Block, Access]] = []
         self.untracked: list[str] | None = None
         self.producers: list[int] | None = None
+        #: The argument names of ``blocks``, kept only while a trace records.
+        self.names: list[str] | None = None if tracehook.active is None else []
 
     def add(self, block: Block | None, access: Access, what: str) -> None:
         """Add a use of ``block`` (None: memory no resource tracks, named ``what``)."""
@@ -79,8 +82,12 @@ class Uses:
             if b is block or (b.ptr == block.ptr and b.generation == block.generation
                               and b.device == block.device):
                 blocks[i] = (b, Access(a | access))
+                if self.names is not None:
+                    self.names[i] += "+" + what
                 return
         blocks.append((block, access))
+        if self.names is not None:
+            self.names.append(what)
 
     def add_producer(self, stream: int) -> None:
         """Order the launch after everything queued so far on ``stream``."""
@@ -281,6 +288,9 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     StreamMisuse
         Untracked memory when ``strict``; nothing is queued.
     """
+    tracer = tracehook.active
+    if tracer is not None:
+        return tracer.fenced(rt, stream, uses, label, strict, owner, work, args, tracking)
     blocks = uses.blocks
     driver = rt.driver
     if not tracking:

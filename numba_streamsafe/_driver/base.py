@@ -106,6 +106,13 @@ class Driver(Protocol):
         (``"RELEASE_THRESHOLD"``: pooled bytes kept at a synchronize)."""
         ...
 
+    def get_pool_attribute(self, name: str) -> int:
+        """An attribute of the device's stream-ordered pool, by its short name:
+        ``"RESERVED_MEM_CURRENT"`` / ``"RESERVED_MEM_HIGH"`` (bytes the pool
+        holds from the system), ``"USED_MEM_CURRENT"`` / ``"USED_MEM_HIGH"``
+        (bytes of it handed out). Setting a ``*_HIGH`` attribute to 0 resets it."""
+        ...
+
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of the device."""
         ...

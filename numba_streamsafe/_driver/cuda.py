@@ -227,6 +227,24 @@ class CudaDriver:
             val = drv.cuuint32_t(value) if hasattr(drv, "cuuint32_t") else int(value)
         self._check("cuMemPoolSetAttribute", drv.cuMemPoolSetAttribute(self._pool, attr, val))
 
+    def timing_event(self) -> Any:
+        """A new event that measures time (for traces with device times);
+        destroy it with :meth:`event_destroy`."""
+        return self._call("cuEventCreate", self._drv.cuEventCreate,
+                          self._drv.CUevent_flags.CU_EVENT_DEFAULT)
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two recorded timing events (waits for ``end``)."""
+        self._call("cuEventSynchronize", self._drv.cuEventSynchronize, end)
+        return float(self._call("cuEventElapsedTime", self._drv.cuEventElapsedTime, start, end))
+
+    def get_pool_attribute(self, name: str) -> int:
+        """A ``CUmemPool_attribute`` of the device's default pool, by short name."""
+        drv = self._drv
+        attr = getattr(drv.CUmemPool_attribute, "CU_MEMPOOL_ATTR_" + name)
+        value = self._check("cuMemPoolGetAttribute", drv.cuMemPoolGetAttribute(self._pool, attr))
+        return int(value)
+
     def mem_info(self) -> tuple[int, int]:
         free, total = self._call("cuMemGetInfo", self._drv.cuMemGetInfo)
         return int(free), int(total)

@@ -229,6 +229,10 @@ class SimDriver:
         #: Attributes set with :meth:`set_pool_attribute`.
         self.pool_attributes: dict[str, int] = {}
         self._reserved = 0
+        #: High-water marks of reserved and used (handed out) pool bytes.
+        self._reserved_high = 0
+        self._used = 0
+        self._used_high = 0
         self._faults: dict[str, collections.deque[int]] = {}
         self.hazards = system.hazards
         self.calls: collections.Counter[str] = collections.Counter()
@@ -495,6 +499,8 @@ class SimDriver:
             chunk.live = True
             chunk.nbytes = nbytes
             chunk.free_op = None
+            self._used += chunk.capacity
+            self._used_high = max(self._used_high, self._used)
             self._check(chunk, chunk.base, nbytes, Access.WRITE, op)
             return chunk.base
 
@@ -537,6 +543,7 @@ class SimDriver:
             base = self.system.take_handles((cap >> 20) + 1) << 20
         chunk = _Chunk(base, cap, buffer)
         self._reserved += cap
+        self._reserved_high = max(self._reserved_high, self._reserved)
         bisect.insort(self._bases, base)
         self._chunks[base] = chunk
         return chunk
@@ -549,6 +556,7 @@ class SimDriver:
             self._check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
             chunk.live = False
             chunk.free_op = op
+            self._used -= chunk.capacity
             self._pool.append(chunk)
 
     def free(self, ptr: int) -> None:
@@ -603,6 +611,22 @@ class SimDriver:
                 raise DriverError("cuMemPoolSetAttribute", CUDA_ERROR_INVALID_VALUE,
                                   f"pool attribute {name} cannot be {value!r}")
             self.pool_attributes[name] = value
+            if name == "RESERVED_MEM_HIGH":
+                self._reserved_high = self._reserved
+            elif name == "USED_MEM_HIGH":
+                self._used_high = self._used
+
+    def get_pool_attribute(self, name: str) -> int:
+        """The pool's reserved and used bytes and their high-water marks (the
+        other attributes as last set, 0 if never)."""
+        with self._lock:
+            self._enter("cuMemPoolGetAttribute")
+            values = {"RESERVED_MEM_CURRENT": self._reserved,
+                      "RESERVED_MEM_HIGH": self._reserved_high,
+                      "USED_MEM_CURRENT": self._used, "USED_MEM_HIGH": self._used_high}
+            if name in values:
+                return values[name]
+            return self.pool_attributes.get(name, 0)
 
     def mem_info(self) -> tuple[int, int]:
         with self._lock:

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import (
@@ -179,6 +180,13 @@ class AsyncResource(MemoryResource):
         self._peak = 0
         self._allocations = 0
         self._frees = 0
+        #: Counters of :meth:`counters`: peak live bytes, bytes allocated and
+        #: freed over the resource's life, uses that stayed on their block's
+        #: last writer's stream (no wait needed).
+        self._live_peak = 0
+        self._allocated_bytes = 0
+        self._freed_bytes = 0
+        self._same_stream = 0
 
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
@@ -252,11 +260,16 @@ class AsyncResource(MemoryResource):
         table = self._table
         self._live[block.ptr] = Entry(block, mark)  # BlockTable.add, inline
         table.index = None
-        table.live_bytes += block.nbytes
+        live = table.live_bytes = table.live_bytes + block.nbytes
         self._allocations += 1
-        total = table.live_bytes + self._pending.nbytes + self._kept.nbytes
+        self._allocated_bytes += block.nbytes
+        if live > self._live_peak:
+            self._live_peak = live
+        total = live + self._pending.nbytes + self._kept.nbytes
         if total > self._peak:
             self._peak = total
+        if tracehook.active is not None:
+            tracehook.active.allocated(self, block, stream)
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""
@@ -298,6 +311,7 @@ class AsyncResource(MemoryResource):
             self._drain()
         with self._lock:
             marks: list[Mark] | None = None
+            same = 0
             for entry, access in self._table.entries(uses, "preflight"):
                 lw = entry.last_write
                 if lw.stream != stream:
@@ -305,6 +319,8 @@ class AsyncResource(MemoryResource):
                         marks = [lw]
                     else:
                         marks.append(lw)
+                else:
+                    same += 1
                 if access & _WRITE and entry.reads:
                     for s, mark in entry.reads.items():
                         if s != stream:
@@ -312,6 +328,8 @@ class AsyncResource(MemoryResource):
                                 marks = [mark]
                             else:
                                 marks.append(mark)
+            if same:
+                self._same_stream += same
             if marks is not None:
                 self.marks.wait_all(stream, marks, owner)
 
@@ -482,8 +500,11 @@ class AsyncResource(MemoryResource):
         else:
             self._pending.add(stream, nbytes, owner)
         self._frees += 1
+        self._freed_bytes += nbytes
         block.state = _FREED
         block.stream_owner = None
+        if tracehook.active is not None:
+            tracehook.active.freed(self, block, stream, "kept" if keep else "queued")
 
     def _make_room(self, nbytes: int) -> bool:
         """Free the oldest kept blocks until ``nbytes`` more fit under
@@ -499,6 +520,8 @@ class AsyncResource(MemoryResource):
         if block.__class__ is not Block:
             check_block(block, "defer_free")
         self._deferred.push(block)
+        if tracehook.active is not None:
+            tracehook.active.deferred(self, block)
 
     def flush(self) -> None:
         self._drain()
@@ -631,6 +654,34 @@ class AsyncResource(MemoryResource):
                 events_in_use=self.events.in_use,
                 events_idle=self.events.idle,
             )
+
+    def counters(self) -> dict[str, int]:
+        """The figures behind :func:`numba_streamsafe.memory_stats` (see there)."""
+        with self._lock:
+            kept = self._kept.nbytes
+            return {
+                "live_bytes": self._table.live_bytes,
+                "live_peak": self._live_peak,
+                "live_blocks": len(self._live),
+                "allocated_bytes": self._allocated_bytes,
+                "freed_bytes": self._freed_bytes,
+                "allocations": self._allocations,
+                "frees": self._frees,
+                "pending_bytes": self._pending.nbytes,
+                "kept_bytes": kept,
+                "outstanding_peak": self._peak,
+                "deferred_frees": len(self._deferred),
+                "waits": self.marks.waits,
+                "events_recorded": self.events.recorded,
+                "events_in_use": self.events.in_use,
+                "same_stream_uses": self._same_stream,
+            }
+
+    def reset_peaks(self) -> None:
+        """Start the peak figures again from the current ones."""
+        with self._lock:
+            self._live_peak = self._table.live_bytes
+            self._peak = self._table.live_bytes + self._pending.nbytes + self._kept.nbytes
 
     # ---------------------------------------------------------------- lifecycle
     @property

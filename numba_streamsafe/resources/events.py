@@ -36,6 +36,8 @@ class EventPool:
         self._max_idle = max_idle
         self._lock = threading.Lock()
         self.in_use = 0
+        #: Events recorded over the pool's life (:meth:`record`).
+        self.recorded = 0
         #: Advanced by :meth:`forget` (a context reset): handles given out before
         #: belong to a destroyed context. Marks kept by other devices' resources
         #: (:class:`~numba_streamsafe.resources.marks.ForeignMark`) compare it.
@@ -79,6 +81,7 @@ class EventPool:
         except BaseException:
             self.release(handle)
             raise
+        self.recorded += 1
         return handle
 
     @property

@@ -108,13 +108,15 @@ class MarkBook:
         Records the marks' events.
     """
 
-    __slots__ = ("driver", "events", "open")
+    __slots__ = ("driver", "events", "open", "waits")
 
     def __init__(self, driver: Driver, events: EventPool) -> None:
         self.driver = driver
         self.events = events
         #: The open (not yet sealed) mark of each stream.
         self.open: dict[int, Mark] = {}
+        #: Waits queued over the book's life (``cuStreamWaitEvent`` calls).
+        self.waits = 0
 
     def current(self, stream: int, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -158,6 +160,7 @@ class MarkBook:
                 continue
             wait(stream, self.seal(mark))
             waiters[stream] = owner
+            self.waits += 1
 
     def release(self, mark: Mark) -> None:
         """Drop one use of ``mark``; at none, its event goes back to the pool and

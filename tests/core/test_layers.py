@@ -18,11 +18,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "numba_streamsafe"
 #: Layer of each top-level part of the package, lowest first. A module may
 #: import its own layer and those below.
 LAYERS = {
-    "errors": 0, "access": 0, "streams": 0, "modes": 0, "settings": 0,
+    "errors": 0, "access": 0, "streams": 0, "modes": 0, "settings": 0, "tracehook": 0,
     "_driver": 1, "blocks": 1,
     "resources": 2,
     "runtime": 3,
-    "protocol": 4, "recorder": 4,
+    "protocol": 4, "recorder": 4, "memstats": 4, "tracing": 5, "trace_export": 5,
     "numba": 5,
     "__init__": 6, "dask": 6,
 }
