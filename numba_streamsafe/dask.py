@@ -24,7 +24,7 @@ brings every worker's back to the client::
     client = Client(LocalCluster(n_workers=2))
     client.register_plugin(StreamSafePlugin(fences="lazy"))
     ...                                   # tasks use tracked kernels and nss arrays
-    client.run(worker_stats)              # {worker address: {device: RuntimeStats}}
+    client.run(worker_stats)              # {worker address: {device: memory_stats}}
 
 ``distributed`` is an optional dependency (``pip install numba-streamsafe[dask]``).
 """
@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.memstats import memory_stats
 from numba_streamsafe.runtime import (
-    RuntimeStats,
     enable_peer_access,
     get_runtime,
     installed_devices,
@@ -146,14 +146,11 @@ class StreamSafePlugin(WorkerPlugin):
                 rt.reap()
 
 
-def worker_stats(devices: Sequence[int] | None = None) -> dict[int, RuntimeStats]:
-    """The stats of this process's runtimes (of ``devices``; default: every
-    installed one), by device. ``client.run(worker_stats)`` collects every worker's."""
+def worker_stats(devices: Sequence[int] | None = None) -> dict[int, dict[str, int]]:
+    """The :func:`~numba_streamsafe.memory_stats` of this process's runtimes
+    (of ``devices``; default: every installed one), by device.
+    ``client.run(worker_stats)`` collects every worker's."""
     if devices is None:
         devices = installed_devices()
-    out = {}
-    for device in devices:
-        rt = installed_runtime(device)
-        if rt is not None:
-            out[device] = rt.stats()
-    return out
+    return {device: memory_stats(device) for device in devices
+            if installed_runtime(device) is not None}

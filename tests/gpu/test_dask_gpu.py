@@ -61,7 +61,8 @@ def test_one_worker_per_gpu(gpu):
             f"gpus_used={len(gpus)} visible={sorted(who.values())}")
     for address, per_device in stats.items():
         s = per_device[0]
-        line += f" | {who[address]}: allocations={s.allocations}"
+        line += (f" | gpu {who[address]}: allocations={s['allocation.all.allocated']}"
+                 f" waits={s['waits_inserted']} peak_bytes={s['allocated_bytes.all.peak']}")
     print(line)
     report = os.environ.get("NSS_RACE_REPORT")
     if report:
@@ -73,4 +74,5 @@ def test_one_worker_per_gpu(gpu):
     assert len(stats) == ngpus, line
     for per_device in stats.values():
         assert list(per_device) == [0], per_device
-        assert per_device[0].allocations >= 2, per_device
+        assert per_device[0]["allocation.all.allocated"] >= 2, per_device
+        assert per_device[0]["waits_inserted"] >= 1, per_device

@@ -16,8 +16,8 @@ from numba import cuda
 
 import numba_streamsafe as nss
 from numba_streamsafe import InvalidArgument, Read, Write, tracked_kernel
+from numba_streamsafe.memstats import STAT_KEYS
 from numba_streamsafe.runtime import (
-    RuntimeStats,
     clear_runtimes,
     installed_runtime,
     set_runtime,
@@ -101,8 +101,11 @@ def test_the_plugin_sets_up_every_worker_and_stats_come_back(process_runtimes):
     assert len(stats) == 2, stats
     for per_device in stats.values():
         assert list(per_device) == [0]
-        assert isinstance(per_device[0], RuntimeStats)
-        assert per_device[0].allocations >= 12  # every task's arrays, on the shared device
+        s = per_device[0]
+        assert set(s) == set(STAT_KEYS)
+        # every task's arrays, on the device the worker threads share
+        assert s["allocation.all.allocated"] >= 12
+        assert s["waits_inserted"] >= 6  # each task's add on b waits for its fill on a
     rt = installed_runtime(0)
     assert rt is not None and rt.resource.fences == "eager", "the plugin's option reached it"
 
