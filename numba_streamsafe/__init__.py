@@ -14,6 +14,8 @@ from typing import Any
 from numba_streamsafe.access import Access, Read, ReadWrite, Write
 from numba_streamsafe.blocks import Block, BlockId, BlockState, Generation
 from numba_streamsafe.errors import (
+    AccessMismatch,
+    AccessWarning,
     DriverError,
     InvalidArgument,
     OutOfBounds,
@@ -77,6 +79,8 @@ __all__ = [
     "BlockState",
     "Generation",
     "StreamSafeError",
+    "AccessMismatch",
+    "AccessWarning",
     "DriverError",
     "InvalidArgument",
     "OutOfMemory",

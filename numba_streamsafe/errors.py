@@ -19,6 +19,8 @@ __all__ = [
     "StaleContext",
     "OutOfBounds",
     "PeerAccessRequired",
+    "AccessMismatch",
+    "AccessWarning",
 ]
 
 
@@ -136,3 +138,29 @@ class PeerAccessRequired(StreamMisuse):
         super().__init__(message)
         self.device = device
         self.peer = peer
+
+
+class AccessMismatch(StreamSafeError, ValueError):
+    """A kernel parameter declared ``Read`` is written by the kernel.
+
+    Raised at the kernel's first launch, before anything is queued. The
+    attributes name the ``kernel``, the ``param`` and ``where`` (``file:line``
+    of the write).
+    """
+
+    def __init__(self, kernel: str, param: str, where: str | None) -> None:
+        self.kernel = kernel
+        self.param = param
+        self.where = where
+        at = f" at {where}" if where else ""
+        super().__init__(
+            f"kernel {kernel!r} writes parameter {param!r}{at}, which is declared Read: other "
+            f"streams would not wait for this write. Declare it ReadWrite (or Write), or pass "
+            f"access='infer'"
+        )
+
+
+class AccessWarning(UserWarning):
+    """A declared access the kernel does not need (a parameter declared
+    written that the kernel never writes: it costs waits, not safety), or one
+    the access check could not verify."""

@@ -58,7 +58,7 @@ class Uses:
     Array Interface rule for a foreign array that names its stream).
     """
 
-    __slots__ = ("blocks", "untracked", "producers", "names")
+    __slots__ = ("blocks", "untracked", "producers", "names", "actual")
     #: Whether the work is a copy, which reaches another device's memory
     #: without peer access (:class:`CopyUses`).
     copy = False
@@ -69,6 +69,10 @@ class Uses:
         self.producers: list[int] | None = None
         #: The argument names of ``blocks``, kept only while a trace records.
         self.names: list[str] | None = None if tracehook.active is None else []
+        #: For a checking driver: ``(ptr, nbytes, access)`` of what the work
+        #: really touches, when that is more than ``blocks`` declare (a
+        #: kernel's inferred accesses); None: ``blocks``.
+        self.actual: list[tuple[int, int, Access]] | None = None
 
     def add(self, block: Block | None, access: Access, what: str) -> None:
         """Add a use of ``block`` (None: memory no resource tracks, named ``what``)."""
@@ -169,8 +173,14 @@ def trace(rt: DeviceRuntime, stream: int, uses: Uses, label: str) -> None:
     """Tell a checking driver (the simulated one) what the work on ``stream`` touches."""
     driver = rt.driver
     if driver.traces_accesses:
-        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in uses.blocks], label,
-                            copy=uses.copy)
+        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy)
+
+
+def _accesses(uses: Uses) -> list[tuple[int, int, Access]]:
+    """What a checking driver is told the work touches."""
+    if uses.actual is not None:
+        return uses.actual
+    return [(b.ptr, b.nbytes, a) for b, a in uses.blocks]
 
 
 # ------------------------------------------------------------ several devices
@@ -296,8 +306,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     if not tracking:
         result = work(*args)
         if driver.traces_accesses:
-            driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label,
-                                copy=uses.copy)
+            driver.trace_access(stream, _accesses(uses), label, copy=uses.copy)
         return result
     if uses.untracked and strict:
         raise refuse_untracked(uses.untracked, _REMEDY)
@@ -311,8 +320,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
             rt.order_after_stream(stream, producer)
     result = work(*args)
     if driver.traces_accesses:
-        driver.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in blocks], label,
-                            copy=uses.copy)
+        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy)
     if blocks:
         resource.commit(blocks, stream, owner)
     return result

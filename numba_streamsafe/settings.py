@@ -14,6 +14,13 @@ variable                                  meaning
 ``NUMBA_STREAMSAFE_FENCES``               ``lazy`` or ``eager``
 ``NUMBA_STREAMSAFE_DIRECT_LAUNCH``        ``0`` (or false/no/off) sends every tracked launch
                                           through Numba's launch path
+``NUMBA_STREAMSAFE_CHECK_ACCESS``         ``0`` (or false/no/off) turns off the check of
+                                          declared accesses against the kernel's IR at
+                                          its first launch
+``NUMBA_STREAMSAFE_ACCESS``               ``declared`` (default) or ``infer``: every tracked
+                                          kernel ignores its declarations and infers every
+                                          parameter's access (to compare a program's
+                                          declarations with what its kernels do)
 ========================================  ===============================================
 """
 
@@ -47,6 +54,8 @@ class Settings:
     resource: str = "async"
     fences: str = "lazy"
     direct_launch: bool = True
+    check_access: bool = True
+    access: str = "declared"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -65,6 +74,9 @@ class Settings:
             fences=_choice("NUMBA_STREAMSAFE_FENCES", "lazy", ("lazy", "eager")),
             direct_launch=os.environ.get("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "1").strip().lower()
             not in _OFF,
+            check_access=os.environ.get("NUMBA_STREAMSAFE_CHECK_ACCESS", "1").strip().lower()
+            not in _OFF,
+            access=_choice("NUMBA_STREAMSAFE_ACCESS", "declared", ("declared", "infer")),
         )
 
 

@@ -14,11 +14,12 @@ from numba import cuda
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.modes import RecorderMode
-from numba_streamsafe.numba import direct, target
+from numba_streamsafe.numba import access_check, direct, target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import stream_scope
 from numba_streamsafe.protocol import Uses, fenced
 from numba_streamsafe.runtime import sole_runtime
+from numba_streamsafe.settings import settings
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
 
@@ -67,12 +68,20 @@ class TrackedKernel:
     ----------
     func : callable
         The kernel's Python function.
-    access : mapping of str to Access or str, optional
+    access : mapping of str to Access or str, or "infer", optional
         Access per argument name; overrides annotations. A parameter with an
         access must be given an array at every launch: anything else (a
         scalar, None) is refused with
         :class:`~numba_streamsafe.errors.InvalidArgumentType` before anything
-        is queued.
+        is queued. ``"infer"``: every parameter without an annotation takes
+        the access the kernel's IR shows (:mod:`numba_streamsafe.numba.inference`),
+        decided at the first launch for the arguments that are arrays.
+    check_access : bool, optional
+        Check the declared accesses against the kernel's IR at its first
+        launch (:mod:`numba_streamsafe.numba.access_check`): a parameter
+        declared Read that the kernel writes raises
+        :class:`~numba_streamsafe.errors.AccessMismatch`. Default: the
+        ``NUMBA_STREAMSAFE_CHECK_ACCESS`` setting (on).
     mode : RecorderMode or str, optional
         ``"strict"`` (the runtime's default) refuses arrays the library did
         not allocate and array arguments with no declared access;
@@ -84,15 +93,29 @@ class TrackedKernel:
         Passed to :func:`numba.cuda.jit`.
     """
 
-    def __init__(self, func: Callable[..., Any], *, access: Mapping[str, Any] | None = None,
+    def __init__(self, func: Callable[..., Any], *,
+                 access: Mapping[str, Any] | str | None = None,
                  mode: RecorderMode | str | None = None, allow_foreign: bool = False,
-                 signature: Any = None, **jit_options: Any) -> None:
+                 signature: Any = None, check_access: bool | None = None,
+                 **jit_options: Any) -> None:
         self.py_func = func
         self.__name__ = getattr(func, "__name__", "kernel")
         self.__doc__ = func.__doc__
         self.mode = RecorderMode(mode) if mode is not None else None
         self.allow_foreign = allow_foreign
-        self.params = self._parse_access(func, access or {})
+        self.infer = access == "infer"
+        if isinstance(access, str) and not self.infer:
+            raise InvalidArgument(f"{self.__name__}: access must be a mapping of parameter "
+                                  f"names to accesses, or 'infer'; got {access!r}")
+        if check_access is not None and not isinstance(check_access, bool):
+            raise InvalidArgument(f"{self.__name__}: check_access is True, False or None, "
+                                  f"got {check_access!r}")
+        self.check_access = check_access
+        self.params = self._parse_access(func, access if isinstance(access, Mapping) else {})
+        #: Set at the first launch, once the accesses are checked (and inferred).
+        self._access_ready = False
+        #: The inferred access per parameter, read when a checking driver needs it.
+        self._inferred: dict[str, Access | None] | None = None
         if signature is None:
             self.dispatcher = cuda.jit(**jit_options)(func)
         else:
@@ -232,6 +255,47 @@ class TrackedKernel:
             f"drop its access declaration ({name}: {declared})"
         )
 
+    def _prepare_access(self, args: tuple[Any, ...]) -> None:
+        """First launch: check the declared accesses, infer the others
+        (``access="infer"``); raises before anything is queued."""
+        config = settings()
+        check = self.check_access if self.check_access is not None else config.check_access
+        if config.access == "infer":  # every parameter inferred, declarations set aside
+            self.infer = True
+            self.params = tuple((name, None) for name, _ in self.params)
+        if (check or self.infer) and len(args) == len(self.params):
+            self.params = access_check.prepare(self.__name__, self.py_func, self.params, args,
+                                               infer=self.infer, check=check)
+        if len(args) == len(self.params):
+            self._access_ready = True
+
+    def _tell_actual(self, rt: Any, uses: Uses, args: tuple[Any, ...]) -> None:
+        """For a checking driver: the blocks with the union of the declared and
+        the inferred accesses, so an undeclared write shows as a hazard."""
+        if self._inferred is None:
+            self._inferred = access_check.inferred(self.py_func)
+        actual = {b.ptr: [b.ptr, b.nbytes, a] for b, a in uses.blocks}
+        more = False
+        for (name, _), arg in zip(self.params, args, strict=False):
+            extra = self._inferred.get(name)
+            if extra is None:
+                continue
+            gpu_data = getattr(arg, "gpu_data", None)
+            block = getattr(gpu_data, "_nss_block", None) if gpu_data is not None else None
+            if block is None:
+                kind, block, _ = target.resolve(rt, arg)
+                if kind != target.DEVICE or block is None:
+                    continue
+            entry = actual.get(block.ptr)
+            if entry is None:
+                actual[block.ptr] = [block.ptr, block.nbytes, extra]
+                more = True
+            elif entry[2] | extra != entry[2]:
+                entry[2] = Access(entry[2] | extra)
+                more = True
+        if more:
+            uses.actual = [(p, n, Access(a)) for p, n, a in actual.values()]
+
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT
 
@@ -261,10 +325,14 @@ class TrackedKernel:
                 numba_launch: Callable[[], Callable[..., Any]]) -> None:
         """Preflight, the launch (direct when ``dims`` is given and a plan
         applies, else ``numba_launch()(*args)``), commit."""
+        if not self._access_ready:
+            self._prepare_access(args)
         rt = sole_runtime()
         if rt is None:  # several devices (or none yet): the current one's
             rt = target.launch_runtime()
         uses, host = self._uses(rt, args)
+        if rt.driver.traces_accesses:  # the simulated driver checks what the kernel really does
+            self._tell_actual(rt, uses, args)
         handle, owner = rt.stream_ref(stream)
         strict = self._strict(rt)
         policy = launch_policy(rt)

@@ -241,8 +241,8 @@ def _record(side: str, name: str, n: int) -> list[list[Any]]:
     return recorder.log
 
 
-def _child(side: str, name: str, n: int) -> list[list[Any]]:
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+def _child(side: str, name: str, n: int, **extra_env: str) -> list[list[Any]]:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", **extra_env}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, __file__, side, name, str(n)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
