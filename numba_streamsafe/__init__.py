@@ -22,12 +22,14 @@ from numba_streamsafe.errors import (
     OutOfBudget,
     OutOfMemory,
     PeerAccessRequired,
+    RaceDetected,
     StaleContext,
     StreamMisuse,
     StreamSafeError,
     UseAfterFree,
 )
 from numba_streamsafe.memstats import memory_stats, reset_peak_stats
+from numba_streamsafe.races import RaceCheck, hazards, race_check
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedLaunchWarning
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
@@ -68,6 +70,10 @@ _LAZY = {
 __all__ = [
     "trace",
     "Trace",
+    "race_check",
+    "RaceCheck",
+    "RaceDetected",
+    "hazards",
     "memory_stats",
     "reset_peak_stats",
     "Access",

@@ -21,6 +21,7 @@ __all__ = [
     "PeerAccessRequired",
     "AccessMismatch",
     "AccessWarning",
+    "RaceDetected",
 ]
 
 
@@ -164,3 +165,17 @@ class AccessWarning(UserWarning):
     """A declared access the kernel does not need (a parameter declared
     written that the kernel never writes: it costs waits, not safety), or one
     the access check could not verify."""
+
+
+class RaceDetected(StreamSafeError, AssertionError):
+    """The simulated driver found two conflicting accesses that are not
+    ordered, inside ``numba_streamsafe.race_check()``.
+
+    ``hazard`` holds both accesses (``hazard.first``, ``hazard.second``: kernel
+    or copy, argument, stream, and the ``file:line`` of the user's call).
+    """
+
+    def __init__(self, hazard: object) -> None:
+        self.hazard = hazard
+        super().__init__(f"race: {hazard}. Order the second after the first (declare the "
+                         "argument's access, launch on one stream, or use a tracked copy)")

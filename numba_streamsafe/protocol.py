@@ -30,6 +30,8 @@ The module knows nothing of Numba; the Numba layer wraps a launch in
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -67,8 +69,9 @@ class Uses:
         self.blocks: list[tuple[Block, Access]] = []
         self.untracked: list[str] | None = None
         self.producers: list[int] | None = None
-        #: The argument names of ``blocks``, kept only while a trace records.
-        self.names: list[str] | None = None if tracehook.active is None else []
+        #: The argument names of ``blocks``, kept only while a trace records
+        #: or a checking driver reports races.
+        self.names: list[str] | None = [] if tracehook.keep_names else None
         #: For a checking driver: ``(ptr, nbytes, access)`` of what the work
         #: really touches, when that is more than ``blocks`` declare (a
         #: kernel's inferred accesses); None: ``blocks``.
@@ -173,14 +176,40 @@ def trace(rt: DeviceRuntime, stream: int, uses: Uses, label: str) -> None:
     """Tell a checking driver (the simulated one) what the work on ``stream`` touches."""
     driver = rt.driver
     if driver.traces_accesses:
-        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy)
+        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy, site=_user_site())
 
 
-def _accesses(uses: Uses) -> list[tuple[int, int, Access]]:
-    """What a checking driver is told the work touches."""
+def _accesses(uses: Uses) -> list[tuple[Any, ...]]:
+    """What a checking driver is told the work touches, with the argument
+    names when they were kept."""
     if uses.actual is not None:
         return uses.actual
+    names = uses.names
+    if names is not None and len(names) == len(uses.blocks):
+        return [(b.ptr, b.nbytes, a, n) for (b, a), n in zip(uses.blocks, names, strict=True)]
     return [(b.ptr, b.nbytes, a) for b, a in uses.blocks]
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_NUMBA = None
+
+
+def _user_site() -> str | None:
+    """``file:line`` of the innermost caller outside this package and Numba
+    (for a checking driver's reports; never called on a GPU)."""
+    global _NUMBA
+    if _NUMBA is None:
+        import numba
+
+        _NUMBA = os.path.dirname(os.path.dirname(os.path.abspath(numba.__file__)))
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not path.startswith(_PACKAGE) and not path.startswith(_NUMBA) and \
+                "numba_cuda" not in path and not path.startswith("<frozen"):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 # ------------------------------------------------------------ several devices
@@ -306,7 +335,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     if not tracking:
         result = work(*args)
         if driver.traces_accesses:
-            driver.trace_access(stream, _accesses(uses), label, copy=uses.copy)
+            driver.trace_access(stream, _accesses(uses), label, copy=uses.copy, site=_user_site())
         return result
     if uses.untracked and strict:
         raise refuse_untracked(uses.untracked, _REMEDY)
@@ -320,7 +349,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
             rt.order_after_stream(stream, producer)
     result = work(*args)
     if driver.traces_accesses:
-        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy)
+        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy, site=_user_site())
     if blocks:
         resource.commit(blocks, stream, owner)
     return result

@@ -12,3 +12,10 @@ from typing import Any
 
 #: The recording :class:`~numba_streamsafe.tracing.Trace`, or None.
 active: Any = None
+
+#: Whether launches keep their argument names (:class:`~numba_streamsafe.protocol.Uses`):
+#: while a trace records, and in a process that made a simulated driver (its
+#: race reports name the arguments).
+keep_names: bool = False
+#: Set for good once a simulated driver exists in the process.
+sim_names: bool = False

@@ -468,9 +468,11 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
             raise StreamMisuse("a trace is already recording: traces do not nest; leave the "
                                "outer `with numba_streamsafe.trace()` block first")
         tracehook.active = t
+        tracehook.keep_names = True
     try:
         yield t
     finally:
         with _active_lock:
             tracehook.active = None
+            tracehook.keep_names = tracehook.sim_names
         t._resolve_device_times()

@@ -154,7 +154,7 @@ class Driver(Protocol):
         ...
 
     def trace_access(self, stream: int, accesses: Any, label: str, *,
-                     copy: bool = False) -> None:
+                     copy: bool = False, site: str | None = None) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.
 
         ``accesses`` is a sequence of ``(ptr, nbytes, Access)``. The CUDA

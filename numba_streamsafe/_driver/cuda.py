@@ -24,7 +24,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
-from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
@@ -407,7 +406,7 @@ class CudaDriver:
                 "primary context; allocate on a stream of the same device"
             )
 
-    def trace_access(self, stream: int, accesses: Iterable[tuple[int, int, Access]],
-                     label: str, *, copy: bool = False) -> None:
+    def trace_access(self, stream: int, accesses: Iterable[tuple[Any, ...]],
+                     label: str, *, copy: bool = False, site: str | None = None) -> None:
         """No checking on real hardware; use the simulated driver in tests."""
         return None

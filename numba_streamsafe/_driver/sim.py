@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import itertools
 import threading
 from collections.abc import Iterable
@@ -51,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import (
     CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_INVALID_VALUE,
@@ -72,17 +74,47 @@ _INVALID_DEVICE = 101
 
 
 @dataclass(frozen=True)
+class Side:
+    """One access of a hazard: the kernel or copy (``label``), the argument
+    (``param``, None when unknown), the stream handle (None: the host) and the
+    ``file:line`` of the user's call that queued it (``site``, None when unknown)."""
+
+    label: str
+    param: str | None
+    stream: int | None
+    site: str | None
+
+    def __str__(self) -> str:
+        what = f"{self.label!r}" + (f" argument {self.param!r}" if self.param else "")
+        where = "the host" if self.stream is None else f"stream {self.stream:#x}"
+        return what + f" on {where}" + (f" (called at {self.site})" if self.site else "")
+
+
+@dataclass(frozen=True)
 class Hazard:
-    """An unordered pair of conflicting accesses."""
+    """An unordered pair of conflicting accesses: ``earlier`` and ``later``
+    describe them in words; ``first`` and ``second`` (when both are accesses
+    the driver saw queued) name the kernel or copy, argument, stream and the
+    user's call of each."""
 
     kind: str
     address: int
     earlier: str
     later: str
+    first: Side | None = None
+    second: Side | None = None
 
     def __str__(self) -> str:
+        if self.first is not None and self.second is not None:
+            return (f"{self.kind} at {self.address:#x}: {self.first} is not ordered before "
+                    f"{self.second}")
         return (f"{self.kind} at {self.address:#x}: {self.earlier} is not ordered before "
                 f"{self.later}")
+
+
+#: Race checks in progress (``numba_streamsafe.race_check``): each gets every
+#: hazard found while it is active.
+_watchers: list[Any] = []
 
 
 @dataclass
@@ -93,10 +125,18 @@ class _Op:
     seq: int
     label: str
     handle: int = HOST
+    param: str | None = None
+    site: str | None = None
 
     def __str__(self) -> str:
         where = "host" if self.stream == HOST else f"stream {self.handle:#x}"
-        return f"{self.label!r} (#{self.seq} on {where})"
+        arg = f" argument {self.param!r}" if self.param else ""
+        at = f" called at {self.site}" if self.site else ""
+        return f"{self.label!r}{arg} (#{self.seq} on {where}{at})"
+
+    def side(self) -> Side:
+        return Side(self.label, self.param, None if self.stream == HOST else self.handle,
+                    self.site)
 
 
 class _Stream:
@@ -199,6 +239,8 @@ class SimDriver:
         if system is None:
             system = SimSystem()
         system.drivers[device] = self  # a later driver of the same ordinal replaces it
+        # Launches keep their argument names from now on: the reports name them.
+        tracehook.sim_names = tracehook.keep_names = True
         self.system = system
         self.device = device
         self.capacity = capacity
@@ -764,26 +806,42 @@ class SimDriver:
                     return device, chunk
         return self.device, None
 
-    def trace_access(self, stream: int, accesses: Iterable[tuple[int, int, Access]],
-                     label: str, *, copy: bool = False) -> None:
-        """Check a kernel or copy on ``stream`` that touches ``accesses``.
+    def trace_access(self, stream: int, accesses: Iterable[tuple[Any, ...]],
+                     label: str, *, copy: bool = False, site: str | None = None) -> None:
+        """Check a kernel or copy on ``stream`` that touches ``accesses``:
+        ``(ptr, nbytes, access)`` or ``(ptr, nbytes, access, argument name)``.
+        ``site`` is the ``file:line`` of the user's call, for the reports.
 
         Memory of another device of the system is checked too; a kernel
         (``copy`` False) that touches it without peer access
         (:meth:`enable_peer_access`) is a ``no-peer-access`` hazard.
+
+        Raises
+        ------
+        RaceDetected
+            Inside ``numba_streamsafe.race_check()``: this work conflicts
+            with earlier work it is not ordered after (after every access
+            of it was checked).
         """
         with self._lock:
             op = self._enqueue(stream, label, "launch")
+            if site is not None:
+                op = dataclasses.replace(op, site=site)
             self._trace(accesses, op, peer_checked=not copy)
+        if _watchers:
+            tell_watchers(self.system)
 
     def trace_host_access(self, accesses: Iterable[tuple[int, int, Access]], label: str) -> None:
         """Check a host-side access (for example reading results after a sync)."""
         with self._lock:
             self._trace(accesses, self._host_op(label))
 
-    def _trace(self, accesses: Iterable[tuple[int, int, Access]], op: _Op,
+    def _trace(self, accesses: Iterable[tuple[Any, ...]], op: _Op,
                peer_checked: bool = False) -> None:
-        for ptr, nbytes, access in accesses:
+        base = op
+        for entry in accesses:
+            ptr, nbytes, access = entry[0], entry[1], entry[2]
+            op = dataclasses.replace(base, param=entry[3]) if len(entry) > 3 else base
             device, chunk = self._owner_of(ptr)
             if chunk is None or not chunk.live:
                 self.hazards.append(Hazard("use-after-free", ptr, "the free", str(op)))
@@ -801,11 +859,12 @@ class SimDriver:
         last = chunk.last_write
         if last is not None and not self._ordered(last, op):
             kind = "read-after-write" if access == Access.READ else "write-after-write"
-            self.hazards.append(Hazard(kind, ptr, str(last), str(op)))
+            self.hazards.append(Hazard(kind, ptr, str(last), str(op), last.side(), op.side()))
         if access & Access.WRITE:
             for read in chunk.reads.values():
                 if read.stream != op.stream and not self._ordered(read, op):
-                    self.hazards.append(Hazard("write-after-read", ptr, str(read), str(op)))
+                    self.hazards.append(Hazard("write-after-read", ptr, str(read), str(op),
+                                               read.side(), op.side()))
             chunk.last_write = op
             chunk.reads = {}
         else:
@@ -816,6 +875,21 @@ class SimDriver:
         if self.hazards:
             shown = "\n  ".join(str(h) for h in self.hazards[:10])
             raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")
+
+
+def tell_watchers(system: SimSystem) -> None:
+    """Give the hazards ``system`` found since they last looked to every race
+    check in progress; raise for the first new one when a check asks to stop
+    at the first hazard."""
+    stop = None
+    for watcher in list(_watchers):
+        new = watcher.collect(system)
+        if new and watcher.stop_at_first and stop is None:
+            stop = new[0]
+    if stop is not None:
+        from numba_streamsafe.errors import RaceDetected
+
+        raise RaceDetected(stop)
 
 
 def _check_fill_args(call: str, value: int, nbytes: int) -> None:

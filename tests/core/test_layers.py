@@ -22,7 +22,7 @@ LAYERS = {
     "_driver": 1, "blocks": 1,
     "resources": 2,
     "runtime": 3,
-    "protocol": 4, "recorder": 4, "memstats": 4, "tracing": 5, "trace_export": 5,
+    "protocol": 4, "recorder": 4, "memstats": 4, "races": 4, "tracing": 5, "trace_export": 5,
     "numba": 5,
     "__init__": 6, "dask": 6,
 }

@@ -92,7 +92,8 @@ class Recorder:
         if kind == "ptr":
             return self.block(value)
         if kind == "accesses":
-            return [[self.block(p), n, int(a)] for p, n, a in value]
+            # (ptr, nbytes, access[, argument name]): the names differ between callers
+            return [[self.block(e[0]), e[1], int(e[2])] for e in value]
         if kind == "label":
             return str(value).split(" (")[0]  # "copy to device (tag)": the tag is no GPU work
         return value if isinstance(value, (int, float, str, type(None))) else repr(value)
@@ -150,7 +151,8 @@ class Recorder:
                 entry += [recorder.arg(k, a) for k, a in zip(kinds[1:], args[1:], strict=False)]
             else:
                 entry += [recorder.arg(k, a) for k, a in zip(kinds, args, strict=False)]
-            entry += [f"{k}={v!r}" for k, v in sorted(kwargs.items())]
+            # ``site`` (the caller's file:line, for race reports) differs between callers.
+            entry += [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if k != "site"]
             recorder.log.append(entry)
             result = method(driver, *args, **kwargs)
             if call == "create_stream":

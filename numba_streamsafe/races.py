@@ -1,0 +1,107 @@
+"""Races found by the simulated driver, for a user's own tests:
+:func:`race_check` and :func:`hazards`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Iterator
+
+from numba_streamsafe._driver import sim
+from numba_streamsafe.errors import RaceDetected
+from numba_streamsafe.runtime import installed_devices, installed_runtime
+from numba_streamsafe.settings import settings
+
+__all__ = ["RaceCheck", "race_check", "hazards"]
+
+
+def _systems() -> list[sim.SimSystem]:
+    """The simulated systems of the installed runtimes, each once."""
+    out: dict[int, sim.SimSystem] = {}
+    for device in installed_devices():
+        rt = installed_runtime(device)
+        driver = getattr(rt, "driver", None)
+        system = getattr(driver, "system", None)
+        if isinstance(system, sim.SimSystem):
+            out[id(system)] = system
+    return list(out.values())
+
+
+def hazards() -> list[sim.Hazard]:
+    """Every hazard the simulated driver of an installed runtime found so far
+    (empty on a GPU, which has no checker). Each names both accesses:
+    ``h.first`` and ``h.second`` (kernel or copy, argument, stream, the
+    ``file:line`` of the user's call)."""
+    out: list[sim.Hazard] = []
+    for system in _systems():
+        out.extend(system.hazards)
+    return out
+
+
+class RaceCheck:
+    """The hazards found inside one :func:`race_check` block (``hazards``)."""
+
+    def __init__(self, stop_at_first: bool) -> None:
+        self.stop_at_first = stop_at_first
+        self.hazards: list[sim.Hazard] = []
+        self._seen: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def _baseline(self) -> None:
+        for system in _systems():
+            self._seen[id(system)] = len(system.hazards)
+
+    def collect(self, system: sim.SimSystem) -> list[sim.Hazard]:
+        """The hazards ``system`` found since this check last looked (kept in
+        :attr:`hazards`)."""
+        with self._lock:
+            start = self._seen.get(id(system), 0)
+            new = system.hazards[start:]
+            self._seen[id(system)] = start + len(new)
+            self.hazards.extend(new)
+            return list(new)
+
+
+@contextlib.contextmanager
+def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
+    """Check the block for races on the simulated driver.
+
+    Every hazard the simulated driver finds inside the block (two conflicting
+    accesses of which neither is ordered after the other) is collected; with
+    ``stop_at_first`` (the default), the kernel or copy whose access makes the
+    first one raises :class:`~numba_streamsafe.errors.RaceDetected` (a
+    hazard found at a free is raised at the next launch or copy, or when the
+    block ends). The message and ``err.hazard`` name both accesses: the
+    kernel or copy, the argument, the stream and the ``file:line`` of the
+    call in your code.
+
+    Runs the checks only where the simulated driver is in use (Numba's CUDA
+    simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``); on a GPU it warns that
+    nothing is checked.
+
+    Examples
+    --------
+    >>> with nss.race_check():                      # doctest: +SKIP
+    ...     produce[grid, block, a](x)
+    ...     consume[grid, block, b](x, y)            # raises RaceDetected if unordered
+    """
+    check = RaceCheck(stop_at_first)
+    if not _systems() and settings().driver != "sim":
+        warnings.warn("race_check(): no runtime uses the simulated driver, so nothing is "
+                      "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
+                      "find races on the CPU", RuntimeWarning, stacklevel=3)
+    check._baseline()
+    sim._watchers.append(check)
+    failed = False
+    try:
+        yield check
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        sim._watchers.remove(check)
+        for system in _systems():
+            check.collect(system)
+    if not failed and stop_at_first and check.hazards:
+        raise RaceDetected(check.hazards[0])
