@@ -9,6 +9,8 @@ Numba allocate through this package (``_numba_memory_manager``).
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from numba_streamsafe.access import Access, Read, ReadWrite, Write
@@ -49,6 +51,13 @@ from numba_streamsafe.runtime import (
 from numba_streamsafe.tracing import Trace, trace
 
 __version__ = "0.1.0"
+
+if "numba.cuda" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in (
+        "", "0"):
+    # Numba's CUDA simulator has no memory managers: give it the plugin's routing
+    # when the plugin is selected (numba_streamsafe.numba.sim_plugin). When
+    # numba.cuda is not imported yet, the Numba layer does this on import.
+    import numba_streamsafe.numba.arrays  # noqa: F401 - routes the simulator's calls
 
 _LAZY = {
     "tracked_kernel": "numba_streamsafe.numba.kernel",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+from numba_streamsafe.errors import InvalidArgument
+
 __all__ = ["Access", "Read", "Write", "ReadWrite", "as_access"]
 
 
@@ -53,7 +55,7 @@ def as_access(value: object) -> Access:
 
     Raises
     ------
-    ValueError
+    InvalidArgument
         If ``value`` names no access kind.
     """
     if value.__class__ is Access:
@@ -64,6 +66,6 @@ def as_access(value: object) -> Access:
         key = value.strip().lower().rsplit(".", 1)[-1]
         if key in _NAMES:
             return _NAMES[key]
-    raise ValueError(
+    raise InvalidArgument(
         f"{value!r} is not an access kind; use Read, Write, ReadWrite or one of {sorted(_NAMES)}"
     )

@@ -126,10 +126,17 @@ def single(block: Block | None, access: Access, what: str, copy: bool = False) -
 
 def refuse_untracked(what: list[str], remedy: str) -> StreamMisuse:
     """The strict-mode error for memory no resource tracks; ``remedy`` ends the advice."""
+    if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip() == "numba_streamsafe":
+        # The plugin is selected already: the memory came from elsewhere.
+        source = ("It came from another allocator (CuPy, PyTorch, or Numba before the plugin "
+                  "was selected). Allocate it through numba_streamsafe (device_array, "
+                  "to_device) or Numba's calls, import it with an ordering, ")
+    else:
+        source = ("Allocate it through numba_streamsafe (or set "
+                  "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), ")
     return StreamMisuse(
         f"{', '.join(what)}: memory not allocated by numba_streamsafe cannot be ordered in "
-        "strict mode. Allocate it through numba_streamsafe (or set "
-        f"NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe), {remedy}"
+        f"strict mode. {source}{remedy}"
     )
 
 

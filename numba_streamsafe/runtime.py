@@ -10,6 +10,7 @@ device's blocks (see ``docs/architecture.md``, section 7).
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -360,10 +361,17 @@ _runtimes_lock = threading.Lock()
 _sole: DeviceRuntime | None = None
 
 
+#: Advanced whenever the installed runtimes change (:func:`set_runtime`,
+#: :func:`clear_runtimes`, a new device's runtime): holders of a runtime (the
+#: memory-manager plugin) compare it to know theirs is still the installed one.
+installed_generation = 0
+
+
 def _installed_changed() -> None:
     """Caller holds ``_runtimes_lock``: refresh :data:`_sole` and every installed
     runtime's ``multi_device``."""
-    global _sole
+    global _sole, installed_generation
+    installed_generation += 1
     several = len(_runtimes) > 1
     _sole = None if several or not _runtimes else next(iter(_runtimes.values()))
     for rt in _runtimes.values():
@@ -434,8 +442,22 @@ def default_stack(driver: Driver) -> MemoryResource:
     """
     config = settings()
     if config.resource == "direct":
+        _warn_direct()
         return DirectResource(driver)
     return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL)
+
+
+_warned_direct = False
+
+
+def _warn_direct() -> None:
+    global _warned_direct
+    if not _warned_direct:
+        _warned_direct = True
+        warnings.warn("NUMBA_STREAMSAFE_RESOURCE=direct: allocations use cuMemAlloc/cuMemFree and "
+                      "nothing is tracked, so tracked launches and copies on different streams "
+                      "are NOT ordered. Use it for compute-sanitizer runs only; unset it to get "
+                      "the ordering back", RuntimeWarning, stacklevel=4)
 
 
 def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRuntime | None:

@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any
 
+from numba_streamsafe.errors import InvalidArgumentType
+
 __all__ = [
     "StreamRef",
     "stream_handle",
@@ -62,14 +64,15 @@ def stream_handle(stream: Any) -> int | None:
 
     Raises
     ------
-    TypeError
-        If ``stream`` is of a kind that names no stream (a float, a string...).
+    InvalidArgumentType
+        ``stream`` is of a kind that names no stream (a float, a string...),
+        or a negative handle (a ``TypeError`` and a ``ValueError`` too).
     """
     if stream is None:
         return default_stream_handle()
     if isinstance(stream, int) and not isinstance(stream, bool):
         if stream < 0:
-            raise TypeError(f"stream handle must be non-negative, got {stream}")
+            raise InvalidArgumentType(f"stream handle must be non-negative, got {stream}")
         return stream
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
@@ -83,7 +86,7 @@ def stream_handle(stream: Any) -> int | None:
         return int(value or 0)
     if type(stream).__module__.startswith("numba.cuda.simulator"):
         return None
-    raise TypeError(
+    raise InvalidArgumentType(
         f"cannot use {type(stream).__name__!r} as a CUDA stream; pass a numba.cuda stream, "
         "a cuda.core Stream, an object with __cuda_stream__, an int handle or None"
     )

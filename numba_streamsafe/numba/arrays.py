@@ -452,3 +452,11 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
            owner, target.memset, array, int(value), target.numba_stream(stream),
            tracking=_tracking(rt))
+
+
+if target.SIMULATOR:
+    # Numba's simulator has no memory managers: with the plugin selected, its
+    # allocation calls are routed to this module (sim_plugin).
+    from numba_streamsafe.numba import sim_plugin as _sim_plugin
+
+    _sim_plugin.setup(device_array, to_device)

@@ -12,11 +12,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo
-from numba.cuda.cudadrv.driver import MemoryPointer, binding
+from numba_streamsafe.numba.target import SIMULATOR
 
+if TYPE_CHECKING or not SIMULATOR:
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo
+    from numba.cuda.cudadrv.driver import MemoryPointer, binding
+else:  # Numba's simulator has no memory managers: stand-ins, so imports work there
+    from collections import namedtuple
+
+    MemoryInfo = namedtuple("MemoryInfo", ["free", "total"])
+    MemoryPointer = binding = None
+
+    class HostOnlyCUDAMemoryManager:
+        """Stand-in base under the simulator (which never instantiates plugins)."""
+
+        def __init__(self, *args: Any, context: Any = None, **kwargs: Any) -> None:
+            self.context = context
+
+        def reset(self) -> None:
+            pass
+
+        @contextlib.contextmanager
+        def defer_cleanup(self) -> Iterator[None]:
+            yield
+
+from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.errors import StreamSafeError
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.scope import current_stream
@@ -41,13 +63,18 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         self._runtime: DeviceRuntime | None = None
         #: The runtime's resource methods, bound once: (allocate, defer_free).
         self._resource_calls: tuple[Any, Any] | None = None
+        #: ``runtime.installed_generation`` when the two were taken: a
+        #: ``set_runtime`` since makes the next allocation take the new runtime.
+        self._generation = -1
 
     @property
     def runtime(self) -> DeviceRuntime:
         rt = self._runtime
-        if rt is None:
+        if rt is None or self._generation != _runtime_module.installed_generation:
             device = target.device_id(self.context.device) if self.context is not None else 0
-            rt = self._runtime = get_runtime(device)
+            rt = self._runtime = get_runtime(device)  # may install it: generation moves
+            self._generation = _runtime_module.installed_generation
+            self._resource_calls = None
         return rt
 
     def initialize(self) -> None:
@@ -61,7 +88,7 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
             # MemoryPointer cannot convert.
             return MemoryPointer(self.context, binding.CUdeviceptr(0), 0)
         calls = self._resource_calls
-        if calls is None:
+        if calls is None or self._generation != _runtime_module.installed_generation:
             resource = self.runtime.resource
             calls = self._resource_calls = (resource.allocate, resource.defer_free)
         stream = current_stream()

@@ -9,12 +9,13 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 from numba import cuda
 
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.modes import RecorderMode
-from numba_streamsafe.numba import access_check, direct, target
+from numba_streamsafe.numba import access_check, arrays, direct, target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import stream_scope
 from numba_streamsafe.protocol import Uses, fenced
@@ -269,6 +270,21 @@ class TrackedKernel:
         if len(args) == len(self.params):
             self._access_ready = True
 
+    def _upload_host(self, args: tuple[Any, ...], stream: Any) -> tuple[tuple[Any, ...], bool]:
+        """Each host (NumPy) argument of a parameter declared (or inferred)
+        Read, copied to a new device array on the launch ``stream``: a tracked
+        copy, so it works on any stream (Numba's own transfer does not), and
+        the copy's block is freed in stream order once the launch is done
+        with it. Host arguments without an access are left to Numba."""
+        out = list(args)
+        uploaded = False
+        for i, ((name, access), arg) in enumerate(zip(self.params, args, strict=True)):
+            if access is not None and isinstance(arg, np.ndarray):
+                out[i] = arrays.to_device(arg, stream=stream,
+                                          tag=f"{name} of {self.__name__}")
+                uploaded = True
+        return tuple(out), uploaded
+
     def _tell_actual(self, rt: Any, uses: Uses, args: tuple[Any, ...]) -> None:
         """For a checking driver: the blocks with the union of the declared and
         the inferred accesses, so an undeclared write shows as a hazard."""
@@ -331,6 +347,10 @@ class TrackedKernel:
         if rt is None:  # several devices (or none yet): the current one's
             rt = target.launch_runtime()
         uses, host = self._uses(rt, args)
+        if host:  # Read host arrays: uploaded here, on the launch stream
+            args, uploaded = self._upload_host(args, stream)
+            if uploaded:
+                uses, host = self._uses(rt, args)
         if rt.driver.traces_accesses:  # the simulated driver checks what the kernel really does
             self._tell_actual(rt, uses, args)
         handle, owner = rt.stream_ref(stream)

@@ -260,3 +260,4 @@ def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:
     if producer == 1:  # the interface's name for the legacy default stream
         producer = 0
     return (DEVICE, rt.find(ptr) if ptr else None, producer)
+
