@@ -126,12 +126,6 @@ class EventRecord:
     t: int
 
 
-def _kind(uses: Uses, label: str) -> str:
-    if uses.copy:
-        return "copy"
-    return "memset" if label == "memset" else "launch"
-
-
 def _hazard(waiter: Access, earlier_write: bool) -> str:
     if earlier_write:
         return "write-after-write" if waiter & _WRITE else "read-after-write"
@@ -140,6 +134,9 @@ def _hazard(waiter: Access, earlier_write: bool) -> str:
 
 class Trace:
     """A recording of the library's work, made by :func:`trace`.
+
+    The launch path appends raw tuples; the lists below are built from them
+    when first read (and again after more was recorded).
 
     Attributes
     ----------
@@ -154,26 +151,64 @@ class Trace:
 
     def __init__(self, *, device_times: bool = False, nvtx: bool = False,
                  record: bool = True) -> None:
-        self.ops: list[Op] = []
-        self.waits: list[Wait] = []
-        self.memory: list[MemoryEvent] = []
-        self.events: list[EventRecord] = []
         self.device_times = device_times
         self.record = record
         self._nvtx = _load_nvtx() if nvtx else None
-        self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._t0 = time.perf_counter_ns()
+        #: Raw records of the fenced operations and of the memory events.
+        self._raw: list[tuple[Any, ...]] = []
+        self._mem: list[tuple[Any, ...]] = []
         #: (device, ptr, generation) -> (op id, label, param) of the last writer.
         self._writers: dict[tuple[int, int, int], tuple[int, str, str]] = {}
         #: (device, ptr, generation) -> {stream: (op id, label, param)} of the reads since.
         self._readers: dict[tuple[int, int, int], dict[int, tuple[int, str, str]]] = {}
-        #: Device timing: per device (base event, driver); per op id (start, end) events.
+        #: Device timing: per device (base event, driver, host ns); per op id its events.
         self._bases: dict[int, tuple[Any, Any, int]] = {}
-        self._timing: dict[int, tuple[Any, Any, Any]] = {}
+        self._timing: dict[int, tuple[Any, Any, int]] = {}
+        self._device_ns: dict[int, tuple[int, int]] = {}
         self.device_times_measured = False
+        self._built: tuple[int, int] = (-1, -1)
+        self._ops: list[Op] = []
+        self._waits: list[Wait] = []
+        self._events: list[EventRecord] = []
+        self._memory: list[MemoryEvent] = []
 
     # ------------------------------------------------------------ the queries
+    def _build(self) -> None:
+        size = (len(self._raw), len(self._mem))
+        if size == self._built:
+            return
+        ops, waits, events = [], [], []
+        for raw in list(self._raw):
+            op, op_waits, op_events = _materialize(raw, self._device_ns)
+            ops.append(op)
+            waits.extend(op_waits)
+            events.extend(op_events)
+        self._ops, self._waits, self._events = ops, waits, events
+        self._memory = [MemoryEvent(*m) for m in list(self._mem)]
+        self._built = size
+
+    @property
+    def ops(self) -> list[Op]:
+        self._build()
+        return self._ops
+
+    @property
+    def waits(self) -> list[Wait]:
+        self._build()
+        return self._waits
+
+    @property
+    def events(self) -> list[EventRecord]:
+        self._build()
+        return self._events
+
+    @property
+    def memory(self) -> list[MemoryEvent]:
+        self._build()
+        return self._memory
+
     def inserted_waits(self) -> list[Wait]:
         """The waits operations queued (``cuStreamWaitEvent`` calls), in order."""
         return [w for w in self.waits if w.inserted]
@@ -211,43 +246,39 @@ class Trace:
     def summary(self) -> dict[str, int]:
         """Counts: operations, waits inserted, waits already covered, same-stream
         uses, events recorded, allocations, frees."""
+        waits = self.waits
         return {
             "ops": len(self.ops),
-            "waits_inserted": sum(w.inserted for w in self.waits),
-            "waits_covered": sum(not w.inserted and not w.same_stream for w in self.waits),
-            "same_stream_uses": sum(w.same_stream for w in self.waits),
+            "waits_inserted": sum(w.inserted for w in waits),
+            "waits_covered": sum(not w.inserted and not w.same_stream for w in waits),
+            "same_stream_uses": sum(w.same_stream for w in waits),
             "events_recorded": len(self.events),
             "allocations": sum(m.what == "alloc" for m in self.memory),
             "frees": sum(m.what in ("free", "kept") for m in self.memory),
         }
 
     # ---------------------------------------------------------- the recording
-    def _now(self) -> int:
-        return time.perf_counter_ns() - self._t0
-
     def allocated(self, resource: Any, block: Any, stream: int) -> None:
         """Hook of a tracking resource: ``block`` became live (its lock held)."""
         if self.record:
-            self.memory.append(MemoryEvent("alloc", block.device, stream, block.ptr, block.nbytes,
-                                           block.tag, resource.live_bytes,
-                                           resource.pending_bytes, self._now()))
-            with self._lock:
-                self._writers[(block.device, block.ptr, block.generation)] = (0, "allocation", "")
+            self._mem.append(("alloc", block.device, stream, block.ptr, block.nbytes, block.tag,
+                              resource.live_bytes, resource.pending_bytes,
+                              time.perf_counter_ns() - self._t0))
+            self._writers[(block.device, block.ptr, block.generation)] = (0, "allocation", "")
 
     def freed(self, resource: Any, block: Any, stream: int, how: str) -> None:
         """Hook of a tracking resource: ``block``'s free was queued or kept (lock held)."""
         if self.record:
-            what = "kept" if how == "kept" else "free"
-            self.memory.append(MemoryEvent(what, block.device, stream, block.ptr, block.nbytes,
-                                           block.tag, resource.live_bytes,
-                                           resource.pending_bytes, self._now()))
+            self._mem.append(("kept" if how == "kept" else "free", block.device, stream,
+                              block.ptr, block.nbytes, block.tag, resource.live_bytes,
+                              resource.pending_bytes, time.perf_counter_ns() - self._t0))
 
     def deferred(self, resource: Any, block: Any) -> None:
         """Hook of a tracking resource: a finalizer deferred ``block``'s free."""
         if self.record:
-            self.memory.append(MemoryEvent("deferred", block.device, block.stream, block.ptr,
-                                           block.nbytes, block.tag, resource.live_bytes,
-                                           resource.pending_bytes, self._now()))
+            self._mem.append(("deferred", block.device, block.stream, block.ptr, block.nbytes,
+                              block.tag, resource.live_bytes, resource.pending_bytes,
+                              time.perf_counter_ns() - self._t0))
 
     def fenced(self, rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
                owner: object, work: Callable[..., Any], args: tuple[Any, ...],
@@ -267,82 +298,70 @@ class Trace:
     def _fenced(self, rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
                 owner: object, work: Callable[..., Any], args: tuple[Any, ...],
                 tracking: bool) -> Any:
-        t0 = self._now()
+        t0 = time.perf_counter_ns() - self._t0
         op_id = next(self._ids)
-        names = uses.names if uses.names is not None else ["?"] * len(uses.blocks)
+        blocks = uses.blocks
+        names = uses.names
+        if names is None or len(names) != len(blocks):
+            names = ["?"] * len(blocks)
         tracker = rt.resource.tracker
-        inspect = getattr(tracker, "block_events", None) if tracking else None
-        candidates = self._candidates(inspect, op_id, label, stream, uses, names, t0)
-        timing = self._start_timing(rt, stream, t0) if self.device_times else None
-        pool = getattr(tracker, "events", None)
+        state = tracker.__dict__
+        live = state.get("_live") if tracking else None
+        cands = self._candidates(live, stream, blocks, names) if live is not None else None
+        pool = state.get("events")
         recorded = pool.recorded if pool is not None else 0
+        timing = self._start_timing(rt, stream, t0) if self.device_times else None
         result = _run(rt, stream, uses, label, strict, owner, work, args, tracking)
         if timing is not None:
             self._end_timing(rt, stream, op_id, timing)
-        t1 = self._now()
-        with self._lock:
-            sealed_now = 0
-            for mark, sealed, waited, w in candidates:
-                inserted = not waited and mark.waiters is not None and stream in mark.waiters
-                self.waits.append(w if inserted == w.inserted else _replace(w, inserted))
-                if not sealed and mark.handle is not None:
-                    self.events.append(EventRecord(op_id, rt.device, mark.stream, t1))
-                    sealed_now += 1
-            # Other events of the op (an eager commit seals its own stream's mark).
-            if pool is not None:
-                for _ in range(pool.recorded - recorded - sealed_now):
-                    self.events.append(EventRecord(op_id, rt.device, stream, t1))
-            if tracking:
-                self._remember(uses, names, op_id, label, stream)
-            self.ops.append(Op(op_id, _kind(uses, label), label, rt.device, stream,
-                               tuple((n, a.name, b.ptr) for (b, a), n in
-                                     zip(uses.blocks, names, strict=False)),
-                               t0, t1, tracking))
+        t1 = time.perf_counter_ns() - self._t0
+        post = None
+        if cands:
+            # Whether this op queued each wait, and sealed (recorded) each mark.
+            post = [(c[1:], not c[2] and c[8] != stream and c[0].waiters is not None
+                     and stream in c[0].waiters, not c[1] and c[0].handle is not None)
+                    for c in cands]
+        if tracking:
+            writers, readers = self._writers, self._readers
+            for (block, access), name in zip(blocks, names, strict=False):
+                key = (block.device, block.ptr, block.generation)
+                if access & _WRITE:
+                    writers[key] = (op_id, label, name)
+                    readers.pop(key, None)
+                else:
+                    readers.setdefault(key, {})[stream] = (op_id, label, name)
+        self._raw.append((op_id, label, uses.copy, rt.device, stream,
+                          [(n, a, b.ptr, b.device) for (b, a), n in zip(blocks, names,
+                                                                       strict=False)],
+                          t0, t1, tracking, post,
+                          pool.recorded - recorded if pool is not None else 0))
         return result
 
-    def _candidates(self, inspect: Any, op_id: int, label: str, stream: int, uses: Uses,
-                    names: list[str], t: int) -> list[tuple[Any, bool, bool, Wait]]:
-        """The marks ``uses`` may wait for, as (mark, sealed before, waited
-        before, Wait assuming a wait is inserted)."""
-        out: list[tuple[Any, bool, bool, Wait]] = []
-        if inspect is None:
-            return out
-        for (block, access), name in zip(uses.blocks, names, strict=False):
-            try:
-                last_write, reads = inspect(block)
-            except Exception:  # freed or stale: preflight raises it with advice
-                continue
+    def _candidates(self, live: Any, stream: int, blocks: list[Any], names: list[str]
+                    ) -> list[tuple[Any, ...]]:
+        """Before preflight: per conflict of each use, (mark, sealed, waited by
+        ``stream``, earlier (op, label, param), param, access, earlier was a
+        write, block key, the mark's stream)."""
+        out: list[tuple[Any, ...]] = []
+        writers, readers = self._writers, self._readers
+        for (block, access), name in zip(blocks, names, strict=False):
+            entry = live.get(block.ptr)
+            if entry is None or entry.block.generation != block.generation:
+                continue  # freed or stale: preflight raises it with advice
             key = (block.device, block.ptr, block.generation)
-            with self._lock:
-                writer = self._writers.get(key, _BEFORE)
-                readers = dict(self._readers.get(key, {}))
-            conflicts = [(last_write, writer, True)]
-            if access & _WRITE:
-                conflicts += [(m, readers.get(s, _BEFORE), False)
-                              for s, m in reads.items() if s != stream]
-            for mark, (after, after_label, after_param), was_write in conflicts:
-                same = mark.stream == stream
-                waited = mark.waiters is not None and stream in mark.waiters
-                w = Wait(op_id, label, name, access.name, block.device, stream, mark.stream,
-                         after, after_label, after_param, _hazard(access, was_write),
-                         not same and not waited, same, t)
-                if same:
-                    with self._lock:
-                        self.waits.append(w)
-                else:
-                    out.append((mark, mark.handle is not None, waited, w))
+            lw = entry.last_write
+            w = lw.waiters
+            out.append((lw, lw.handle is not None, w is not None and stream in w,
+                        writers.get(key, _BEFORE), name, access, True, key, lw.stream))
+            if access & _WRITE and entry.reads:
+                seen = readers.get(key)
+                for s, m in list(entry.reads.items()):
+                    if s != stream:
+                        mw = m.waiters
+                        out.append((m, m.handle is not None, mw is not None and stream in mw,
+                                    seen.get(s, _BEFORE) if seen else _BEFORE, name, access,
+                                    False, key, s))
         return out
-
-    def _remember(self, uses: Uses, names: list[str], op_id: int, label: str,
-                  stream: int) -> None:
-        """After commit (lock held): the blocks' last writers and readers."""
-        for (block, access), name in zip(uses.blocks, names, strict=False):
-            key = (block.device, block.ptr, block.generation)
-            if access & _WRITE:
-                self._writers[key] = (op_id, label, name)
-                self._readers.pop(key, None)
-            else:
-                self._readers.setdefault(key, {})[stream] = (op_id, label, name)
 
     # ------------------------------------------------------------ device times
     def _start_timing(self, rt: DeviceRuntime, stream: int, now: int) -> Any:
@@ -369,14 +388,13 @@ class Trace:
         (waits for them), then destroys the events."""
         if not self._timing:
             return
-        times: dict[int, tuple[int, int]] = {}
         for op_id, (start, end, device) in self._timing.items():
             base, driver, host = self._bases[device]
             a = driver.event_elapsed_ms(base, start)
             b = driver.event_elapsed_ms(base, end)
             # The device clock's zero (the base event) is put at the host time
             # it was recorded, so lanes of host and device times line up.
-            times[op_id] = (host + int(a * 1e6), host + int(b * 1e6))
+            self._device_ns[op_id] = (host + int(a * 1e6), host + int(b * 1e6))
         for start, end, device in self._timing.values():
             driver = self._bases[device][1]
             driver.event_destroy(start)
@@ -385,20 +403,32 @@ class Trace:
             driver.event_destroy(base)
         self._timing.clear()
         self._bases.clear()
-        self.ops[:] = [_with_times(op, times.get(op.id)) for op in self.ops]
+        self._built = (-1, -1)
         self.device_times_measured = True
 
 
-def _with_times(op: Op, t: tuple[int, int] | None) -> Op:
-    if t is None:
-        return op
-    return Op(op.id, op.kind, op.label, op.device, op.stream, op.uses, op.t0, op.t1,
-              op.tracked, t[0], t[1])
-
-
-def _replace(w: Wait, inserted: bool) -> Wait:
-    return Wait(w.op, w.label, w.param, w.access, w.device, w.stream, w.on_stream, w.after,
-                w.after_label, w.after_param, w.hazard, inserted, w.same_stream, w.t)
+def _materialize(raw: tuple[Any, ...], device_ns: dict[int, tuple[int, int]]
+                 ) -> tuple[Op, list[Wait], list[EventRecord]]:
+    """An op's raw record as its Op, Waits and EventRecords."""
+    op_id, label, copy, device, stream, uses, t0, t1, tracking, post, n_events = raw
+    kind = "copy" if copy else ("memset" if label == "memset" else "launch")
+    dt = device_ns.get(op_id)
+    op = Op(op_id, kind, label, device, stream, tuple((n, a.name, p) for n, a, p, _ in uses),
+            t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
+    waits: list[Wait] = []
+    events: list[EventRecord] = []
+    for cand, inserted, sealed_now in post or ():
+        _sealed, _waited, after, param, access, was_write, key, on_stream = cand
+        same = on_stream == stream
+        waits.append(Wait(op_id, label, param, access.name, key[0], stream, on_stream,
+                          after[0], after[1], after[2], _hazard(access, was_write),
+                          bool(inserted) and not same, same, t0))
+        if sealed_now:
+            events.append(EventRecord(op_id, device, on_stream, t1))
+    # Other events of the op (an eager commit seals its own stream's mark).
+    for _ in range(max(n_events - len(events), 0)):
+        events.append(EventRecord(op_id, device, stream, t1))
+    return op, waits, events
 
 
 def _run(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool, owner: object,
@@ -408,10 +438,22 @@ def _run(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool, o
         result = work(*args)
         _tell_driver(rt, stream, uses, label)
         return result
-    preflight(rt, stream, uses, strict, owner, remedy=_REMEDY)
+    blocks = uses.blocks
+    if uses.untracked or uses.producers or (rt.multi_device and blocks):
+        preflight(rt, stream, uses, strict, owner, remedy=_REMEDY)
+        result = work(*args)
+        _tell_driver(rt, stream, uses, label)
+        commit(rt, stream, uses, owner)
+        return result
+    # The common case, as protocol.fenced runs it (its steps written out).
+    resource = rt.resource
+    if blocks:
+        resource.preflight(blocks, stream, owner)
     result = work(*args)
-    _tell_driver(rt, stream, uses, label)
-    commit(rt, stream, uses, owner)
+    if rt.driver.traces_accesses:
+        _tell_driver(rt, stream, uses, label)
+    if blocks:
+        resource.commit(blocks, stream, owner)
     return result
 
 

@@ -26,7 +26,7 @@ CHILD = """
     wrong = {{True: 0, False: 0}}
     for i in range({trials}):
         for tracked in (True, False):
-            wrong[tracked] += plain_numba.run(tracked, i + 2, 200_000)
+            wrong[tracked] += plain_numba.run(tracked, i + 2, 1_000_000)
     print("RESULT", wrong[True], wrong[False])
 """
 
