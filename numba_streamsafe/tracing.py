@@ -330,9 +330,9 @@ class Trace:
                     readers.pop(key, None)
                 else:
                     readers.setdefault(key, {})[stream] = (op_id, label, name)
-        self._raw.append((op_id, label, uses.copy, rt.device, stream,
-                          [(n, a, b.ptr, b.device) for (b, a), n in zip(blocks, names,
-                                                                       strict=False)],
+        # The uses themselves (blocks and names are not changed after a launch):
+        # read when the lists are built.
+        self._raw.append((op_id, label, uses.copy, rt.device, stream, blocks, names,
                           t0, t1, tracking, post,
                           pool.recorded - recorded if pool is not None else 0))
         return result
@@ -352,15 +352,15 @@ class Trace:
             lw = entry.last_write
             w = lw.waiters
             out.append((lw, lw.handle is not None, w is not None and stream in w,
-                        writers.get(key, _BEFORE), name, access, True, key, lw.stream))
+                        writers.get(key, _BEFORE), name, int(access), True, key, lw.stream))
             if access & _WRITE and entry.reads:
                 seen = readers.get(key)
                 for s, m in list(entry.reads.items()):
                     if s != stream:
                         mw = m.waiters
                         out.append((m, m.handle is not None, mw is not None and stream in mw,
-                                    seen.get(s, _BEFORE) if seen else _BEFORE, name, access,
-                                    False, key, s))
+                                    seen.get(s, _BEFORE) if seen else _BEFORE, name,
+                                    int(access), False, key, s))
         return out
 
     # ------------------------------------------------------------ device times
@@ -410,15 +410,17 @@ class Trace:
 def _materialize(raw: tuple[Any, ...], device_ns: dict[int, tuple[int, int]]
                  ) -> tuple[Op, list[Wait], list[EventRecord]]:
     """An op's raw record as its Op, Waits and EventRecords."""
-    op_id, label, copy, device, stream, uses, t0, t1, tracking, post, n_events = raw
+    op_id, label, copy, device, stream, blocks, names, t0, t1, tracking, post, n_events = raw
     kind = "copy" if copy else ("memset" if label == "memset" else "launch")
     dt = device_ns.get(op_id)
-    op = Op(op_id, kind, label, device, stream, tuple((n, a.name, p) for n, a, p, _ in uses),
+    op = Op(op_id, kind, label, device, stream,
+            tuple((n, a.name, b.ptr) for (b, a), n in zip(blocks, names, strict=False)),
             t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
     waits: list[Wait] = []
     events: list[EventRecord] = []
     for cand, inserted, sealed_now in post or ():
-        _sealed, _waited, after, param, access, was_write, key, on_stream = cand
+        _sealed, _waited, after, param, code, was_write, key, on_stream = cand
+        access = Access(code)
         same = on_stream == stream
         waits.append(Wait(op_id, label, param, access.name, key[0], stream, on_stream,
                           after[0], after[1], after[2], _hazard(access, was_write),
