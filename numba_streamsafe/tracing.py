@@ -15,6 +15,7 @@ hot paths read one module attribute (:mod:`numba_streamsafe.tracehook`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import threading
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["Trace", "Op", "Wait", "MemoryEvent", "trace"]
 
 _WRITE = Access.WRITE
-#: The earlier operation of a block used before the trace began.
-_BEFORE = (0, "(before the trace)", "")
 
 
 @dataclass(frozen=True)
@@ -135,8 +134,13 @@ def _hazard(waiter: Access, earlier_write: bool) -> str:
 class Trace:
     """A recording of the library's work, made by :func:`trace`.
 
-    The launch path appends raw tuples; the lists below are built from them
-    when first read (and again after more was recorded).
+    The launch path appends one raw tuple per operation; the waits the
+    resource queues and the events it records are logged by hooks in the
+    mark book. The lists below are built from them when first read (again
+    after more was recorded), by replaying the operations in order: each
+    argument's conflicts with earlier work (the last writer of its block, and
+    for a write the readers since), matched with the waits the operation
+    queued on their streams.
 
     Attributes
     ----------
@@ -145,6 +149,8 @@ class Trace:
         One per (argument, earlier conflicting operation) of every tracked
         operation, including the uses that needed no wait (``same_stream``)
         and the waits already covered by an earlier one (``inserted`` False).
+        When several arguments conflict with work of one other stream and
+        one wait covered them, the first of them is reported as inserted.
     memory : list of MemoryEvent
     events : list of EventRecord
     """
@@ -154,39 +160,48 @@ class Trace:
         self.device_times = device_times
         self.record = record
         self._nvtx = _load_nvtx() if nvtx else None
-        self._ids = itertools.count(1)
+        self._seq = itertools.count(1)
         self._t0 = time.perf_counter_ns()
-        #: Raw records of the fenced operations and of the memory events.
+        #: Raw records: operations, memory events, waits queued, events recorded.
         self._raw: list[tuple[Any, ...]] = []
         self._mem: list[tuple[Any, ...]] = []
-        #: (device, ptr, generation) -> (op id, label, param) of the last writer.
-        self._writers: dict[tuple[int, int, int], tuple[int, str, str]] = {}
-        #: (device, ptr, generation) -> {stream: (op id, label, param)} of the reads since.
-        self._readers: dict[tuple[int, int, int], dict[int, tuple[int, str, str]]] = {}
+        self._waitlog: list[tuple[int, int]] = []
+        self._seallog: list[tuple[int, int]] = []
+        #: Blocks live when the trace began: key -> (last writer's stream, reader streams).
+        self._initial: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {}
         #: Device timing: per device (base event, driver, host ns); per op id its events.
         self._bases: dict[int, tuple[Any, Any, int]] = {}
         self._timing: dict[int, tuple[Any, Any, int]] = {}
         self._device_ns: dict[int, tuple[int, int]] = {}
         self.device_times_measured = False
-        self._built: tuple[int, int] = (-1, -1)
+        self._built: tuple[int, ...] = ()
         self._ops: list[Op] = []
         self._waits: list[Wait] = []
         self._events: list[EventRecord] = []
         self._memory: list[MemoryEvent] = []
 
+    def _snapshot(self, trackers: list[Any]) -> None:
+        """Where the blocks live at the start stand: their last writer's and
+        readers' streams (their earlier operations are "before the trace")."""
+        for tracker in trackers:
+            live = tracker.__dict__.get("_live")
+            lock = tracker.__dict__.get("_lock")
+            if live is None or lock is None:
+                continue
+            with lock:
+                for entry in list(live.values()):
+                    b = entry.block
+                    self._initial[(b.device, b.ptr, b.generation)] = (
+                        entry.last_write.stream, tuple(entry.reads))
+
     # ------------------------------------------------------------ the queries
     def _build(self) -> None:
-        size = (len(self._raw), len(self._mem))
+        size = (len(self._raw), len(self._mem), len(self._waitlog), len(self._seallog),
+                len(self._device_ns))
         if size == self._built:
             return
-        ops, waits, events = [], [], []
-        for raw in list(self._raw):
-            op, op_waits, op_events = _materialize(raw, self._device_ns)
-            ops.append(op)
-            waits.extend(op_waits)
-            events.extend(op_events)
-        self._ops, self._waits, self._events = ops, waits, events
-        self._memory = [MemoryEvent(*m) for m in list(self._mem)]
+        self._ops, self._waits, self._events = _replay(self)
+        self._memory = [MemoryEvent(*m[1:10]) for m in list(self._mem)]
         self._built = size
 
     @property
@@ -258,27 +273,33 @@ class Trace:
         }
 
     # ---------------------------------------------------------- the recording
+    def _memory_event(self, what: str, resource: Any, block: Any, stream: int) -> None:
+        self._mem.append((next(self._seq), what, block.device, stream, block.ptr, block.nbytes,
+                          block.tag, resource.live_bytes, resource.pending_bytes,
+                          time.perf_counter_ns() - self._t0, block.generation))
+
     def allocated(self, resource: Any, block: Any, stream: int) -> None:
         """Hook of a tracking resource: ``block`` became live (its lock held)."""
         if self.record:
-            self._mem.append(("alloc", block.device, stream, block.ptr, block.nbytes, block.tag,
-                              resource.live_bytes, resource.pending_bytes,
-                              time.perf_counter_ns() - self._t0))
-            self._writers[(block.device, block.ptr, block.generation)] = (0, "allocation", "")
+            self._memory_event("alloc", resource, block, stream)
 
     def freed(self, resource: Any, block: Any, stream: int, how: str) -> None:
         """Hook of a tracking resource: ``block``'s free was queued or kept (lock held)."""
         if self.record:
-            self._mem.append(("kept" if how == "kept" else "free", block.device, stream,
-                              block.ptr, block.nbytes, block.tag, resource.live_bytes,
-                              resource.pending_bytes, time.perf_counter_ns() - self._t0))
+            self._memory_event("kept" if how == "kept" else "free", resource, block, stream)
 
     def deferred(self, resource: Any, block: Any) -> None:
         """Hook of a tracking resource: a finalizer deferred ``block``'s free."""
         if self.record:
-            self._mem.append(("deferred", block.device, block.stream, block.ptr, block.nbytes,
-                              block.tag, resource.live_bytes, resource.pending_bytes,
-                              time.perf_counter_ns() - self._t0))
+            self._memory_event("deferred", resource, block, block.stream)
+
+    def waited(self, stream: int, on_stream: int) -> None:
+        """Hook of the mark book: ``stream`` now waits for ``on_stream``'s event."""
+        self._waitlog.append((stream, on_stream))
+
+    def sealed(self, device: int, stream: int) -> None:
+        """Hook of the mark book: an event was recorded on ``stream``."""
+        self._seallog.append((device, stream))
 
     def fenced(self, rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
                owner: object, work: Callable[..., Any], args: tuple[Any, ...],
@@ -290,78 +311,21 @@ class Trace:
         try:
             if not self.record:
                 return _run(rt, stream, uses, label, strict, owner, work, args, tracking)
-            return self._fenced(rt, stream, uses, label, strict, owner, work, args, tracking)
+            t0 = time.perf_counter_ns() - self._t0
+            op_id = next(self._seq)
+            w0, e0 = len(self._waitlog), len(self._seallog)
+            timing = self._start_timing(rt, stream, t0) if self.device_times else None
+            result = _run(rt, stream, uses, label, strict, owner, work, args, tracking)
+            if timing is not None:
+                self._end_timing(rt, stream, op_id, timing)
+            # The uses themselves: blocks and names do not change after a launch.
+            self._raw.append((op_id, label, uses.copy, rt.device, stream, uses.blocks,
+                              uses.names, t0, time.perf_counter_ns() - self._t0, tracking,
+                              w0, len(self._waitlog), e0, len(self._seallog)))
+            return result
         finally:
             if nvtx is not None:
                 nvtx.pop_range()
-
-    def _fenced(self, rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
-                owner: object, work: Callable[..., Any], args: tuple[Any, ...],
-                tracking: bool) -> Any:
-        t0 = time.perf_counter_ns() - self._t0
-        op_id = next(self._ids)
-        blocks = uses.blocks
-        names = uses.names
-        if names is None or len(names) != len(blocks):
-            names = ["?"] * len(blocks)
-        tracker = rt.resource.tracker
-        state = tracker.__dict__
-        live = state.get("_live") if tracking else None
-        cands = self._candidates(live, stream, blocks, names) if live is not None else None
-        pool = state.get("events")
-        recorded = pool.recorded if pool is not None else 0
-        timing = self._start_timing(rt, stream, t0) if self.device_times else None
-        result = _run(rt, stream, uses, label, strict, owner, work, args, tracking)
-        if timing is not None:
-            self._end_timing(rt, stream, op_id, timing)
-        t1 = time.perf_counter_ns() - self._t0
-        post = None
-        if cands:
-            # Whether this op queued each wait, and sealed (recorded) each mark.
-            post = [(c[1:], not c[2] and c[8] != stream and c[0].waiters is not None
-                     and stream in c[0].waiters, not c[1] and c[0].handle is not None)
-                    for c in cands]
-        if tracking:
-            writers, readers = self._writers, self._readers
-            for (block, access), name in zip(blocks, names, strict=False):
-                key = (block.device, block.ptr, block.generation)
-                if access & _WRITE:
-                    writers[key] = (op_id, label, name)
-                    readers.pop(key, None)
-                else:
-                    readers.setdefault(key, {})[stream] = (op_id, label, name)
-        # The uses themselves (blocks and names are not changed after a launch):
-        # read when the lists are built.
-        self._raw.append((op_id, label, uses.copy, rt.device, stream, blocks, names,
-                          t0, t1, tracking, post,
-                          pool.recorded - recorded if pool is not None else 0))
-        return result
-
-    def _candidates(self, live: Any, stream: int, blocks: list[Any], names: list[str]
-                    ) -> list[tuple[Any, ...]]:
-        """Before preflight: per conflict of each use, (mark, sealed, waited by
-        ``stream``, earlier (op, label, param), param, access, earlier was a
-        write, block key, the mark's stream)."""
-        out: list[tuple[Any, ...]] = []
-        writers, readers = self._writers, self._readers
-        for (block, access), name in zip(blocks, names, strict=False):
-            entry = live.get(block.ptr)
-            if entry is None or entry.block.generation != block.generation:
-                continue  # freed or stale: preflight raises it with advice
-            key = (block.device, block.ptr, block.generation)
-            lw = entry.last_write
-            w = lw.waiters
-            out.append((lw, lw.handle is not None, w is not None and stream in w,
-                        writers.get(key, _BEFORE), name, int(access), True, key, lw.stream))
-            if access & _WRITE and entry.reads:
-                seen = readers.get(key)
-                for s, m in list(entry.reads.items()):
-                    if s != stream:
-                        mw = m.waiters
-                        out.append((m, m.handle is not None, mw is not None and stream in mw,
-                                    seen.get(s, _BEFORE) if seen else _BEFORE, name,
-                                    int(access), False, key, s))
-        return out
 
     # ------------------------------------------------------------ device times
     def _start_timing(self, rt: DeviceRuntime, stream: int, now: int) -> Any:
@@ -403,33 +367,79 @@ class Trace:
             driver.event_destroy(base)
         self._timing.clear()
         self._bases.clear()
-        self._built = (-1, -1)
         self.device_times_measured = True
 
 
-def _materialize(raw: tuple[Any, ...], device_ns: dict[int, tuple[int, int]]
-                 ) -> tuple[Op, list[Wait], list[EventRecord]]:
-    """An op's raw record as its Op, Waits and EventRecords."""
-    op_id, label, copy, device, stream, blocks, names, t0, t1, tracking, post, n_events = raw
+_Earlier = tuple[int, str, str, int]  # (op id, label, argument, stream)
+
+
+def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
+    """The operations, waits and events, from the raw records in order."""
+    writers: dict[tuple[int, int, int], _Earlier] = {}
+    readers: dict[tuple[int, int, int], dict[int, _Earlier]] = {}
+    for key, (w_stream, r_streams) in t._initial.items():
+        writers[key] = (0, "(before the trace)", "", w_stream)
+        readers[key] = {s: (0, "(before the trace)", "", s) for s in r_streams}
+    mem = {m[0]: m for m in list(t._mem)}
+    raws = {r[0]: r for r in list(t._raw)}
+    ops: list[Op] = []
+    waits: list[Wait] = []
+    events: list[EventRecord] = []
+    for seq in sorted(set(mem) | set(raws)):
+        m = mem.get(seq)
+        if m is not None:
+            if m[1] == "alloc":
+                key = (m[2], m[4], m[10])
+                writers[key] = (0, "allocation", "", m[3])
+                readers.pop(key, None)
+            continue
+        op, op_waits, op_events = _replay_op(t, raws[seq], writers, readers)
+        ops.append(op)
+        waits.extend(op_waits)
+        events.extend(op_events)
+    return ops, waits, events
+
+
+def _replay_op(t: Trace, raw: tuple[Any, ...],
+               writers: dict[tuple[int, int, int], _Earlier],
+               readers: dict[tuple[int, int, int], dict[int, _Earlier]]
+               ) -> tuple[Op, list[Wait], list[EventRecord]]:
+    (op_id, label, copy, device, stream, blocks, names, t0, t1, tracking,
+     w0, w1, e0, e1) = raw
+    if names is None or len(names) != len(blocks):
+        names = ["?"] * len(blocks)
     kind = "copy" if copy else ("memset" if label == "memset" else "launch")
-    dt = device_ns.get(op_id)
+    dt = t._device_ns.get(op_id)
     op = Op(op_id, kind, label, device, stream,
             tuple((n, a.name, b.ptr) for (b, a), n in zip(blocks, names, strict=False)),
             t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
     waits: list[Wait] = []
-    events: list[EventRecord] = []
-    for cand, inserted, sealed_now in post or ():
-        _sealed, _waited, after, param, code, was_write, key, on_stream = cand
-        access = Access(code)
-        same = on_stream == stream
-        waits.append(Wait(op_id, label, param, access.name, key[0], stream, on_stream,
-                          after[0], after[1], after[2], _hazard(access, was_write),
-                          bool(inserted) and not same, same, t0))
-        if sealed_now:
-            events.append(EventRecord(op_id, device, on_stream, t1))
-    # Other events of the op (an eager commit seals its own stream's mark).
-    for _ in range(max(n_events - len(events), 0)):
-        events.append(EventRecord(op_id, device, stream, t1))
+    queued = collections.Counter(on for s, on in t._waitlog[w0:w1] if s == stream)
+    events = [EventRecord(op_id, d, s, t1) for d, s in t._seallog[e0:e1]]
+    if not tracking:
+        return op, waits, events
+    for (block, access), name in zip(blocks, names, strict=False):
+        key = (block.device, block.ptr, block.generation)
+        conflicts: list[tuple[_Earlier, bool]] = []
+        writer = writers.get(key)
+        if writer is not None:
+            conflicts.append((writer, True))
+        if access & _WRITE:
+            conflicts += [(r, False) for s, r in readers.get(key, {}).items() if s != stream]
+        for earlier, was_write in conflicts:
+            on = earlier[3]
+            same = on == stream
+            inserted = not same and queued[on] > 0
+            if inserted:
+                queued[on] -= 1
+            waits.append(Wait(op_id, label, name, access.name, block.device, stream, on,
+                              earlier[0], earlier[1], earlier[2], _hazard(access, was_write),
+                              inserted, same, t0))
+        if access & _WRITE:
+            writers[key] = (op_id, label, name, stream)
+            readers.pop(key, None)
+        else:
+            readers.setdefault(key, {})[stream] = (op_id, label, name, stream)
     return op, waits, events
 
 
@@ -507,10 +517,15 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
     if not isinstance(device_times, bool) or not isinstance(nvtx, bool):
         raise InvalidArgument("trace(): device_times and nvtx are True or False")
     t = Trace(device_times=device_times, nvtx=nvtx, record=record)
+    from numba_streamsafe.runtime import installed_devices, installed_runtime
+
+    trackers = [rt.resource.tracker for d in installed_devices()
+                if (rt := installed_runtime(d)) is not None]
     with _active_lock:
         if tracehook.active is not None:
             raise StreamMisuse("a trace is already recording: traces do not nest; leave the "
                                "outer `with numba_streamsafe.trace()` block first")
+        t._snapshot(trackers)
         tracehook.active = t
         tracehook.keep_names = True
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.resources.events import EventPool
 
@@ -136,6 +137,8 @@ class MarkBook:
             handle = mark.handle = self.events.record(mark.stream)
             if self.open.get(mark.stream) is mark:
                 del self.open[mark.stream]
+            if tracehook.active is not None:
+                tracehook.active.sealed(self.driver.device, mark.stream)
         return handle
 
     def wait_all(self, stream: int, marks: list[Mark], owner: Any = None) -> None:
@@ -161,6 +164,8 @@ class MarkBook:
             wait(stream, self.seal(mark))
             waiters[stream] = owner
             self.waits += 1
+            if tracehook.active is not None:
+                tracehook.active.waited(stream, mark.stream)
 
     def release(self, mark: Mark) -> None:
         """Drop one use of ``mark``; at none, its event goes back to the pool and
