@@ -43,6 +43,10 @@ tests)
     cat "$OUT/race.txt"
     ;;
 bench)
+    export NSS_RACE_REPORT=$OUT/race.txt
+    run gpu_tests_quick python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_plain_numba_gpu.py tests/gpu/test_dask_gpu.py tests/gpu/test_races.py
+    tail -2 "$OUT/gpu_tests_quick.log"; cat "$OUT/race.txt"
     # The pipeline traced on its second run (the first compiles the kernels).
     run traced_pipeline python3 examples/sort_join_pipeline.py --repeat 2 \
         --trace "$OUT/sort_join_trace.json" --plot "$OUT/sort_join_trace.png"
