@@ -165,7 +165,7 @@ class Trace:
         #: Raw records: operations, memory events, waits queued, events recorded.
         self._raw: list[tuple[Any, ...]] = []
         self._mem: list[tuple[Any, ...]] = []
-        self._waitlog: list[tuple[int, int]] = []
+        self._waitlog: list[tuple[int, int, bool]] = []
         self._seallog: list[tuple[int, int]] = []
         #: Blocks live when the trace began: key -> (last writer's stream, reader streams).
         self._initial: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {}
@@ -293,9 +293,10 @@ class Trace:
         if self.record:
             self._memory_event("deferred", resource, block, block.stream)
 
-    def waited(self, stream: int, on_stream: int) -> None:
-        """Hook of the mark book: ``stream`` now waits for ``on_stream``'s event."""
-        self._waitlog.append((stream, on_stream))
+    def waited(self, stream: int, on_stream: int, free: bool = False) -> None:
+        """Hook of the mark book: ``stream`` now waits for ``on_stream``'s event
+        (for a free queued on ``stream`` when ``free``)."""
+        self._waitlog.append((stream, on_stream, free))
 
     def sealed(self, device: int, stream: int) -> None:
         """Hook of the mark book: an event was recorded on ``stream``."""
@@ -414,7 +415,9 @@ def _replay_op(t: Trace, raw: tuple[Any, ...],
             tuple((n, a.name, b.ptr) for (b, a), n in zip(blocks, names, strict=False)),
             t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
     waits: list[Wait] = []
-    queued = collections.Counter(on for s, on in t._waitlog[w0:w1] if s == stream)
+    # The waits this op queued (not those of frees run inside its preflight).
+    queued = collections.Counter(on for s, on, free in t._waitlog[w0:w1]
+                                 if s == stream and not free)
     events = [EventRecord(op_id, d, s, t1) for d, s in t._seallog[e0:e1]]
     if not tracking:
         return op, waits, events

@@ -469,7 +469,7 @@ class AsyncResource(MemoryResource):
         if entry.reads or entry.last_write.stream != stream:
             marks = entry.waits_for(stream, Access.READ_WRITE)
             if marks:
-                self.marks.wait_all(stream, marks, block.stream_owner)
+                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
         nbytes = block.nbytes
         owner = block.stream_owner
         # Kept for reuse: only blocks of streams whose owning object is known

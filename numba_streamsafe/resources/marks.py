@@ -141,7 +141,8 @@ class MarkBook:
                 tracehook.active.sealed(self.driver.device, mark.stream)
         return handle
 
-    def wait_all(self, stream: int, marks: list[Mark], owner: Any = None) -> None:
+    def wait_all(self, stream: int, marks: list[Mark], owner: Any = None,
+                 free: bool = False) -> None:
         """Queue waits of ``stream`` on ``marks``, each once.
 
         A stream that already waited for a mark is ordered after it for good
@@ -165,7 +166,7 @@ class MarkBook:
             waiters[stream] = owner
             self.waits += 1
             if tracehook.active is not None:
-                tracehook.active.waited(stream, mark.stream)
+                tracehook.active.waited(stream, mark.stream, free)
 
     def release(self, mark: Mark) -> None:
         """Drop one use of ``mark``; at none, its event goes back to the pool and

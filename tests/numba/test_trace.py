@@ -275,3 +275,30 @@ def test_reset_peak_stats_starts_the_peaks_from_now(rt, streams):
     y = nss.device_array(N, np.int64, stream=a)
     assert nss.memory_stats()["allocated_bytes.all.peak"] == N * 8
     del y
+
+
+def test_waits_of_frees_inside_a_launch_are_not_counted_as_the_launchs(rt, streams):
+    """A free drained at a launch's preflight waits for other streams' uses;
+    those waits are the free's, not the launch's: here the free of x (read on
+    b) makes a wait for b's work, which then also covers the launch's uses of
+    w1 and w2 (written on b), so the launch itself queues no wait."""
+    a, b = streams
+    w1 = nss.device_array(N, np.int64, stream=b)
+    w2 = nss.device_array(N, np.int64, stream=b)
+    x = nss.device_array(N, np.int64, stream=a)
+    fill[GRID, BLOCK, b](w1, 1)
+    fill[GRID, BLOCK, b](w2, 1)
+    fill[GRID, BLOCK, a](x, 1)
+    add[GRID, BLOCK, b](x, w2, 0)          # b reads x (and writes w2)
+    with nss.trace() as t:
+        before = rt.driver.calls["cuStreamWaitEvent"]
+        del x                              # queued; drained by the next launch's preflight
+        add[GRID, BLOCK, a](w1, w2, 1)     # on a: after b's writes of w1 and w2
+        driver_waits = rt.driver.calls["cuStreamWaitEvent"] - before
+    assert not rt.driver.hazards
+    assert driver_waits == 1, driver_waits  # the free's wait, which also orders the launch
+    assert t.inserted_waits() == [], t.inserted_waits()
+    covered = [(w.param, w.on_stream) for w in t.waits if not w.same_stream]
+    hb = rt.stream_handle(b)
+    assert sorted(covered) == [("dst", hb), ("src", hb)], covered
+    del w1, w2
