@@ -3,7 +3,9 @@
 The memory manager is chosen per process (``NUMBA_CUDA_MEMORY_MANAGER``), so
 each manager runs in a worker process of its own: Numba's default manager,
 ours (``numba_streamsafe``) and RMM's plugin over its async memory resource
-(``rmm.allocators.numba``, when RMM is installed). The workers stay alive and
+(``rmm.allocators.numba``, when RMM is installed), and the floor: a bare
+plugin doing ``cuMemAllocAsync`` / ``cuMemFreeAsync`` and nothing else
+(``bare_async_emm``, GPU only: Numba's simulator has no memory managers). The workers stay alive and
 take turns: round by round, each manager times one batch of cycles while the
 others wait, so host speed drifting over the run (other tenants, clocks)
 reaches every manager alike. All of them are pinned to one CPU core (they
@@ -27,6 +29,8 @@ import time
 
 SIZES = {"4KiB": 4 << 10, "64MiB": 64 << 20}
 OURS = "numba_streamsafe"
+#: The floor: cuMemAllocAsync / cuMemFreeAsync with nothing around them.
+BARE = "bare_async_emm"
 
 
 def pin(cpu: int | None) -> None:
@@ -120,6 +124,8 @@ def main() -> dict:
     managers = ["default", OURS]
     if importlib.util.find_spec("rmm") is not None:
         managers.append("rmm.allocators.numba")
+    if not SIMULATOR:
+        managers.append(BARE)
     workers = [Worker(m, cpu) for m in managers]
     samples: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIZES} for m in managers}
     try:

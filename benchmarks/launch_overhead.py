@@ -9,14 +9,27 @@ variant, "tracked, Numba path", turns the direct launches off
 on top of Numba's launch, and "tracked, traced" records every launch in a
 ``numba_streamsafe.trace()`` (its cost over "tracked"). Prints the per-launch
 medians and the ratios; writes the numbers as JSON.
+
+The floor: where the driver launches directly (a GPU), a "raw" variant
+launches the same compiled overload with the same arguments through
+``cuda.bindings.driver.cuLaunchKernel`` itself, its parameters packed once
+before the rounds (no tracking, no argument walk, no packing per launch). Every
+round times every variant back to back; ratios are medians of per-round
+ratios. The multi-thread figure: ``--threads`` threads (default 8), each with
+a stream and arrays of its own, launch at once; total launches per second
+tracked over raw (over untracked Numba where there is no raw launch).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import statistics
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from _harness import SIMULATOR, cuda, device_name, write_result
@@ -25,6 +38,10 @@ import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
 from numba_streamsafe.numba.policy import launch_policy
 
+# Numba's simulator swaps the kernel module's ``cuda`` while a kernel runs; the
+# threads synchronise through this name instead.
+synchronize = cuda.synchronize
+
 
 def body(a, b, c):
     i = cuda.grid(1)
@@ -32,10 +49,98 @@ def body(a, b, c):
         c[i] = a[i] + b[i]
 
 
+class RawLaunch:
+    """The floor: ``cuLaunchKernel`` of ``tracked``'s direct-launch plan for
+    ``args``, parameters packed once into a buffer of its own."""
+
+    def __init__(self, rt: Any, tracked: Any, args: tuple[Any, ...]) -> None:
+        from cuda.bindings import driver as drv
+
+        plan = tracked._plan(rt, args)
+        if plan is None or plan.pack(args) is None:
+            raise RuntimeError("no direct-launch plan for the benchmark's kernel")
+        scratch = plan._scratch
+        self.buffer = ctypes.create_string_buffer(scratch.buffer.raw, len(scratch.buffer))
+        shift = ctypes.addressof(self.buffer) - ctypes.addressof(scratch.buffer)
+        n = len(scratch.pointers)
+        self.pointers = (ctypes.c_void_p * n)(*[p + shift for p in scratch.pointers])
+        self.params = ctypes.addressof(self.pointers)
+        self.function = plan.function
+        self.rt = rt
+        self.launch_kernel = drv.cuLaunchKernel
+
+    def launcher(self, stream: Any) -> Callable[[], None]:
+        """One raw launch of the kernel on ``stream`` (1 block of 32 threads)."""
+        cuda.current_context()  # this thread's context current, as Numba's launches make it
+        handle = self.rt.stream_handle(stream)
+        launch, f, params = self.launch_kernel, self.function, self.params
+
+        def go() -> None:
+            launch(f, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
+
+        return go
+
+
+def threaded(variants: dict[str, Callable[[int], Callable[[], None]]], nthreads: int,
+             launches: int, rounds: int) -> dict[str, list[float]]:
+    """Launches per second of ``nthreads`` threads launching at once, per variant
+    and round (variants interleaved round by round). ``variants[label](t)`` is
+    called on thread ``t`` once and returns its launch function."""
+    labels = list(variants)
+    per: dict[str, list[float]] = {label: [] for label in labels}
+    start_gate = threading.Barrier(nthreads + 1)
+    end_gate = threading.Barrier(nthreads + 1)
+    current: list[str] = [labels[0]]
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            fns = {label: make(t) for label, make in variants.items()}
+            for fn in fns.values():  # warm up on this thread
+                fn()
+            synchronize()
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+            fns = {}
+        for _ in range(rounds * len(labels)):
+            start_gate.wait()
+            fn = fns.get(current[0])
+            if fn is not None:
+                for _ in range(launches):
+                    fn()
+            end_gate.wait()
+
+    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(nthreads)]
+    for th in threads:
+        th.start()
+    for _ in range(rounds):
+        for label in labels:
+            current[0] = label
+            synchronize()
+            start = time.perf_counter()
+            start_gate.wait()
+            end_gate.wait()
+            synchronize()
+            per[label].append(nthreads * launches / (time.perf_counter() - start))
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return per
+
+
+def ratio_of_medians(per: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over rounds of ``per[num][r] / per[den][r]``."""
+    return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=4 if SIMULATOR else 5000)
     parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 15)
+    parser.add_argument("--threads", type=int, default=0 if SIMULATOR else 8,
+                        help="threads launching at once for the multi-thread figure (0: skip; "
+                        "Numba's simulator runs kernels on one thread only)")
     args = parser.parse_args()
 
     plain = cuda.jit(body)
@@ -57,7 +162,9 @@ def main() -> dict:
                 ("tracked, traced", tracked, direct)]
     if direct:
         variants.append(("tracked, Numba path", tracked, False))
-    results = {}
+    raw = RawLaunch(rt, tracked, (a, b, c)) if direct else None
+    raw_fns = {s: raw.launcher(s) for s in (s1, s2)} if raw is not None else {}
+    results: dict[str, Any] = {}
     for scenario, streams in (("same stream", (s1, s1)), ("cross stream", (s1, s2))):
         per: dict[str, list[float]] = {label: [] for label, _, _ in variants}
         for _ in range(args.rounds):
@@ -71,15 +178,31 @@ def main() -> dict:
                         k[1, 32, streams[i & 1]](a, b, c)
                     cuda.synchronize()
                     per[label].append((time.perf_counter() - start) / args.launches * 1e6)
+            if raw is not None:
+                fns = (raw_fns[streams[0]], raw_fns[streams[1]])
+                per.setdefault("raw", [])
+                cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(args.launches):
+                    fns[i & 1]()
+                cuda.synchronize()
+                per["raw"].append((time.perf_counter() - start) / args.launches * 1e6)
         launch_policy(rt).direct_launch = direct
         med = {k: statistics.median(v) for k, v in per.items()}
         results[scenario] = {"us_per_launch": med, "samples_us": per,
-                             "ratio": med["tracked"] / med["untracked"]}
-        results[scenario]["ratio_traced"] = med["tracked, traced"] / med["tracked"]
+                             "ratio": ratio_of_medians(per, "tracked", "untracked")}
+        results[scenario]["ratio_traced"] = ratio_of_medians(per, "tracked, traced", "tracked")
         if "tracked, Numba path" in med:
-            results[scenario]["ratio_numba_path"] = med["tracked, Numba path"] / med["untracked"]
+            results[scenario]["ratio_numba_path"] = ratio_of_medians(
+                per, "tracked, Numba path", "untracked")
+        if "raw" in per:
+            results[scenario]["ratio_raw"] = ratio_of_medians(per, "tracked", "raw")
+            results[scenario]["untracked_over_raw"] = ratio_of_medians(per, "untracked", "raw")
+    if args.threads > 0:
+        results["threads"] = threads_figure(rt, tracked, plain, raw, args)
     print(f"launch overhead on {device_name()} ({args.launches} launches x {args.rounds} rounds)")
-    for scenario, r in results.items():
+    for scenario in ("same stream", "cross stream"):
+        r = results[scenario]
         m = r["us_per_launch"]
         line = (f"  {scenario:12s}: untracked {m['untracked']:7.2f} us  "
                 f"tracked {m['tracked']:7.2f} us  ratio {r['ratio']:.3f}")
@@ -87,11 +210,53 @@ def main() -> dict:
             line += (f"  (Numba path {m['tracked, Numba path']:7.2f} us, "
                      f"ratio {r['ratio_numba_path']:.3f})")
         line += f"  traced {m['tracked, traced']:7.2f} us, traced/tracked {r['ratio_traced']:.3f}"
-
         print(line)
+        if "ratio_raw" in r:
+            print(f"  {'':12s}  raw cuLaunchKernel {m['raw']:7.2f} us  tracked / raw "
+                  f"{r['ratio_raw']:.3f}  untracked / raw {r['untracked_over_raw']:.3f}")
+    if "threads" in results:
+        th = results["threads"]
+        lps = "  ".join(f"{k} {v:,.0f}/s" for k, v in th["launches_per_s"].items())
+        print(f"  {th['threads']} threads at once: {lps}  tracked / {th['floor']} "
+              f"{th['ratio']:.3f}")
     write_result("launch_overhead", {"launches": args.launches, "rounds": args.rounds,
                                      "results": results})
     return results
+
+
+def threads_figure(rt: Any, tracked: Any, plain: Any, raw: RawLaunch | None,
+                   args: argparse.Namespace) -> dict[str, Any]:
+    """Total launches per second of ``args.threads`` threads, each on a stream
+    and arrays of its own: tracked, and the floor (raw where available, else
+    untracked Numba)."""
+    n = 256
+    own = []
+    for _ in range(args.threads):
+        s = cuda.stream()
+        arrays = tuple(nss.device_array(n, np.float32, stream=s) for _ in range(3))
+        for x in arrays[:2]:
+            nss.memset(x, 0, stream=s)
+        own.append((s, arrays))
+    cuda.synchronize()
+
+    def make_tracked(t: int) -> Callable[[], None]:
+        s, xs = own[t]
+        launch = tracked[1, 32, s]
+        return lambda: launch(*xs)
+
+    def make_floor(t: int) -> Callable[[], None]:
+        s, xs = own[t]
+        if raw is not None:
+            return RawLaunch(rt, tracked, xs).launcher(s)
+        launch = plain[1, 32, s]
+        return lambda: launch(*xs)
+
+    floor = "raw" if raw is not None else "untracked"
+    per = threaded({"tracked": make_tracked, floor: make_floor}, args.threads,
+                   args.launches, args.rounds)
+    return {"threads": args.threads, "floor": floor,
+            "launches_per_s": {k: statistics.median(v) for k, v in per.items()},
+            "samples_per_s": per, "ratio": ratio_of_medians(per, "tracked", floor)}
 
 
 if __name__ == "__main__":
