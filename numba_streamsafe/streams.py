@@ -78,6 +78,12 @@ def stream_handle(stream: Any) -> int | None:
     if proto is not None:
         version_handle = proto() if callable(proto) else proto
         return int(version_handle[1])
+    # PyTorch (torch.cuda.Stream, ExternalStream): cuda_stream; CuPy
+    # (cupy.cuda.Stream, ExternalStream): ptr. Both ints.
+    for name in ("cuda_stream", "ptr"):
+        value = getattr(stream, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
     handle = getattr(stream, "handle", _MISSING)
     if handle is not _MISSING:
         if handle is None:
@@ -88,7 +94,8 @@ def stream_handle(stream: Any) -> int | None:
         return None
     raise InvalidArgumentType(
         f"cannot use {type(stream).__name__!r} as a CUDA stream; pass a numba.cuda stream, "
-        "a cuda.core Stream, an object with __cuda_stream__, an int handle or None"
+        "a cuda.core, PyTorch or CuPy stream, an object with __cuda_stream__, an int handle "
+        "or None"
     )
 
 

@@ -91,3 +91,34 @@ def test_handle_attribute_none_means_no_handle():
 def test_objects_that_name_no_stream_are_type_errors(bad):
     with pytest.raises(TypeError, match="cannot use .* as a CUDA stream|non-negative"):
         stream_handle(bad)
+
+
+class TorchLikeStream:
+    """The shape of ``torch.cuda.Stream``: the handle in ``cuda_stream``."""
+
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+
+
+class CupyLikeStream:
+    """The shape of ``cupy.cuda.Stream`` / ``ExternalStream``: the handle in ``ptr``."""
+
+    def __init__(self, handle: int) -> None:
+        self.ptr = handle
+
+
+@pytest.mark.parametrize("make", [TorchLikeStream, CupyLikeStream])
+@pytest.mark.parametrize("handle", [0, 0x2000, 0x7F00DEAD0000])
+def test_pytorch_and_cupy_streams(make, handle):
+    assert stream_handle(make(handle)) == handle
+
+
+def test_a_foreign_stream_object_is_kept_alive_as_the_owner():
+    from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.resources import AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime
+
+    rt = DeviceRuntime(AsyncResource(SimDriver()))
+    handle = rt.driver.create_stream()
+    foreign = TorchLikeStream(handle)
+    assert rt.stream_ref(foreign) == (handle, foreign)
