@@ -68,6 +68,8 @@ _LAZY = {
     "copy": "numba_streamsafe.numba.arrays",
     "memset": "numba_streamsafe.numba.arrays",
     "block_of": "numba_streamsafe.numba.arrays",
+    "lend": "numba_streamsafe.numba.arrays",
+    "export_interface": "numba_streamsafe.numba.arrays",
     "stream_scope": "numba_streamsafe.numba.scope",
     "current_stream": "numba_streamsafe.numba.scope",
     "tracking": "numba_streamsafe.numba.scope",

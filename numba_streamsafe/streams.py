@@ -81,9 +81,9 @@ def stream_handle(stream: Any) -> int | None:
     # PyTorch (torch.cuda.Stream, ExternalStream): cuda_stream; CuPy
     # (cupy.cuda.Stream, ExternalStream): ptr. Both ints.
     for name in ("cuda_stream", "ptr"):
-        value = getattr(stream, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return value
+        number = getattr(stream, name, None)
+        if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
+            return number
     handle = getattr(stream, "handle", _MISSING)
     if handle is not _MISSING:
         if handle is None:

@@ -209,13 +209,27 @@ else:
         def __del__(self) -> None:
             self._finalizer()
 
+    class TrackedDeviceNDArray(DeviceNDArray):
+        """A Numba device array over a library block whose
+        ``__cuda_array_interface__`` orders its consumer: the stream it names
+        is made to wait for every use the library knows of
+        (:func:`numba_streamsafe.numba.arrays.export_interface`). Views made
+        by indexing keep the class."""
+
+        @property
+        def __cuda_array_interface__(self) -> dict[str, Any]:  # type: ignore[override]
+            desc = DeviceNDArray.__cuda_array_interface__.fget(self)  # type: ignore[attr-defined]
+            hook = export_hook
+            return hook(self, desc) if hook is not None else desc
+
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any,
                    context: Any = None) -> Any:
         if context is None:
             context = cuda.current_context()
         mp = BlockPointer(context, block, rt.resource.defer_free)
-        array = DeviceNDArray(shape, strides, dtype, stream=numba_stream(stream), gpu_data=mp)
+        array = TrackedDeviceNDArray(shape, strides, dtype, stream=numba_stream(stream),
+                                     gpu_data=mp)
         if array.gpu_data is not mp:
             # Numba gives an empty array a null pointer and drops ours: keep the
             # block, so the array has an identity as on the simulator.
@@ -249,6 +263,10 @@ else:
 
 
 _MISSING = object()
+
+#: Set by :mod:`numba_streamsafe.numba.arrays`: orders the consumer of an
+#: exported ``__cuda_array_interface__`` (``hook(array, desc) -> desc``).
+export_hook: Any = None
 
 
 def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:
