@@ -192,6 +192,10 @@ def _accepts(param: Any, arg: Any) -> bool:
     declares ``param`` without conversion."""
     if param == arg:
         return True
+    if param == types.boolean:
+        # Numba converts a number to a boolean parameter its own way (0.5 gives
+        # False there; struct packing would give True): its path does it.
+        return False
     if isinstance(param, types.Array) and isinstance(arg, types.Array):
         return (param.dtype == arg.dtype and param.ndim == arg.ndim and param.layout == "A"
                 and param.mutable == arg.mutable)

@@ -247,3 +247,26 @@ def test_low_occupancy_warning_as_numba(gpu, fresh_runtime, monkeypatch):
     assert count.calls == 1
     h = nss.copy_to_host(out, stream=s)
     assert (h[:96] == 2).all() and (h[96:] == 1).all()
+
+
+def test_a_number_for_a_boolean_parameter_matches_numba(gpu, fresh_runtime, monkeypatch):
+    """Numba's path converts 0.5 for a boolean parameter its own way; the
+    direct path leaves such a launch to it, so both give the same."""
+    @nss.tracked_kernel(signature="void(int32[:], boolean)", access={"out": "w"})
+    def flag(out, b):
+        i = gpu.grid(1)
+        if i < out.size:
+            out[i] = 1 if b else 0
+
+    s = gpu.stream()
+    out = nss.device_array(64, np.int32, stream=s)
+
+    def run(value):
+        def go():
+            flag[1, 64, s](out, value)
+            return nss.copy_to_host(out, stream=s)
+        return _both_paths(fresh_runtime, go)
+
+    for value in (0.5, 0.0, 1.0, 2, True, False, np.float32(0.25)):
+        direct, numba_path = run(value)
+        np.testing.assert_array_equal(direct, numba_path, err_msg=repr(value))

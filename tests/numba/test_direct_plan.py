@@ -212,3 +212,14 @@ def test_runtime_switch(monkeypatch):
     finally:
         monkeypatch.delenv("NUMBA_STREAMSAFE_DIRECT_LAUNCH", raising=False)
         reload_settings()
+
+
+def test_a_number_for_a_boolean_parameter_is_left_to_numba():
+    from numba.cuda import types
+
+    from numba_streamsafe.numba.direct import _accepts
+
+    assert _accepts(types.boolean, types.boolean)
+    for other in (types.float64, types.int64, types.float32):
+        assert not _accepts(types.boolean, other)
+    assert _accepts(types.float64, types.int64)  # other conversions still direct
