@@ -116,6 +116,8 @@ class DeviceRuntime:
         self.peers: set[int] = set()
         #: Stream handle -> its key in other devices' state (:meth:`stream_key`).
         self._keys: dict[int, int] = {}
+        #: A graph being captured on this device (set by its capture), else None.
+        self.capture: Any = None
 
     # ------------------------------------------------------------ other devices
     def stream_key(self, handle: int) -> int:

@@ -57,5 +57,30 @@ bench)
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/" "$OUT/launch.log" "$OUT/alloc.log" | head -60
     ;;
+hot)
+    # The compiled hot path: build it in place (the abi3 module may be carried already),
+    # its GPU tests, the direct-launch and race suites through it, then the launch and
+    # allocation benchmarks: .base (the tree before the hot path) against this tree, and
+    # this tree with the pure-Python path, taking turns.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    python3 -c "from numba_streamsafe.hot import hot; print('hot path:', hot)"
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    run gpu_hot python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_hot_path.py \
+        tests/gpu/test_direct_launch.py tests/gpu/test_races.py ${HOT_TESTS:-} -rs
+    tail -3 "$OUT/gpu_hot.log"; cat "$OUT/race.txt" 2>/dev/null
+    BENCH=${BENCH:-launch_overhead.py}
+    for k in $(seq 1 "${ROUNDS:-2}"); do
+        for side in base hot pure; do
+            dir=$PWD; extra=()
+            [[ $side == base ]] && dir=$PWD/.base
+            [[ $side == pure ]] && extra=(env NUMBA_STREAMSAFE_PURE_PYTHON=1)
+            echo "=== $side round $k" >> "$OUT/bench.log"
+            (cd "$dir" && PYTHONPATH="$SITE:$dir" NSS_BENCH_DIR="$OUT/$side-$k" \
+                NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 "${extra[@]}" \
+                python3 "benchmarks/$BENCH" ${BENCH_ARGS:-}) >> "$OUT/bench.log" 2>&1
+        done
+    done
+    grep -E "^=== |same stream|cross stream|ratio|raw|threads|us/" "$OUT/bench.log" | head -80
+    ;;
 esac
 cat "$OUT/steps.txt" 2>/dev/null

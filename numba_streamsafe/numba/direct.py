@@ -78,6 +78,33 @@ def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None
     return codes, kinds
 
 
+def compiled_codes(argtypes: tuple[Any, ...]) -> bytes:
+    """The parameter codes the compiled hot path (``numba_streamsafe._hot``)
+    packs by, for an overload whose parameters are ``argtypes`` (covered by
+    :func:`param_slots`): one per argument, ``A`` for an array (the fields
+    cached on the array fill its parameters), ``C`` / ``Z`` for complex64 /
+    complex128, otherwise the scalar's struct code."""
+    out = []
+    for ty in argtypes:
+        if isinstance(ty, types.Array):
+            out.append("A")
+        elif ty in _COMPLEX_CODES:
+            out.append("C" if _COMPLEX_CODES[ty] == "f" else "Z")
+        else:
+            out.append(_SCALAR_CODES[ty])
+    return "".join(out).encode()
+
+
+def array_fields(arg: Any) -> bytes:
+    """The launch parameters of a device array as Numba passes them (meminfo,
+    parent, size, itemsize, data pointer, shape, strides), packed as
+    :meth:`LaunchPlan.pack` packs them: cached on the array by the compiled
+    hot path (a device array's pointer, shape and strides never change)."""
+    ndim = len(arg.shape)
+    return struct.pack(f"=QQqqQ{2 * ndim}q", 0, 0, arg.size, arg.dtype.itemsize,
+                       int(arg.gpu_data.device_pointer), *arg.shape, *arg.strides)
+
+
 def _layout(codes: list[str]) -> tuple[str, list[int], int]:
     """A native-size, unaligned struct format placing every parameter at an
     offset that is a multiple of 8; the offsets; the total size."""
@@ -122,15 +149,18 @@ class LaunchPlan:
     """
 
     __slots__ = ("kernel", "function", "_cache", "_cufunc", "kinds", "_struct", "_scratch",
-                 "nparams")
+                 "nparams", "codes")
 
-    def __init__(self, kernel: Any, kinds: list[int], codes: list[str]) -> None:
+    def __init__(self, kernel: Any, kinds: list[int], codes: list[str],
+                 fast_codes: bytes = b"") -> None:
         self.kernel = kernel
         cufunc = kernel._codelibrary.get_cufunc()
         self._cache = kernel._codelibrary._cufunc_cache
         self._cufunc = cufunc
         self.function = int(cufunc.handle)
         self.kinds = kinds
+        #: One code per argument for the compiled hot path (:func:`compiled_codes`).
+        self.codes = fast_codes
         fmt, offsets, size = _layout(codes)
         self._struct = struct.Struct(fmt)
         self._scratch = _Scratch(size, offsets)
@@ -254,7 +284,7 @@ def build_plan(dispatcher: Any, argtypes: tuple[Any, ...]) -> LaunchPlan | str |
     if slots is None:
         return UNSUPPORTED
     codes, kinds = slots
-    return LaunchPlan(kernel, kinds, codes)
+    return LaunchPlan(kernel, kinds, codes, compiled_codes(declared))
 
 
 def normalize_dims(dim: Any) -> tuple[int, int, int] | None:

@@ -12,8 +12,11 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from numba_streamsafe import runtime as _runtime_module
+from numba_streamsafe import tracehook
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import access_check, arrays, direct, target
 from numba_streamsafe.numba.policy import launch_policy
@@ -128,6 +131,9 @@ class TrackedKernel:
         self._device_plans: dict[int, dict[tuple[Any, ...], direct.LaunchPlan | str]] = {}
         #: Grids Numba's low-occupancy warning was given for (direct launches).
         self._warned_grids: set[tuple[int, int, int]] = set()
+        #: The compiled hot path's view of this kernel on one runtime
+        #: (:meth:`_fast_state`), built after its first direct launch there.
+        self._fast: tuple[Any, ...] | None = None
 
     @staticmethod
     def _parse_access(func: Callable[..., Any], overrides: Mapping[str, Any]
@@ -367,6 +373,9 @@ class TrackedKernel:
                         _warn_low_occupancy(self, grid)
                     fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                            plan.function, grid, block, shmem, handle, params, tracking=tracking)
+                    if _hot is not None and tracking and not uses.untracked and \
+                            not uses.producers:
+                        self._remember(rt, plan, args, handle, owner)
                     return
         launch = numba_launch()
         if host:
@@ -376,6 +385,79 @@ class TrackedKernel:
         else:
             fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args,
                    tracking=tracking)
+
+
+    # ------------------------------------------------------ compiled hot path
+    def _remember(self, rt: Any, plan: direct.LaunchPlan, args: tuple[Any, ...], handle: int,
+                  owner: Any) -> None:
+        """After a direct launch on the Python path: let the compiled hot path
+        (``numba_streamsafe._hot.launch``) take the next launches like it.
+        It needs this kernel's state on ``rt`` (:meth:`_fast_state`), the
+        plan under its argument types, each array's launch fields cached on
+        the array and the stream's handle cached on the stream object."""
+        state = self._fast
+        if state is None or state[0] is not rt:
+            state = self._fast = self._fast_state(rt)
+            if state is None:
+                return
+        argtypes = direct.argtypes_of(args)
+        if argtypes is None:
+            return
+        plans = state[12]
+        if not any(len(p[0]) == len(argtypes) and all(map(_is, p[0], argtypes)) for p in plans):
+            if len(plans) >= 8:
+                del plans[0]
+            plans.append((argtypes, plan.function, plan.codes, plan._cache, plan._cufunc,
+                          rt.device))
+        for (_, access), arg, ty in zip(self.params, args, argtypes, strict=True):
+            if access is not None and getattr(arg, "_nss_fast", None) is None:
+                _cache_array(arg, ty)
+        if owner is not None:
+            cached = getattr(owner, "_nss_stream", None)
+            if cached is None or cached[0] is not rt:
+                try:
+                    owner._nss_stream = (rt, handle)
+                except AttributeError:  # a stream object that takes no attributes
+                    pass
+
+    def _fast_state(self, rt: Any) -> tuple[Any, ...] | None:
+        """What the compiled hot path reads for this kernel on ``rt`` (the
+        field order is ``_hot.c``'s ``ST_*``), or None where it does not apply:
+        a resource other than :class:`AsyncResource`, a checking driver, or no
+        libcuda in the process."""
+        from numba_streamsafe.resources.async_resource import AsyncResource
+
+        resource = rt.resource
+        if (_hot is None or type(resource) is not AsyncResource or rt.driver.traces_accesses
+                or not _hot.available()):
+            return None
+        from numba.cuda.core import config as numba_config
+
+        no_warn = not (getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+                       and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
+        accesses = tuple(-1 if access is None else int(access) for _, access in self.params)
+        scalars = (direct.types.int64, direct.types.float64, direct.types.boolean,
+                   direct.types.complex128)
+        return (rt, resource, resource._lock, resource._live, resource._open, resource.marks,
+                launch_policy(rt), tracehook, _runtime_module, rt._destroyed,
+                resource._deferred_queue, accesses, [], scalars, self._warned_grids, no_warn,
+                rt.driver.launch_kernel, resource._eager)
+
+
+def _cache_array(arg: Any, argtype: Any) -> None:
+    """Cache on a device array over one of our blocks what the compiled hot
+    path reads: its block, the block's address, its Numba type and its launch
+    fields (fixed for the array's life)."""
+    block = getattr(getattr(arg, "gpu_data", None), "_nss_block", None)
+    if block is not None:
+        try:
+            arg._nss_fast = (block, block.ptr, argtype, direct.array_fields(arg))
+        except AttributeError:  # an array type that takes no attributes
+            pass
+
+
+def _is(a: Any, b: Any) -> bool:
+    return a is b
 
 
 def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
@@ -413,6 +495,9 @@ class _Launch:
         return self.kernel.dispatcher[config]
 
     def __call__(self, *args: Any) -> None:
+        fast = self.kernel._fast
+        if fast is not None and _hot.launch(fast, self.config, args):  # type: ignore[union-attr]
+            return
         config = self.config
         dims = None
         grid = direct.normalize_dims(config[0])

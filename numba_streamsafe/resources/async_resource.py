@@ -27,6 +27,7 @@ from numba_streamsafe.blocks import (
     positive_size,
 )
 from numba_streamsafe.errors import DriverError, InvalidArgument, OutOfMemory, StreamSafeError
+from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.deferred import DeferredFrees
@@ -161,7 +162,8 @@ class AsyncResource(MemoryResource):
         self.driver = driver
         self.device = driver.device
         self.events = EventPool(driver, opts.max_idle_events)
-        self._lock = threading.Lock()
+        # The compiled hot path takes its own lock type without a Python call.
+        self._lock = _hot.Lock() if _hot is not None else threading.Lock()
         #: Held while pending frees are synchronised and while a stream is
         #: retired, so a stream is never destroyed under a reap that syncs it.
         self._reap_lock = threading.RLock()
@@ -307,6 +309,9 @@ class AsyncResource(MemoryResource):
         return True
 
     def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
+        if _hot is not None:  # the same rules, compiled (numba_streamsafe.hot)
+            _hot.preflight(self, uses, stream, owner)
+            return
         if self._deferred:
             self._drain()
         with self._lock:
@@ -339,6 +344,9 @@ class AsyncResource(MemoryResource):
         ``owner`` is kept alive with the mark (the stream object, so the stream
         outlives every use recorded on it).
         """
+        if _hot is not None:  # the same rules, compiled (numba_streamsafe.hot)
+            _hot.commit(self, uses, stream, owner)
+            return
         with self._lock:
             entries = self._table.entries(uses, "commit")
             if not entries:

@@ -1,0 +1,140 @@
+"""The compiled hot path (``numba_streamsafe._hot``) on a real GPU: it takes
+repeated launches, queues exactly the waits and events the Python path
+queues, orders racing kernels (with a negative control), and stays right
+with several threads launching at once."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import numba_streamsafe as nss
+from numba_streamsafe.hot import hot
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(hot is None, reason="the compiled hot path is not built "
+                                 "(or NUMBA_STREAMSAFE_PURE_PYTHON is set)")]
+
+N = 1 << 16
+GRID, BLOCK = 256, 256
+TRIALS = 100
+
+
+def _counts():
+    stats = nss.memory_stats()
+    return (stats["waits_inserted"], stats["events_recorded"], stats["same_stream_uses"])
+
+
+def test_repeat_launches_take_the_hot_path(gpu, kernels, fresh_runtime):
+    s = gpu.stream()
+    x = nss.device_array(N, np.int32, stream=s)
+    kernels.fill[GRID, BLOCK, s](x, 0)  # the Python path: compiles, then caches
+    before = hot.launches()
+    for v in range(1, 21):
+        kernels.fill[GRID, BLOCK, s](x, v)
+    assert hot.launches() - before == 20
+    assert (nss.copy_to_host(x, stream=s) == 20).all()
+
+
+def _program(kernels, streams, xs):
+    """A fixed multi-stream program: writers and readers of three arrays on
+    three streams."""
+    fill, copy = kernels.fill, kernels.copy
+    for step in range(30):
+        s = streams[step % 3]
+        t = streams[(step + 1) % 3]
+        fill[GRID, BLOCK, s](xs[step % 3], step)
+        copy[GRID, BLOCK, t](xs[step % 3], xs[(step + 1) % 3])
+        copy[GRID, BLOCK, s](xs[(step + 2) % 3], xs[step % 3])
+
+
+def test_same_waits_and_events_as_the_python_path(gpu, kernels, fresh_runtime, monkeypatch):
+    streams = [gpu.stream() for _ in range(3)]
+    results = {}
+    for use_hot in (True, False, True):
+        xs = [nss.device_array(N, np.int32, stream=streams[0]) for _ in range(3)]
+        for x in xs:
+            kernels.fill[GRID, BLOCK, streams[0]](x, -1)
+        _program(kernels, streams, xs)  # warm: the arrays' fields cached
+        gpu.synchronize()
+        fast0, c0 = hot.launches(), _counts()
+        if not use_hot:  # the Python path only: no state for the hot path
+            for k in (kernels.fill, kernels.copy):
+                monkeypatch.setattr(k, "_remember", lambda *a, **kw: None)
+                monkeypatch.setattr(k, "_fast", None)
+        _program(kernels, streams, xs)
+        gpu.synchronize()
+        monkeypatch.undo()
+        taken = hot.launches() - fast0
+        delta = tuple(b - a for a, b in zip(c0, _counts(), strict=True))
+        out = [nss.copy_to_host(x, stream=streams[0]) for x in xs]
+        results.setdefault(use_hot, []).append((delta, taken, out))
+    (hot_delta, hot_taken, hot_out), _ = results[True]
+    ((py_delta, py_taken, py_out),) = results[False]
+    assert hot_taken == 90 and py_taken == 0
+    assert hot_delta == py_delta, (hot_delta, py_delta)
+    assert hot_delta[0] > 0  # the program does need waits
+    for a, b in zip(hot_out, py_out, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
+    """slow_fill on a, then copy on b: b must wait. The arrays are reused, so
+    every trial after the first launches through the hot path."""
+    a, b = gpu.stream(), gpu.stream()
+    x = nss.device_array(N, np.int32, stream=a)
+    y = nss.device_array(N, np.int32, stream=a)
+    spins = 1000
+    for k, args in ((kernels.slow_fill, (x, 0, 1)), (kernels.copy, (x, y))):
+        k[GRID, BLOCK, a](*args)
+        k[GRID, BLOCK, b](*args)
+    gpu.synchronize()
+    wrong = {True: 0, False: 0}
+    fast0 = hot.launches()
+    for trial in range(TRIALS):
+        for tracking in (True, False):
+            value = 2 * trial + (1 if tracking else 2)
+            with nss.tracking(tracking):
+                kernels.slow_fill[GRID, BLOCK, a](x, value, spins)
+                kernels.copy[GRID, BLOCK, b](x, y)
+            b.synchronize()
+            a.synchronize()
+            if not (nss.copy_to_host(y, stream=b) == value).all():
+                wrong[tracking] += 1
+    assert hot.launches() - fast0 >= 2 * TRIALS - 2  # the tracked trials took the hot path
+    assert wrong[True] == 0, f"tracked: {wrong[True]}/{TRIALS} wrong"
+    assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
+
+
+def test_threads_launch_through_the_hot_path(gpu, kernels, fresh_runtime):
+    """8 threads, each with a stream and arrays of its own, launch a chain of
+    dependent kernels at once; every result is right."""
+    nthreads, steps = 8, 200
+    errors: list[BaseException] = []
+    outs: list[np.ndarray | None] = [None] * nthreads
+    fast0 = hot.launches()
+
+    def work(t: int) -> None:
+        try:
+            gpu.current_context()
+            s1, s2 = gpu.stream(), gpu.stream()
+            x = nss.device_array(N, np.int32, stream=s1)
+            y = nss.device_array(N, np.int32, stream=s1)
+            for i in range(steps):
+                kernels.fill[GRID, BLOCK, s1](x, t * 1000 + i)
+                kernels.copy[GRID, BLOCK, s2](x, y)  # waits for the fill
+            outs[t] = nss.copy_to_host(y, stream=s2)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(nthreads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[0]
+    for t, out in enumerate(outs):
+        assert out is not None and (out == t * 1000 + steps - 1).all(), t
+    assert hot.launches() - fast0 > nthreads * steps  # most launches took the hot path
