@@ -28,7 +28,12 @@
 typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void *, void **, void **);
 
+typedef int (*record_fn)(void *, void *);
+typedef int (*wait_fn)(void *, void *, unsigned);
+
 static launch_fn cu_launch_kernel = NULL;
+static record_fn cu_event_record = NULL;
+static wait_fn cu_stream_wait_event = NULL;
 /* Launches launch() queued itself (tests read it through launches()). */
 static unsigned long long fast_launches = 0;
 static int cu_looked = 0;
@@ -42,7 +47,9 @@ static PyObject *s_acquire, *s_release, *s_last_write, *s_reads, *s_block, *s_st
     *s_refs, *s_owner, *s_wait_all, *s_current, *s_seal, *s_same_stream, *s_drain,
     *s_deferred_queue, *s_entry, *s_lock, *s_live, *s_open, *s_marks, *s_table, *s_eager,
     *s_active, *s_sole, *s_tracking, *s_direct_launch, *s_capture, *s_nss_fast, *s_nss_stream,
-    *s_preflight, *s_commit;
+    *s_preflight, *s_commit, *s_waiters, *s_handle, *s_events, *s_idle, *s_in_use, *s_recorded,
+    *s_waits, *s_max_idle, *s_pop, *s_append, *s_event_record, *s_stream_wait_event,
+    *s_destroyed_streams, *s_driver, *s_pool_acquire, *s_book_open;
 
 typedef struct {
     PyObject *entry; /* strong */
@@ -206,18 +213,291 @@ static int add_refs(PyObject *mark, long delta) {
     return rc;
 }
 
-static int book_release(PyObject *book, PyObject *mark) {
-    PyObject *r = PyObject_CallMethodObjArgs(book, s_release, mark, NULL);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
+/* The Mark class (numba_streamsafe.resources.marks.Mark), set by set_mark_type():
+ * marks of exactly this class are handled here; others (ForeignMark) by the
+ * mark book's Python methods. */
+static PyObject *MarkClass = NULL;
+
+
+static long attr_long(PyObject *o, PyObject *name, int *err) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) { *err = 1; return 0; }
+    long x = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) *err = 1;
+    return x;
+}
+
+static int set_long(PyObject *o, PyObject *name, long x) {
+    PyObject *v = PyLong_FromLong(x);
+    if (v == NULL) return -1;
+    int rc = PyObject_SetAttr(o, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int lock_acquire(PyObject *lock, int blocking);
+static int lock_release(PyObject *lock);
+
+/* EventPool.release(handle) for the common case (room in the idle deque);
+ * otherwise the pool's method. */
+static int pool_release(PyObject *events, PyObject *handle) {
+    PyObject *lock = PyObject_GetAttr(events, s_lock);
+    if (lock == NULL) return -1;
+    if (lock_acquire(lock, 1) < 0) { Py_DECREF(lock); return -1; }
+    int err = 0, done = 0;
+    PyObject *idle = PyObject_GetAttr(events, s_idle);
+    long in_use = attr_long(events, s_in_use, &err);
+    long max_idle = err ? 0 : attr_long(events, s_max_idle, &err);
+    if (idle != NULL && !err) {
+        Py_ssize_t n = PyObject_Size(idle);
+        if (n >= 0 && n < max_idle) {
+            PyObject *r = PyObject_CallMethodObjArgs(idle, s_append, handle, NULL);
+            if (r == NULL) err = 1; else { Py_DECREF(r); done = 1; }
+            if (!err && set_long(events, s_in_use, in_use - 1) < 0) err = 1;
+        } else if (n < 0) {
+            err = 1;
+        }
+    } else {
+        err = 1;
+    }
+    Py_XDECREF(idle);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int rel = lock_release(lock);
+    Py_DECREF(lock);
+    if (et != NULL) { PyErr_Restore(et, ev, tb); return -1; }
+    if (rel < 0 || err) return -1;
+    if (!done) {
+        PyObject *r = PyObject_CallMethodObjArgs(events, s_release, handle, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
     return 0;
+}
+
+/* MarkBook.release(mark): one use fewer; at none, the event goes back to the
+ * pool and the mark keeps no stream object alive. */
+static int book_release(PyObject *book, PyObject *mark) {
+    if (MarkClass == NULL || (PyObject *)Py_TYPE(mark) != MarkClass) {
+        PyObject *r = PyObject_CallMethodObjArgs(book, s_release, mark, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        return 0;
+    }
+    int err = 0;
+    long refs = attr_long(mark, s_refs, &err) - 1;
+    if (err || set_long(mark, s_refs, refs) < 0) return -1;
+    if (refs != 0) return 0;
+    PyObject *handle = PyObject_GetAttr(mark, s_handle);
+    if (handle == NULL) return -1;
+    if (handle != Py_None) {
+        PyObject *events = PyObject_GetAttr(book, s_events);
+        int rc = events == NULL ? -1 : pool_release(events, handle);
+        Py_XDECREF(events);
+        if (rc < 0 || PyObject_SetAttr(mark, s_handle, Py_None) < 0) {
+            Py_DECREF(handle); return -1;
+        }
+    }
+    Py_DECREF(handle);
+    if (PyObject_SetAttr(mark, s_owner, Py_None) < 0) return -1;
+    return PyObject_SetAttr(mark, s_waiters, Py_None);
+}
+
+/* A pooled event recorded on ``stream`` (EventPool.record) through libcuda:
+ * an idle handle popped (else the pool's acquire), cuEventRecord; on a driver
+ * error the driver layer's event_record retries in the right context or
+ * raises (the handle then goes back to the pool). */
+static PyObject *pool_record(PyObject *events, PyObject *driver, PyObject *stream, int direct) {
+    PyObject *lock = PyObject_GetAttr(events, s_lock);
+    if (lock == NULL) return NULL;
+    if (lock_acquire(lock, 1) < 0) { Py_DECREF(lock); return NULL; }
+    PyObject *handle = NULL;
+    int err = 0;
+    PyObject *idle = PyObject_GetAttr(events, s_idle);
+    if (idle == NULL) {
+        err = 1;
+    } else {
+        Py_ssize_t n = PyObject_Size(idle);
+        if (n > 0) {
+            long in_use = attr_long(events, s_in_use, &err);
+            if (!err) handle = PyObject_CallMethodObjArgs(idle, s_pop, NULL);
+            if (handle == NULL || set_long(events, s_in_use, in_use + 1) < 0) err = 1;
+        } else if (n < 0) {
+            err = 1;
+        }
+        Py_DECREF(idle);
+    }
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int rel = lock_release(lock);
+    Py_DECREF(lock);
+    if (et != NULL || rel < 0 || err) {
+        if (et != NULL) PyErr_Restore(et, ev, tb);
+        Py_XDECREF(handle);
+        return NULL;
+    }
+    if (handle == NULL) { /* none idle: the pool creates one */
+        handle = PyObject_CallMethodObjArgs(events, s_pool_acquire, NULL);
+        if (handle == NULL) return NULL;
+    }
+    int rc = -1; /* not recorded here: the driver layer records it */
+    if (direct) {
+        void *h = NULL, *sh = NULL;
+        PyObject *hl = PyNumber_Long(handle);
+        if (hl != NULL) { h = PyLong_AsVoidPtr(hl); Py_DECREF(hl); }
+        if (!PyErr_Occurred()) sh = PyLong_AsVoidPtr(stream);
+        rc = PyErr_Occurred() ? -1 : cu_event_record(h, sh);
+    }
+    if (rc != 0) {
+        PyErr_Clear();
+        PyObject *r = PyObject_CallMethodObjArgs(driver, s_event_record, handle, stream, NULL);
+        if (r == NULL) {
+            PyObject *t1, *v1, *b1;
+            PyErr_Fetch(&t1, &v1, &b1);
+            PyObject *r2 = PyObject_CallMethodObjArgs(events, s_release, handle, NULL);
+            Py_XDECREF(r2);
+            PyErr_Clear();
+            PyErr_Restore(t1, v1, b1);
+            Py_DECREF(handle);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    int e2 = 0;
+    long recorded = attr_long(events, s_recorded, &e2);
+    if (e2 || set_long(events, s_recorded, recorded + 1) < 0) { Py_DECREF(handle); return NULL; }
+    return handle;
+}
+
+/* MarkBook.seal(mark) for a Mark: its event, recorded now if it has none. */
+static PyObject *seal_mark(PyObject *book, PyObject *open, PyObject *events, PyObject *driver,
+                           PyObject *mark, int direct) {
+    PyObject *handle = PyObject_GetAttr(mark, s_handle);
+    if (handle == NULL || handle != Py_None) return handle;
+    Py_DECREF(handle);
+    PyObject *ms = PyObject_GetAttr(mark, s_stream);
+    if (ms == NULL) return NULL;
+    handle = pool_record(events, driver, ms, direct);
+    if (handle == NULL || PyObject_SetAttr(mark, s_handle, handle) < 0) {
+        Py_DECREF(ms); Py_XDECREF(handle); return NULL;
+    }
+    PyObject *cur = PyDict_GetItemWithError(open, ms);
+    if (cur == NULL && PyErr_Occurred()) { Py_DECREF(ms); Py_DECREF(handle); return NULL; }
+    if (cur == mark && PyDict_DelItem(open, ms) < 0) {
+        Py_DECREF(ms); Py_DECREF(handle); return NULL;
+    }
+    Py_DECREF(ms);
+    return handle;
+}
+
+/* MarkBook.wait_all(stream, marks, owner) here when every mark is a Mark, no
+ * trace is recording and the driver has no destroyed streams, otherwise the
+ * mark book's method. With ``direct`` the events are recorded and waited for
+ * through libcuda, else through the driver layer (the simulated driver). */
+static int wait_all(PyObject *book, PyObject *stream, PyObject *marks, PyObject *owner,
+                    PyObject *tracehook_module, int direct) {
+    Py_ssize_t n = PyList_Size(marks);
+    if (direct && cu_stream_wait_event == NULL) direct = 0;
+    int python = MarkClass == NULL;
+    for (Py_ssize_t i = 0; i < n && !python; i++) {
+        python = (PyObject *)Py_TYPE(PyList_GetItem(marks, i)) != MarkClass;
+    }
+    if (!python) {
+        if (tracehook_module == NULL) {
+            tracehook_module = PyImport_ImportModule("numba_streamsafe.tracehook");
+            if (tracehook_module == NULL) return -1;
+        } else {
+            Py_INCREF(tracehook_module);
+        }
+        PyObject *active = PyObject_GetAttr(tracehook_module, s_active);
+        Py_DECREF(tracehook_module);
+        if (active == NULL) return -1;
+        python = active != Py_None;
+        Py_DECREF(active);
+    }
+    PyObject *driver = python ? NULL : PyObject_GetAttr(book, s_driver);
+    if (!python) {
+        if (driver == NULL) return -1;
+        PyObject *destroyed = PyObject_GetAttr(driver, s_destroyed_streams);
+        if (destroyed == NULL) { Py_DECREF(driver); return -1; }
+        python = PyObject_IsTrue(destroyed) != 0; /* the driver layer checks them */
+        Py_DECREF(destroyed);
+        if (python) Py_CLEAR(driver);
+    }
+    if (python) {
+        PyObject *r = PyObject_CallMethodObjArgs(book, s_wait_all, stream, marks, owner, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+        return 0;
+    }
+    PyObject *events = PyObject_GetAttr(book, s_events);
+    PyObject *open = events == NULL ? NULL : PyObject_GetAttr(book, s_book_open);
+    if (open == NULL) { Py_XDECREF(events); Py_DECREF(driver); return -1; }
+    int rc = 0;
+    long queued = 0;
+    void *sh = NULL;
+    if (direct) {
+        sh = PyLong_AsVoidPtr(stream);
+        if (PyErr_Occurred()) rc = -1;
+    }
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        PyObject *mark = PyList_GetItem(marks, i);
+        PyObject *waiters = PyObject_GetAttr(mark, s_waiters);
+        if (waiters == NULL) { rc = -1; break; }
+        if (waiters == Py_None) {
+            Py_DECREF(waiters);
+            waiters = PyDict_New();
+            if (waiters == NULL || PyObject_SetAttr(mark, s_waiters, waiters) < 0) {
+                Py_XDECREF(waiters); rc = -1; break;
+            }
+        } else {
+            PyObject *prev = PyDict_GetItemWithError(waiters, stream);
+            if (prev == NULL && PyErr_Occurred()) { Py_DECREF(waiters); rc = -1; break; }
+            if (prev != NULL) {
+                if (owner != Py_None && prev == Py_None &&
+                    PyDict_SetItem(waiters, stream, owner) < 0) rc = -1;
+                Py_DECREF(waiters);
+                continue;
+            }
+        }
+        PyObject *handle = seal_mark(book, open, events, driver, mark, direct);
+        if (handle == NULL) { Py_DECREF(waiters); rc = -1; break; }
+        int err = -1; /* not queued here: the driver layer queues it */
+        if (direct) {
+            void *h = NULL;
+            PyObject *hl = PyNumber_Long(handle);
+            if (hl != NULL) { h = PyLong_AsVoidPtr(hl); Py_DECREF(hl); }
+            err = PyErr_Occurred() ? -1 : cu_stream_wait_event(sh, h, 0);
+        }
+        if (err != 0) {
+            PyErr_Clear();
+            PyObject *r = PyObject_CallMethodObjArgs(driver, s_stream_wait_event, stream, handle,
+                                                     NULL);
+            if (r == NULL) { Py_DECREF(handle); Py_DECREF(waiters); rc = -1; break; }
+            Py_DECREF(r);
+        }
+        Py_DECREF(handle);
+        if (PyDict_SetItem(waiters, stream, owner) < 0) rc = -1;
+        Py_DECREF(waiters);
+        queued++;
+    }
+    if (queued) {
+        int e = 0;
+        long waits = attr_long(book, s_waits, &e);
+        if (e || set_long(book, s_waits, waits + queued) < 0) rc = -1;
+    }
+    Py_DECREF(events);
+    Py_DECREF(open);
+    Py_DECREF(driver);
+    return rc;
 }
 
 /* Preflight with the resource's lock held: the marks of other streams the uses
  * must wait for go to book.wait_all(stream, marks, owner). *same counts uses
  * whose last write is on ``stream``. */
 static int preflight_locked(PyObject *book, Use *u, int n, PyObject *stream, PyObject *owner,
-                            long *same) {
+                            long *same, PyObject *tracehook_module, int direct) {
     PyObject *marks = NULL;
     long nsame = 0;
     for (int i = 0; i < n; i++) {
@@ -258,10 +538,9 @@ static int preflight_locked(PyObject *book, Use *u, int n, PyObject *stream, PyO
     }
     *same = nsame;
     if (marks != NULL) {
-        PyObject *r = PyObject_CallMethodObjArgs(book, s_wait_all, stream, marks, owner, NULL);
+        int rc = wait_all(book, stream, marks, owner, tracehook_module, direct);
         Py_DECREF(marks);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
+        return rc;
     }
     return 0;
 fail:
@@ -282,7 +561,11 @@ static int commit_locked(PyObject *book, PyObject *open, Use *u, int n, PyObject
         need = mo == Py_None;
         Py_DECREF(mo);
     }
-    if (need) {
+    if (need && mark == NULL && MarkClass != NULL) { /* MarkBook.current: a new open mark */
+        mark = PyObject_CallFunctionObjArgs(MarkClass, stream, owner, NULL);
+        if (mark == NULL) return -1;
+        if (PyDict_SetItem(open, stream, mark) < 0) { Py_DECREF(mark); return -1; }
+    } else if (need) {
         mark = PyObject_CallMethodObjArgs(book, s_current, stream, owner, NULL);
         if (mark == NULL) return -1;
     } else {
@@ -457,7 +740,7 @@ static PyObject *hot_preflight(PyObject *self, PyObject *args) {
     int rc = entries_of(resource, uses, s_preflight, u, &n);
     if (rc == 0) {
         PyObject *book = PyObject_GetAttr(resource, s_marks);
-        rc = book == NULL ? -1 : preflight_locked(book, u, n, stream, owner, &same);
+        rc = book == NULL ? -1 : preflight_locked(book, u, n, stream, owner, &same, NULL, 0);
         Py_XDECREF(book);
         if (rc == 0) rc = bump_same(resource, same);
         drop_uses(u, n);
@@ -657,7 +940,14 @@ static void find_launch(void) {
     cu_looked = 1;
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (lib == NULL) return;
-    cu_launch_kernel = (launch_fn)dlsym(lib, "cuLaunchKernel");
+    record_fn rec = (record_fn)dlsym(lib, "cuEventRecord");
+    wait_fn wait = (wait_fn)dlsym(lib, "cuStreamWaitEvent");
+    launch_fn launch = (launch_fn)dlsym(lib, "cuLaunchKernel");
+    if (rec != NULL && wait != NULL && launch != NULL) {
+        cu_event_record = rec;
+        cu_stream_wait_event = wait;
+        cu_launch_kernel = launch;
+    }
 }
 
 enum {
@@ -686,6 +976,8 @@ static PyObject *hot_launch(PyObject *self, PyObject *const *fargs, Py_ssize_t n
         return NULL;
     }
 #define ST(i) PyTuple_GetItem(state, (i))
+    if (!cu_looked) find_launch();
+    if (cu_launch_kernel == NULL) Py_RETURN_FALSE;
     PyObject *rt = ST(ST_RT);
     /* The conditions the state was built under still hold. */
     {
@@ -711,9 +1003,6 @@ static PyObject *hot_launch(PyObject *self, PyObject *const *fargs, Py_ssize_t n
         t = PyObject_IsTrue(ST(ST_DEFERRED));
         if (t) { if (t < 0) return NULL; Py_RETURN_FALSE; }
     }
-    if (!cu_looked) find_launch();
-    if (cu_launch_kernel == NULL) Py_RETURN_FALSE;
-
     /* Configuration. */
     Py_ssize_t nconf = PyTuple_Size(config);
     if (nconf < 2 || nconf > 4) Py_RETURN_FALSE;
@@ -860,11 +1149,10 @@ static PyObject *hot_launch(PyObject *self, PyObject *const *fargs, Py_ssize_t n
         for (int i = 0; i < np; i++) ptrs[i] = buf + 8 * i;
 
         /* Preflight. */
-        int got = lock_acquire(lock, 0);
-        if (got <= 0) { if (got < 0) goto error; goto slow; }
+        if (lock_acquire(lock, 1) < 0) goto error; /* waits with the GIL released */
         long same = 0;
         PyObject *resource = ST(ST_RESOURCE);
-        int rc = preflight_locked(ST(ST_BOOK), u, nu, handle, owner, &same);
+        int rc = preflight_locked(ST(ST_BOOK), u, nu, handle, owner, &same, ST(ST_TRACEHOOK), 1);
         if (rc == 0) rc = bump_same(resource, same);
         {
             PyObject *et, *ev, *tb;
@@ -925,11 +1213,20 @@ static PyObject *hot_available(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(cu_launch_kernel != NULL);
 }
 
+static PyObject *hot_set_mark_type(PyObject *self, PyObject *cls) {
+    Py_XDECREF(MarkClass);
+    Py_INCREF(cls);
+    MarkClass = cls;
+    Py_RETURN_NONE;
+}
+
 static PyObject *hot_launches(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(fast_launches);
 }
 
 static PyMethodDef methods[] = {
+    {"set_mark_type", hot_set_mark_type, METH_O,
+     "set_mark_type(cls): the mark class handled in C (numba_streamsafe's Mark)."},
     {"launches", hot_launches, METH_NOARGS,
      "launches() -> int: kernels launch() has queued in this process."},
     {"preflight", hot_preflight, METH_VARARGS,
@@ -982,6 +1279,22 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_nss_stream, "_nss_stream");
     INTERN(s_preflight, "preflight");
     INTERN(s_commit, "commit");
+    INTERN(s_waiters, "waiters");
+    INTERN(s_handle, "handle");
+    INTERN(s_events, "events");
+    INTERN(s_idle, "_idle");
+    INTERN(s_in_use, "in_use");
+    INTERN(s_recorded, "recorded");
+    INTERN(s_waits, "waits");
+    INTERN(s_max_idle, "_max_idle");
+    INTERN(s_pop, "pop");
+    INTERN(s_append, "append");
+    INTERN(s_event_record, "event_record");
+    INTERN(s_stream_wait_event, "stream_wait_event");
+    INTERN(s_destroyed_streams, "destroyed_streams");
+    INTERN(s_driver, "driver");
+    INTERN(s_pool_acquire, "acquire");
+    INTERN(s_book_open, "open");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     LockType = (PyTypeObject *)PyType_FromSpec(&lock_spec);

@@ -9,6 +9,7 @@ from typing import Any
 
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.errors import DriverError
+from numba_streamsafe.hot import hot as _hot
 
 __all__ = ["EventPool"]
 
@@ -34,7 +35,8 @@ class EventPool:
         self._driver = driver
         self._idle: collections.deque[Any] = collections.deque()
         self._max_idle = max_idle
-        self._lock = threading.Lock()
+        # The compiled hot path takes its own lock type without a Python call.
+        self._lock = _hot.Lock() if _hot is not None else threading.Lock()
         self.in_use = 0
         #: Events recorded over the pool's life (:meth:`record`).
         self.recorded = 0

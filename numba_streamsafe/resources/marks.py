@@ -15,6 +15,7 @@ from typing import Any
 
 from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import Driver
+from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.resources.events import EventPool
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "retired_stream_id"]
@@ -200,3 +201,7 @@ class MarkBook:
 
     def clear(self) -> None:
         self.open.clear()
+
+
+if _hot is not None:  # the compiled hot path handles marks of exactly this class
+    _hot.set_mark_type(Mark)
