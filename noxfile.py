@@ -18,6 +18,8 @@ def tests(session: nox.Session) -> None:
         session.run("pytest", *session.posargs)
         return
     session.run("pytest")
+    # The pure-Python path (the fallback where the compiled hot path is not built).
+    session.run("pytest", "-q", env={"NUMBA_STREAMSAFE_PURE_PYTHON": "1"})
     # Exit status 5: no test is marked slow.
     session.run("pytest", "-m", "slow", success_codes=[0, 5])
 
