@@ -163,6 +163,9 @@ def main() -> dict:
     if direct:
         variants.append(("tracked, Numba path", tracked, False))
     raw = RawLaunch(rt, tracked, (a, b, c)) if direct else None
+    from numba_streamsafe.hot import hot
+
+    hot_entry = hot is not None and direct
     raw_fns = {s: raw.launcher(s) for s in (s1, s2)} if raw is not None else {}
     results: dict[str, Any] = {}
     for scenario, streams in (("same stream", (s1, s1)), ("cross stream", (s1, s2))):
@@ -178,6 +181,19 @@ def main() -> dict:
                         k[1, 32, streams[i & 1]](a, b, c)
                     cuda.synchronize()
                     per[label].append((time.perf_counter() - start) / args.launches * 1e6)
+            if hot_entry and tracked._fast is not None:
+                # Where the microseconds go: the compiled entry point alone, without
+                # ``k[grid, block, stream]`` and the Python call around it.
+                state, enter = tracked._fast, hot.launch
+                cfgs = ((1, 32, streams[0]), (1, 32, streams[1]))
+                abc = (a, b, c)
+                per.setdefault("tracked, C entry", [])
+                cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(args.launches):
+                    enter(state, cfgs[i & 1], abc)
+                cuda.synchronize()
+                per["tracked, C entry"].append((time.perf_counter() - start) / args.launches * 1e6)
             if raw is not None:
                 fns = (raw_fns[streams[0]], raw_fns[streams[1]])
                 per.setdefault("raw", [])
@@ -195,6 +211,8 @@ def main() -> dict:
         if "tracked, Numba path" in med:
             results[scenario]["ratio_numba_path"] = ratio_of_medians(
                 per, "tracked, Numba path", "untracked")
+        if "tracked, C entry" in per and len(per["tracked, C entry"]) == args.rounds:
+            results[scenario]["ratio_c_entry"] = ratio_of_medians(per, "tracked, C entry", "raw")
         if "raw" in per:
             results[scenario]["ratio_raw"] = ratio_of_medians(per, "tracked", "raw")
             results[scenario]["untracked_over_raw"] = ratio_of_medians(per, "untracked", "raw")
@@ -214,6 +232,10 @@ def main() -> dict:
         if "ratio_raw" in r:
             print(f"  {'':12s}  raw cuLaunchKernel {m['raw']:7.2f} us  tracked / raw "
                   f"{r['ratio_raw']:.3f}  untracked / raw {r['untracked_over_raw']:.3f}")
+        if "ratio_c_entry" in r:
+            print(f"  {'':12s}  compiled entry alone {m['tracked, C entry']:7.2f} us  "
+                  f"(/ raw {r['ratio_c_entry']:.3f}); the Python call around it "
+                  f"{m['tracked'] - m['tracked, C entry']:5.2f} us")
     if "threads" in results:
         th = results["threads"]
         lps = "  ".join(f"{k} {v:,.0f}/s" for k, v in th["launches_per_s"].items())
