@@ -40,6 +40,8 @@ def main() -> int:
     run("pipeline.py", *tiny)
     run("pipeline.py", "--sort", "bucket", *tiny)
     run("pipeline.py", "--build-memory", "pageable", *tiny)
+    run("graph_replay.py", *(["--n", "256", "--batches", "2", "--rounds", "1"] if args.quick
+                             else []))
 
     launch = load("launch_overhead")["results"]
     alloc = load("alloc_free")["ratio"]
@@ -47,6 +49,7 @@ def main() -> int:
     pipe = load("pipeline")
     bucket = load("pipeline-bucket")
     pageable = load("pipeline-pageable")
+    graph = load("graph_replay")
 
     rows = [
         ("tracked / untracked launch, cross stream", launch["cross stream"]["ratio"], "<=", 1.10),
@@ -69,6 +72,7 @@ def main() -> int:
         ("pipeline: throughput vs hand-placed events", pipe["tracked_throughput_vs_events"],
          ">=", 0.95),
         ("pipeline: peak bytes ours / Numba default", pipe["peak_ours_over_numba"], "<=", 1.0),
+        ("probe stage: host time graph replay / eager", graph["ratio_host"], "<=", 0.5),
     ]
     print()
     print(f"{'figure':48s} {'ours':>8s} {'target':>9s}  verdict")
@@ -78,7 +82,8 @@ def main() -> int:
             continue
         ok = value <= target if op == "<=" else value >= target
         print(f"{name:48s} {value:8.3f} {op}{target:>7.2f}  {'pass' if ok else 'MISS'}")
-    print(f"pipeline correct: {pipe['correct']}")
+    print(f"pipeline correct: {pipe['correct']}; graph replay correct: {graph['correct']}, "
+          f"wall time graph / eager {graph['ratio_wall']:.3f} ({graph['operations']} operations)")
     bare = alloc.get("bare_async_emm")
     if bare:
         print("alloc+free ours / bare cuMemAllocAsync+cuMemFreeAsync (the floor): "

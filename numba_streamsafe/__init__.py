@@ -30,6 +30,7 @@ from numba_streamsafe.errors import (
     StreamSafeError,
     UseAfterFree,
 )
+from numba_streamsafe.graphs import Graph, GraphCaptureError, graph
 from numba_streamsafe.memstats import memory_stats, reset_peak_stats
 from numba_streamsafe.races import RaceCheck, hazards, race_check
 from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedLaunchWarning
@@ -79,6 +80,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "graph",
+    "Graph",
+    "GraphCaptureError",
     "trace",
     "Trace",
     "race_check",

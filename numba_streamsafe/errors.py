@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "StreamSafeError",
+    "GraphCaptureError",
     "DriverError",
     "OutOfMemory",
     "OutOfBudget",
@@ -179,3 +180,9 @@ class RaceDetected(StreamSafeError, AssertionError):
         self.hazard = hazard
         super().__init__(f"race: {hazard}. Order the second after the first (declare the "
                          "argument's access, launch on one stream, or use a tracked copy)")
+
+
+class GraphCaptureError(StreamMisuse):
+    """Work a CUDA graph capture cannot hold (an allocation on the captured
+    stream, another thread's work, a foreign producer stream), or a graph used
+    before its capture ended (:mod:`numba_streamsafe.graphs`)."""

@@ -334,6 +334,9 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     StreamMisuse
         Untracked memory when ``strict``; nothing is queued.
     """
+    capture = rt.capture
+    if capture is not None and capture.handle == stream:  # a graph records it (graphs.py)
+        return capture.record(stream, uses, label, strict, work, args)  # type: ignore[no-any-return]
     tracer = tracehook.active
     if tracer is not None:
         return tracer.fenced(rt, stream, uses, label, strict, owner, work, args, tracking)

@@ -18,7 +18,7 @@ from typing import Any
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, check_block, check_int
-from numba_streamsafe.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.errors import GraphCaptureError, InvalidArgument, StreamMisuse
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
@@ -260,11 +260,42 @@ class DeviceRuntime:
 
     # ------------------------------------------------------------------ blocks
     def allocate(self, nbytes: int, stream: Any = None, tag: str = "") -> Block:
-        """Allocate ``nbytes`` ordered on ``stream`` (default: the default stream)."""
+        """Allocate ``nbytes`` ordered on ``stream`` (default: the default stream).
+
+        Raises
+        ------
+        StreamMisuse
+            A graph is being captured on ``stream``, or ``stream`` is the legacy
+            default stream while one is (see :meth:`check_capture`).
+        """
         if stream is None:
-            return self.resource.allocate(nbytes, default_stream_handle(), tag)
+            handle = default_stream_handle()
+            if self.capture is not None:
+                self.check_capture(handle, tag)
+            return self.resource.allocate(nbytes, handle, tag)
         handle, owner = self.stream_ref(stream)
+        if self.capture is not None:
+            self.check_capture(handle, tag)
         return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
+
+    def check_capture(self, handle: int, what: str) -> None:
+        """Refuse an allocation on ``handle`` while a graph is being captured when
+        it would land in the capture (its stream) or break it (the legacy default
+        stream, which synchronises with the capturing stream).
+
+        Raises
+        ------
+        StreamMisuse
+            The allocation cannot be made during the capture; nothing is queued.
+        """
+        capture = self.capture
+        if capture is not None and (handle == capture.handle or handle <= 1):
+            where = "the stream being captured" if handle == capture.handle else \
+                "the legacy default stream, which would break the capture"
+            raise GraphCaptureError(
+                f"allocation {what!r} on {where} ({handle:#x}): a graph capture holds no "
+                "allocations. Allocate the graph's arrays (and upload its host inputs) before "
+                "the capture, or on another stream")
 
     def deallocate(self, block: Block) -> None:
         """Free ``block``: its free is queued on its allocation stream after every

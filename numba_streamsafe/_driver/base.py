@@ -153,6 +153,34 @@ class Driver(Protocol):
         (for calls made for this device while another device's is current)."""
         ...
 
+    def begin_capture(self, stream: int) -> None:
+        """Start capturing the work queued on ``stream`` into a graph
+        (``cuStreamBeginCapture``, thread-local mode)."""
+        ...
+
+    def capture_work(self, stream: int, work: Any, args: tuple[Any, ...],
+                     accesses: list[tuple[int, int, Any]], label: str, copy: bool) -> Any:
+        """Queue ``work(*args)`` (one launch, copy or fill on ``stream``) into the
+        capture: the CUDA backend runs it (the driver captures what it queues);
+        the simulated backend records it to run at each replay."""
+        ...
+
+    def end_capture(self, stream: int) -> Any:
+        """End the capture of ``stream``; the captured graph."""
+        ...
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        """An executable of ``graph`` (``cuGraphInstantiate``)."""
+        ...
+
+    def graph_launch(self, graph_exec: Any, stream: int) -> None:
+        """Queue one replay of ``graph_exec`` on ``stream`` (``cuGraphLaunch``)."""
+        ...
+
+    def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
+        """Destroy a graph and its executable (either may be None)."""
+        ...
+
     def trace_access(self, stream: int, accesses: Any, label: str, *,
                      copy: bool = False, site: str | None = None) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.

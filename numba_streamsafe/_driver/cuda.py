@@ -323,6 +323,34 @@ class CudaDriver:
         if err:
             self._retry_in_context("cuStreamWaitEvent", err, self._wait, stream, event, 0)
 
+    # ---------------------------------------------------------------- graphs
+    def begin_capture(self, stream: int) -> None:
+        # Thread-local mode: only this thread's calls that are unsafe during a
+        # capture fail; other threads go on (their work is not captured).
+        mode = self._drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        self._check("cuStreamBeginCapture", self._drv.cuStreamBeginCapture(stream, mode))
+
+    def capture_work(self, stream: int, work: Any, args: tuple[Any, ...],
+                     accesses: list[tuple[int, int, Any]], label: str, copy: bool) -> Any:
+        return work(*args)  # queued on the capturing stream: the driver captures it
+
+    def end_capture(self, stream: int) -> Any:
+        return self._check("cuStreamEndCapture", self._drv.cuStreamEndCapture(stream))
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        return self._check("cuGraphInstantiate", self._drv.cuGraphInstantiate(graph, 0))
+
+    def graph_launch(self, graph_exec: Any, stream: int) -> None:
+        if self.destroyed_streams and stream in self.destroyed_streams:
+            raise self._destroyed("cuGraphLaunch", stream)
+        self._check("cuGraphLaunch", self._drv.cuGraphLaunch(graph_exec, stream))
+
+    def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
+        if graph_exec is not None:
+            self._check("cuGraphExecDestroy", self._drv.cuGraphExecDestroy(graph_exec))
+        if graph is not None:
+            self._check("cuGraphDestroy", self._drv.cuGraphDestroy(graph))
+
     # ---------------------------------------------------------------- kernels
     def launch_kernel(self, function: int, grid: tuple[int, int, int],
                       block: tuple[int, int, int], shared_mem: int, stream: int,

@@ -69,6 +69,19 @@ LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
 _MIN_CHUNK = 256
 _ALIGN = 256
+#: ``CUDA_ERROR_ILLEGAL_STATE`` and ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``.
+CUDA_ERROR_ILLEGAL_STATE = 401
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
+
+
+@dataclass(frozen=True)
+class _SimGraph:
+    """A captured graph of the simulated driver: its stream and the work recorded."""
+
+    stream: int
+    ops: tuple[tuple[Any, ...], ...]
+
+
 #: ``CUDA_ERROR_INVALID_DEVICE``: a peer that is no device of the system.
 _INVALID_DEVICE = 101
 
@@ -280,6 +293,8 @@ class SimDriver:
         self.calls: collections.Counter[str] = collections.Counter()
         self.events_created = 0
         self.events_destroyed = 0
+        #: Streams being captured -> the work recorded so far.
+        self._captures: dict[int, list[tuple[Any, ...]]] = {}
 
     # ------------------------------------------------------------------ faults
     def inject_failure(self, call: str, code: int = CUDA_ERROR_INVALID_VALUE, *, skip: int = 0,
@@ -502,6 +517,76 @@ class SimDriver:
         """Events of this device created and not yet destroyed."""
         device = self.device
         return sum(1 for d in self.system.event_devices.values() if d == device)
+
+    # ---------------------------------------------------------------- graphs
+    def begin_capture(self, stream: int) -> None:
+        """Start recording the work queued on ``stream`` (``cuStreamBeginCapture``):
+        until :meth:`end_capture`, :meth:`capture_work` records it instead of
+        running it. Default streams cannot be captured."""
+        with self._lock:
+            self._enter("cuStreamBeginCapture")
+            if stream <= PER_THREAD_STREAM:
+                raise DriverError("cuStreamBeginCapture", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                                  f"stream {stream:#x} is a default stream")
+            self._stream(stream, "cuStreamBeginCapture")
+            if stream in self._captures:
+                raise DriverError("cuStreamBeginCapture", CUDA_ERROR_ILLEGAL_STATE,
+                                  f"stream {stream:#x} is already capturing")
+            self._captures[stream] = []
+
+    def capture_work(self, stream: int, work: Any, args: tuple[Any, ...],
+                     accesses: list[tuple[int, int, Any]], label: str, copy: bool) -> Any:
+        """Record ``work(*args)`` and what it touches, to run at every replay."""
+        with self._lock:
+            ops = self._captures.get(stream)
+            if ops is None:
+                raise DriverError("capture", CUDA_ERROR_ILLEGAL_STATE,
+                                  f"stream {stream:#x} is not capturing")
+            ops.append((work, args, list(accesses), label, copy))
+        return None
+
+    def end_capture(self, stream: int) -> Any:
+        with self._lock:
+            self._enter("cuStreamEndCapture")
+            ops = self._captures.pop(stream, None)
+            if ops is None:
+                raise DriverError("cuStreamEndCapture", CUDA_ERROR_ILLEGAL_STATE,
+                                  f"stream {stream:#x} is not capturing")
+            return _SimGraph(stream, tuple(ops))
+
+    def graph_instantiate(self, graph: Any) -> Any:
+        with self._lock:
+            self._enter("cuGraphInstantiate")
+        return graph
+
+    def graph_launch(self, graph_exec: Any, stream: int) -> None:
+        """Replay the recorded work in order. It runs on the stream it was captured
+        on; a replay on another stream is ordered as CUDA orders a graph launch,
+        after the work queued on ``stream`` before it and before what follows
+        (the capture stream waits for ``stream``, and ``stream`` for it)."""
+        with self._lock:
+            self._enter("cuGraphLaunch")
+            self._stream(stream, "cuGraphLaunch")
+        home = graph_exec.stream
+        if stream != home:
+            self._join(home, stream)
+        for work, args, accesses, label, copy in graph_exec.ops:
+            work(*args)
+            if accesses:
+                self.trace_access(home, accesses, label, copy=copy)
+        if stream != home:
+            self._join(stream, home)
+
+    def _join(self, waiter: int, on: int) -> None:
+        """``waiter`` waits for everything queued on ``on`` so far."""
+        event = self.event_create()
+        self.event_record(event, on)
+        self.stream_wait_event(waiter, event)
+        self.event_destroy(event)
+
+    def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
+        with self._lock:
+            self._enter("cuGraphDestroy")
 
     # -------------------------------------------------------------- devices
     def activate(self) -> AbstractContextManager[None]:

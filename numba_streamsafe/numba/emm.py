@@ -92,6 +92,10 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
             resource = self.runtime.resource
             calls = self._resource_calls = (resource.allocate, resource.defer_free)
         stream = current_stream()
+        rt = self._runtime  # current: the calls above were refreshed with it
+        if rt is not None and rt.capture is not None:  # a graph capture holds no allocations
+            rt.check_capture(default_stream_handle() if stream is None
+                             else rt.stream_handle(stream), "numba")
         if stream is None:
             block = calls[0](size, default_stream_handle(), "numba")
         else:

@@ -24,6 +24,7 @@ LAYERS = {
     "resources": 2,
     "runtime": 3,
     "protocol": 4, "recorder": 4, "memstats": 4, "races": 4, "tracing": 5, "trace_export": 5,
+    "graphs": 5,
     "numba": 5,
     "__init__": 6, "dask": 6,
 }

@@ -1,0 +1,111 @@
+"""The sort -> join pipeline's probe stage replayed as a CUDA graph, against
+the same stage launched eagerly (tracked), side by side in one process.
+
+The stage, on one stream: clear the match count, probe every batch of keys
+against the hash table (``hash_probe``), count every batch's matches
+(``count_matches``): ``1 + 2 * batches`` tracked operations. The table and the
+batches are built and uploaded once, before. Each round times, interleaved,
+the host time of queuing the stage eagerly and of one ``g.launch()`` of its
+graph (the time until the calls return; the GPU work is waited for outside
+the timer), and the wall time of each with its synchronize. Ratios are
+medians of per-round ratios. Both results are checked against NumPy every
+round. On the simulator the run is short and the figures mean nothing; the
+check and the hazard count do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+from _harness import SIMULATOR, cuda, device_name, write_result
+from data import expected_probe, make_relations
+from kernels_join import build_table, count_matches, hash_probe
+from target import hazards_now, launch_shape
+
+import numba_streamsafe as nss
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=2_000 if SIMULATOR else 1 << 20)
+    parser.add_argument("--batches", type=int, default=4 if SIMULATOR else 32)
+    parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 15)
+    args = parser.parse_args()
+
+    build, probe_keys = make_relations(args.n, seed=7)
+    want = expected_probe(build, probe_keys)
+    s = cuda.stream()
+    table, mask = build_table(nss.to_device(build, stream=s), s)
+    batches = np.array_split(probe_keys, args.batches)
+    keys = [nss.to_device(k, stream=s) for k in batches]
+    from kernels_join import ROW
+
+    outs = [nss.device_array(k.size, ROW, stream=s) for k in batches]
+    total = nss.device_array(1, np.int64, stream=s)
+    shapes = [launch_shape(k.size) for k in batches]
+
+    def stage() -> None:
+        nss.memset(total, 0, stream=s)
+        for d_keys, out, (g, b) in zip(keys, outs, shapes, strict=True):
+            hash_probe[g, b, s](d_keys, table, out, mask)
+        for out, (g, b) in zip(outs, shapes, strict=True):
+            count_matches[g, b, s](out, total)
+
+    def check() -> bool:
+        got = np.concatenate([nss.copy_to_host(o, stream=s) for o in outs])
+        count = int(nss.copy_to_host(total, stream=s)[0])
+        return bool(np.array_equal(got, want)) and count == int((want >= 0).sum())
+
+    hazards0 = hazards_now()
+    stage()  # compiles, and fills the caches of the launch path
+    cuda.synchronize()
+    ok = {"eager": check()}
+    with nss.graph(s) as graph:
+        stage()
+    graph.launch()
+    cuda.synchronize()
+    ok["graph"] = check()
+
+    per: dict[str, list[float]] = {"eager host": [], "graph host": [], "eager wall": [],
+                                   "graph wall": []}
+    for _ in range(args.rounds):
+        for label, run in (("eager", stage), ("graph", graph.launch)):
+            for o in outs:
+                nss.memset(o, 0xFF, stream=s)   # a stale answer cannot pass the check
+            cuda.synchronize()
+            start = time.perf_counter()
+            run()
+            queued = time.perf_counter()
+            cuda.synchronize()
+            done = time.perf_counter()
+            per[f"{label} host"].append((queued - start) * 1e6)
+            per[f"{label} wall"].append((done - start) * 1e6)
+            ok[label] = ok[label] and check()
+    ratio_host = statistics.median(g / e for g, e in zip(per["graph host"], per["eager host"],
+                                                         strict=True))
+    ratio_wall = statistics.median(g / e for g, e in zip(per["graph wall"], per["eager wall"],
+                                                         strict=True))
+    med = {k: statistics.median(v) for k, v in per.items()}
+    hazards = hazards_now() - hazards0
+    ops = 1 + 2 * args.batches
+    print(f"graph replay of the probe stage on {device_name()}: {args.n} keys, {args.batches} "
+          f"batches, {ops} tracked operations, {args.rounds} rounds")
+    print(f"  host time: eager {med['eager host']:9.1f} us  graph {med['graph host']:9.1f} us  "
+          f"graph / eager {ratio_host:.3f}")
+    print(f"  wall time: eager {med['eager wall']:9.1f} us  graph {med['graph wall']:9.1f} us  "
+          f"graph / eager {ratio_wall:.3f}")
+    print(f"  results right: eager {ok['eager']}  graph {ok['graph']};  hazards {hazards}")
+    result = {"n": args.n, "batches": args.batches, "operations": ops, "rounds": args.rounds,
+              "us": med, "samples_us": per, "ratio_host": ratio_host, "ratio_wall": ratio_wall,
+              "correct": ok, "hazards": hazards}
+    write_result("graph_replay", result)
+    if not all(ok.values()) or hazards:
+        raise SystemExit("graph replay: a result was wrong or a hazard was found")
+    return result
+
+
+if __name__ == "__main__":
+    main()
