@@ -57,6 +57,23 @@ bench)
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/" "$OUT/launch.log" "$OUT/alloc.log" | head -60
     ;;
+suite)
+    # The whole GPU suite on the compiled path (the multi-GPU file in its own process),
+    # then on the pure-Python path, then the graph replay benchmark.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    export NSS_RACE_REPORT=$OUT/race.txt
+    run gpu_suite python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs \
+        --deselect tests/gpu/test_multi_gpu.py ${SUITE_ARGS:-}
+    tail -3 "$OUT/gpu_suite.log"
+    if [[ -n ${PURE:-} ]]; then
+        NUMBA_STREAMSAFE_PURE_PYTHON=1 run gpu_suite_pure python3 -m pytest -m gpu -q \
+            -p no:cacheprovider tests/gpu -rs --deselect tests/gpu/test_multi_gpu.py ${SUITE_ARGS:-}
+        tail -3 "$OUT/gpu_suite_pure.log"
+    fi
+    (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay python3 graph_replay.py)
+    cat "$OUT/graph_replay.log"
+    cat "$OUT/race.txt"
+    ;;
 hot)
     # The compiled hot path: build it in place (the abi3 module may be carried already),
     # its GPU tests, the direct-launch and race suites through it, then the launch and
