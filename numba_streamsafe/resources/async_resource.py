@@ -46,6 +46,9 @@ POOL_KEEP_ALL = (1 << 64) - 1
 #: Streams whose pending frees are checked for completion every this many allocations.
 _REAP_EVERY = 64
 
+#: The most buffers one call of the compiled preflight and commit takes (its
+#: stack arrays); larger launches (a graph of many arrays) take the Python code.
+_HOT_USES = 64
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
 _WRITE = Access.WRITE
@@ -309,7 +312,7 @@ class AsyncResource(MemoryResource):
         return True
 
     def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        if _hot is not None:  # the same rules, compiled (numba_streamsafe.hot)
+        if _hot is not None and len(uses) <= _HOT_USES:  # the same rules, compiled
             _hot.preflight(self, uses, stream, owner)
             return
         if self._deferred:
@@ -344,7 +347,7 @@ class AsyncResource(MemoryResource):
         ``owner`` is kept alive with the mark (the stream object, so the stream
         outlives every use recorded on it).
         """
-        if _hot is not None:  # the same rules, compiled (numba_streamsafe.hot)
+        if _hot is not None and len(uses) <= _HOT_USES:  # the same rules, compiled
             _hot.commit(self, uses, stream, owner)
             return
         with self._lock:

@@ -152,3 +152,24 @@ def test_launch_hands_back_without_libcuda():
         pytest.skip("libcuda is loaded in this process")
     state = tuple([None] * 18)
     assert hot.launch(state, (1, 32), ()) is False
+
+
+def test_more_buffers_than_the_compiled_path_takes():
+    """A launch of 70 buffers (the compiled preflight and commit take 64) is
+    ordered by the Python code: the waits are queued and no hazard shows."""
+    from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.access import Access
+    from numba_streamsafe.resources import AsyncResource
+
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    a, b = sim.create_stream(), sim.create_stream()
+    blocks = [res.allocate(64, a, f"x{i}") for i in range(70)]
+    uses = [(blk, Access.WRITE) for blk in blocks]
+    res.preflight(uses, a)
+    sim.trace_access(a, [(blk.ptr, blk.nbytes, Access.WRITE) for blk in blocks], "writer")
+    res.commit(uses, a)
+    res.preflight(uses, b)
+    sim.trace_access(b, [(blk.ptr, blk.nbytes, Access.WRITE) for blk in blocks], "writer")
+    res.commit(uses, b)
+    assert sim.calls["cuStreamWaitEvent"] == 1 and sim.hazards == []
