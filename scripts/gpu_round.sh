@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SITE=/tmp/site
 wheels=()
-for d in .whl-dask .whl-plot .whl; do
+for d in .whl-dask .whl-plot .whl-suite .whl; do
     compgen -G "$d/*.whl" > /dev/null && wheels+=("$d"/*.whl)
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -56,6 +56,13 @@ bench)
     ROUNDS=${ROUNDS:-2} bash scripts/bench_compare.sh "$PWD/.before" alloc_free.py \
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/" "$OUT/launch.log" "$OUT/alloc.log" | head -60
+    ;;
+numba-suite)
+    # numba-cuda's own test suite without and with the plugin, side by side; the
+    # difference (scripts/suite_diff.py). NSS_SUITE_ENV adds variables to the plugin's run.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    python3 scripts/suite_diff.py run --out "$OUT" --jobs "${JOBS:-8}" ${SUITE_TESTS:-} \
+        | tee "$OUT/suite_diff.txt"
     ;;
 suite)
     # The whole GPU suite on the compiled path (the multi-GPU file in its own process),
