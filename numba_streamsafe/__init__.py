@@ -70,6 +70,7 @@ _LAZY = {
     "memset": "numba_streamsafe.numba.arrays",
     "block_of": "numba_streamsafe.numba.arrays",
     "lend": "numba_streamsafe.numba.arrays",
+    "import_array": "numba_streamsafe.numba.dlpack",
     "export_interface": "numba_streamsafe.numba.arrays",
     "stream_scope": "numba_streamsafe.numba.scope",
     "current_stream": "numba_streamsafe.numba.scope",

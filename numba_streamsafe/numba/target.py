@@ -222,6 +222,17 @@ else:
             hook = export_hook
             return hook(self, desc) if hook is not None else desc
 
+        def __dlpack__(self, *, stream: Any = None, max_version: Any = None,
+                       dl_device: Any = None, copy: Any = None) -> Any:
+            """A DLPack capsule of the array, ``stream`` (DLPack's stream
+            protocol) ordered after its known uses
+            (:func:`numba_streamsafe.numba.dlpack.export_dlpack`)."""
+            return dlpack_hooks[0](self, stream=stream, max_version=max_version,
+                                   dl_device=dl_device, copy=copy)
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return dlpack_hooks[1](self)  # type: ignore[no-any-return]
+
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any,
                    context: Any = None) -> Any:
@@ -267,6 +278,8 @@ _MISSING = object()
 #: Set by :mod:`numba_streamsafe.numba.arrays`: orders the consumer of an
 #: exported ``__cuda_array_interface__`` (``hook(array, desc) -> desc``).
 export_hook: Any = None
+#: Set by :mod:`numba_streamsafe.numba.dlpack`: (export, device) of ``__dlpack__``.
+dlpack_hooks: Any = None
 
 
 def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:
