@@ -196,7 +196,10 @@ class LaunchPlan:
         scratch = self._scratch
         try:
             self._struct.pack_into(scratch.buffer, 0, *values)
-        except (struct.error, TypeError):
+        except (struct.error, TypeError, OverflowError):
+            # Out of the parameter's range (struct refuses; Numba's ctypes
+            # conversion wraps integers and rounds floats to inf), or not a
+            # number of its kind: Numba's path converts it, its own way.
             return None
         return scratch.address
 

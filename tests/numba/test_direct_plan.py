@@ -5,6 +5,7 @@ GPU (``tests/gpu/test_direct_launch.py``)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 from types import SimpleNamespace
 
@@ -223,3 +224,17 @@ def test_a_number_for_a_boolean_parameter_is_left_to_numba():
     for other in (types.float64, types.int64, types.float32):
         assert not _accepts(types.boolean, other)
     assert _accepts(types.float64, types.int64)  # other conversions still direct
+
+
+def test_a_float_out_of_a_float32_range_is_left_to_numba():
+    """struct raises OverflowError for 1e300 as float32 (Numba's ctypes
+    conversion gives inf): the direct path must hand it to Numba's path, not
+    raise. Likewise an int too large for a float64."""
+    argtypes = (types.float32, types.float64)
+    codes, kinds = direct.param_slots(argtypes)
+    plan = direct.LaunchPlan(FakeKernel(argtypes), kinds, codes)
+    assert plan.pack((1e300, 1.0)) is None
+    assert plan.pack((1.0, 2**1100)) is None
+    assert plan.pack((3.5e38, 1.0)) is None
+    assert plan.pack((math.inf, -math.inf)) is not None
+    assert plan.pack((1.5, 2**70)) is not None
