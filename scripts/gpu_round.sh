@@ -57,6 +57,24 @@ bench)
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/" "$OUT/launch.log" "$OUT/alloc.log" | head -60
     ;;
+new)
+    # This round's new GPU tests (DLPack, direct-launch parity, graphs, hot path, foreign
+    # streams), numba-cuda's IPC tests under pytest without and with the plugin, the
+    # graph replay benchmark.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    export NSS_RACE_REPORT=$OUT/race.txt
+    run gpu_new python3 -m pytest -m gpu -q -p no:cacheprovider -rs ${NEW_TESTS:-\
+        tests/gpu/test_dlpack_gpu.py tests/gpu/test_direct_parity.py \
+        tests/gpu/test_graphs_gpu.py tests/gpu/test_hot_path.py}
+    tail -15 "$OUT/gpu_new.log"
+    for mm in default numba_streamsafe; do
+        NUMBA_CUDA_MEMORY_MANAGER=$mm run "ipc_$mm" python3 -m pytest -q -p no:cacheprovider \
+            --pyargs numba.cuda.tests.cudapy.test_ipc
+        tail -3 "$OUT/ipc_$mm.log"
+    done
+    (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay python3 graph_replay.py)
+    cat "$OUT/graph_replay.log" "$OUT/race.txt"
+    ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the
     # difference (scripts/suite_diff.py). NSS_SUITE_ENV adds variables to the plugin's run.
