@@ -49,6 +49,7 @@ class Paths:
 
         monkeypatch.setattr(rt.driver, "launch_kernel", counting)
         self.compiled = 0
+        self.last_error: Exception | None = None
 
     def run(self, launch, outputs):
         """``launch()`` three ways; each time ``outputs`` (device arrays) are
@@ -67,6 +68,7 @@ class Paths:
                                      for o in outputs))
             except Exception as exc:  # noqa: BLE001 - compared across the paths
                 results.append(type(exc))
+                self.last_error = exc
             finally:
                 launch_policy(self.rt).direct_launch = True
             if hot is not None:
@@ -120,8 +122,9 @@ def test_scalars_unspecialized(gpu, paths):
         paths.same(lambda out=out, value=value: store[1, 1, s](out, value), [out],
                    f"{type(value).__name__} {value!r} into {np.dtype(dtype)}")
     assert paths.direct >= len(cases)          # the direct path was taken
-    if hot is not None:
-        assert paths.compiled >= len(cases) // 2
+    if hot is not None:  # the compiled path takes the Python scalars (NumPy's: the Python path)
+        python_scalars = sum(type(v) in (int, float, bool, complex) for _, v in cases)
+        assert paths.compiled >= python_scalars
 
 
 @pytest.mark.parametrize("dtype", INTS + FLOATS + [np.bool_], ids=lambda d: np.dtype(d).name)
@@ -199,8 +202,8 @@ def test_arrays_and_views(gpu, paths):
         result = paths.same(lambda k=k, d=d, meta=meta, vals=vals: k[1, 1, s](d, meta, vals),
                             [meta, vals], name)
         got_meta = np.frombuffer(result[0], np.int64)
-        assert list(got_meta[:h.ndim]) == list(h.shape), name
-        assert list(got_meta[h.ndim:2 * h.ndim]) == list(h.strides), name
+        assert list(got_meta[:h.ndim]) == list(d.shape), name
+        assert list(got_meta[h.ndim:2 * h.ndim]) == list(d.strides), name
         np.testing.assert_array_equal(np.frombuffer(result[1], np.float64)[:h.size],
                                       h.ravel().astype(np.float64))
     assert paths.direct > 0
@@ -208,7 +211,7 @@ def test_arrays_and_views(gpu, paths):
 
 def test_record_arrays(gpu, paths):
     s = paths.stream
-    rec = np.dtype([("x", np.int32), ("y", np.float64), ("z", np.int8)])
+    rec = np.dtype([("x", np.int32), ("y", np.float64), ("z", np.int8)], align=True)
     host = np.zeros(10, rec)
     host["x"], host["y"], host["z"] = np.arange(10), np.linspace(0, 1, 10), -np.arange(10)
 
@@ -221,6 +224,7 @@ def test_record_arrays(gpu, paths):
     d = nss.to_device(host, stream=s)
     out = nss.device_array(10, np.float64, stream=s)
     result = paths.same(lambda: fields[1, 32, s](d, out), [out], "record array")
+    assert isinstance(result, tuple), paths.last_error  # Numba's path ran it
     np.testing.assert_allclose(np.frombuffer(result[0], np.float64),
                                host["x"] + host["y"] + host["z"])
     assert paths.direct > 0
