@@ -477,7 +477,8 @@ def default_stack(driver: Driver) -> MemoryResource:
     if config.resource == "direct":
         _warn_direct()
         return DirectResource(driver)
-    return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL)
+    return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL,
+                         ipc=config.ipc)
 
 
 _warned_direct = False

@@ -21,6 +21,10 @@ variable                                  meaning
                                           kernel ignores its declarations and infers every
                                           parameter's access (to compare a program's
                                           declarations with what its kernels do)
+``NUMBA_STREAMSAFE_IPC``                  ``1`` (or true/yes/on): blocks are ``cuMemAlloc``
+                                          allocations that CUDA IPC can export, tracked
+                                          as any block and freed with ``cuMemFree`` after
+                                          their uses; ``get_ipc_handle`` works
 ========================================  ===============================================
 """
 
@@ -56,6 +60,7 @@ class Settings:
     direct_launch: bool = True
     check_access: bool = True
     access: str = "declared"
+    ipc: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -77,6 +82,7 @@ class Settings:
             check_access=os.environ.get("NUMBA_STREAMSAFE_CHECK_ACCESS", "1").strip().lower()
             not in _OFF,
             access=_choice("NUMBA_STREAMSAFE_ACCESS", "declared", ("declared", "infer")),
+            ipc=os.environ.get("NUMBA_STREAMSAFE_IPC", "0").strip().lower() not in _OFF,
         )
 
 

@@ -67,9 +67,10 @@ new)
         tests/gpu/test_dlpack_gpu.py tests/gpu/test_direct_parity.py \
         tests/gpu/test_graphs_gpu.py tests/gpu/test_hot_path.py}
     tail -15 "$OUT/gpu_new.log"
-    for mm in default numba_streamsafe; do
-        NUMBA_CUDA_MEMORY_MANAGER=$mm run "ipc_$mm" python3 -m unittest -v \
-            numba.cuda.tests.cudapy.test_ipc
+    for mm in default numba_streamsafe numba_streamsafe-ipc; do
+        ipc=0; [[ $mm == *-ipc ]] && ipc=1
+        NUMBA_CUDA_MEMORY_MANAGER=${mm%-ipc} NUMBA_STREAMSAFE_IPC=$ipc run "ipc_$mm" \
+            python3 -m unittest -v numba.cuda.tests.cudapy.test_ipc
         tail -3 "$OUT/ipc_$mm.log"
     done
     (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay python3 graph_replay.py)

@@ -542,5 +542,3 @@ if target.SIMULATOR:
     from numba_streamsafe.numba import sim_plugin as _sim_plugin
 
     _sim_plugin.setup(device_array, to_device)
-
-from numba_streamsafe.numba import dlpack as _dlpack  # noqa: E402,F401 - sets the __dlpack__ hooks

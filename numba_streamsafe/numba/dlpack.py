@@ -320,5 +320,3 @@ def _contiguous_order(shape: tuple[int, ...], strides: Any, itemsize: int) -> st
                           "contiguous first (e.g. .contiguous() in PyTorch, "
                           "cupy.ascontiguousarray)")
 
-
-target.dlpack_hooks = (export_dlpack, dlpack_device)

@@ -108,13 +108,30 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         return MemoryInfo(free=free, total=total)
 
     def get_ipc_handle(self, memory: Any) -> Any:
-        """Not available: blocks come from the default stream-ordered pool, which
-        cannot export IPC handles."""
-        raise StreamSafeError(
-            "numba_streamsafe allocates from CUDA's default stream-ordered memory pool, which "
-            "cannot export IPC handles. Allocate arrays to share between processes with "
-            "Numba's default memory manager (NUMBA_CUDA_MEMORY_MANAGER=default)"
-        )
+        """An IPC handle of ``memory`` (Numba's ``cuIpcGetMemHandle`` handle),
+        when the runtime allocates exportable memory (``NUMBA_STREAMSAFE_IPC=1``).
+
+        The handle's memory stays allocated while the exporting array lives;
+        the importing process must close it before the exporter frees it.
+
+        Raises
+        ------
+        StreamSafeError
+            IPC is not enabled: the default stream-ordered pool's memory
+            cannot be opened with ``cuIpcOpenMemHandle``.
+        """
+        resource = self.runtime.resource
+        if not getattr(resource, "ipc", False):
+            raise StreamSafeError(
+                "numba_streamsafe allocates from CUDA's default stream-ordered memory pool, "
+                "whose memory CUDA IPC cannot export. Set NUMBA_STREAMSAFE_IPC=1 before the "
+                "first allocation to allocate exportable (cuMemAlloc) memory, still tracked, or "
+                "allocate the arrays to share with Numba's default memory manager "
+                "(NUMBA_CUDA_MEMORY_MANAGER=default)"
+            )
+        from numba.cuda.cudadrv.driver import GetIpcHandleMixin
+
+        return GetIpcHandleMixin.get_ipc_handle(self, memory)  # type: ignore[arg-type]
 
     def reset(self) -> None:
         """Forget every block of the context; arrays from before are refused afterwards."""

@@ -8,6 +8,7 @@ turning a user's stream into the object Numba wants.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import weakref
 from typing import Any
 
@@ -227,11 +228,11 @@ else:
             """A DLPack capsule of the array, ``stream`` (DLPack's stream
             protocol) ordered after its known uses
             (:func:`numba_streamsafe.numba.dlpack.export_dlpack`)."""
-            return dlpack_hooks[0](self, stream=stream, max_version=max_version,
-                                   dl_device=dl_device, copy=copy)
+            return _dlpack().export_dlpack(self, stream=stream, max_version=max_version,
+                                           dl_device=dl_device, copy=copy)
 
         def __dlpack_device__(self) -> tuple[int, int]:
-            return dlpack_hooks[1](self)  # type: ignore[no-any-return]
+            return _dlpack().dlpack_device(self)  # type: ignore[no-any-return]
 
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any,
@@ -278,8 +279,12 @@ _MISSING = object()
 #: Set by :mod:`numba_streamsafe.numba.arrays`: orders the consumer of an
 #: exported ``__cuda_array_interface__`` (``hook(array, desc) -> desc``).
 export_hook: Any = None
-#: Set by :mod:`numba_streamsafe.numba.dlpack`: (export, device) of ``__dlpack__``.
-dlpack_hooks: Any = None
+
+
+def _dlpack() -> Any:
+    """:mod:`numba_streamsafe.numba.dlpack`, imported on first use (it builds on
+    the arrays module, which builds on this one)."""
+    return importlib.import_module("numba_streamsafe.numba.dlpack")
 
 
 def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:

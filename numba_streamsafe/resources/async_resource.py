@@ -68,8 +68,11 @@ class AsyncOptions:
     max_idle_events: int = 1024
     reuse_bytes: int = 64 << 20
     release_threshold: int | None = None
+    ipc: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ipc, bool):
+            raise InvalidArgument(f"ipc must be True or False, got {self.ipc!r}")
         if self.fences not in ("lazy", "eager"):
             raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {self.fences!r}")
         check_int("max_idle_events", self.max_idle_events, 0,
@@ -163,6 +166,13 @@ class AsyncResource(MemoryResource):
         self.reuse_bytes = opts.reuse_bytes
         self._eager = opts.fences == "eager"
         self.driver = driver
+        #: IPC mode (``ipc=True``): blocks are ``cuMemAlloc`` allocations, which
+        #: CUDA IPC can export (pool memory cannot be opened with
+        #: ``cuIpcOpenMemHandle``); they are tracked as any block, and freed after
+        #: their uses by ``cuMemFree`` once their stream has completed them.
+        self.ipc = opts.ipc
+        self._alloc = self._alloc_legacy if opts.ipc else driver.alloc_async
+        self._free = self._free_legacy if opts.ipc else driver.free_async
         self.device = driver.device
         self.events = EventPool(driver, opts.max_idle_events)
         # The compiled hot path takes its own lock type without a Python call.
@@ -230,7 +240,7 @@ class AsyncResource(MemoryResource):
         """A block from the driver's pool (``cuMemAllocAsync``), retried once after
         giving memory back when the device is out of it."""
         try:
-            ptr = self.driver.alloc_async(nbytes, stream)
+            ptr = self._alloc(nbytes, stream)
         except DriverError as exc:
             if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
                 raise
@@ -259,7 +269,7 @@ class AsyncResource(MemoryResource):
             except BaseException:
                 if mark.refs == 0:
                     mark.owner = None  # no use refers to it: keep no stream object alive
-                self.driver.free_async(block.ptr, stream)
+                self._free(block.ptr, stream)
                 raise
         mark.refs += 1
         table = self._table
@@ -285,7 +295,7 @@ class AsyncResource(MemoryResource):
             pass
         self._trim_quietly()
         try:
-            return self.driver.alloc_async(nbytes, stream)
+            return self._alloc(nbytes, stream)
         except DriverError as exc:
             if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
                 raise
@@ -491,7 +501,7 @@ class AsyncResource(MemoryResource):
         else:
             keep = False
         if not keep:
-            self.driver.free_async(block.ptr, stream)
+            self._free(block.ptr, stream)
         # The free is queued (or the block kept): from here on nothing can fail.
         table = self._table
         del self._live[block.ptr]  # BlockTable.remove, inline
@@ -517,11 +527,21 @@ class AsyncResource(MemoryResource):
         if tracehook.active is not None:
             tracehook.active.freed(self, block, stream, "kept" if keep else "queued")
 
+    def _alloc_legacy(self, nbytes: int, stream: int) -> int:
+        """IPC mode: an exportable ``cuMemAlloc`` allocation (ready at once)."""
+        return self.driver.alloc(nbytes)
+
+    def _free_legacy(self, ptr: int, stream: int) -> None:
+        """IPC mode: free after everything queued on ``stream`` (the block's uses,
+        which its waits ordered there) is done: ``cuMemFree`` is not stream-ordered."""
+        self.driver.stream_synchronize(stream)
+        self.driver.free(ptr)
+
     def _make_room(self, nbytes: int) -> bool:
         """Free the oldest kept blocks until ``nbytes`` more fit under
         ``reuse_bytes``; False if a free failed. Caller holds the lock."""
         try:
-            self._kept.free_oldest(self.reuse_bytes - nbytes, self.driver.free_async,
+            self._kept.free_oldest(self.reuse_bytes - nbytes, self._free,
                                    self._pending)
         except DriverError:
             return False
@@ -572,7 +592,7 @@ class AsyncResource(MemoryResource):
         with self._reap_lock:
             with self._lock:
                 if self._kept:
-                    self._kept.free_oldest(0, self.driver.free_async, self._pending)
+                    self._kept.free_oldest(0, self._free, self._pending)
                 drained = self._pending.take_all()
                 self.marks.forget_unused()
             self._sync_pending(drained)
@@ -637,7 +657,7 @@ class AsyncResource(MemoryResource):
             with self._lock:
                 self.marks.retire(stream)
                 if self._kept.has_stream(stream):
-                    self._kept.free_stream(stream, self.driver.free_async, self._pending)
+                    self._kept.free_stream(stream, self._free, self._pending)
                 pending = self._pending.take(stream)
             self._sync_pending(pending)
             with self._lock:
