@@ -225,6 +225,8 @@ class TrackedKernel:
         blocks with a declared access; True if it is a host array."""
         kind, block, producer = target.resolve(rt, arg)
         if kind == target.DEVICE and access is not None:
+            if block is None and getattr(arg, "size", None) == 0:
+                return False  # an empty array (a null pointer in Numba): no bytes to order
             if block is None:
                 if producer is not None:
                     uses.add_producer(producer)

@@ -158,6 +158,7 @@ def _views():
         "3d-strided": (base3, lambda d: d[::2, 1:, ::-3]),
         "1d-empty": (np.zeros(0, np.float64), lambda d: d),
         "2d-empty": (np.zeros((3, 0), np.int32), lambda d: d),
+        "2d-empty-view": (base2, lambda d: d[2:2, :]),
     }
 
 
@@ -201,6 +202,7 @@ def test_arrays_and_views(gpu, paths):
         k = kernels[h.ndim]
         result = paths.same(lambda k=k, d=d, meta=meta, vals=vals: k[1, 1, s](d, meta, vals),
                             [meta, vals], name)
+        assert isinstance(result, tuple), (name, paths.last_error)
         got_meta = np.frombuffer(result[0], np.int64)
         assert list(got_meta[:h.ndim]) == list(d.shape), name
         assert list(got_meta[h.ndim:2 * h.ndim]) == list(d.strides), name

@@ -96,3 +96,24 @@ def test_lend_refuses_what_it_cannot_order(rt):
     with pytest.raises(InvalidArgument, match="access"):
         with nss.lend(x, stream=0, access="sometimes"):
             pass
+
+
+def test_an_empty_view_is_launched_without_a_block(rt, streams):
+    """Numba gives an empty array (an empty view too) a null pointer, which no
+    block holds: it touches no bytes, so a tracked kernel takes it in strict mode."""
+    a, _ = streams
+    from numba_streamsafe.numba import kernel as kernel_module
+
+    @tracked_kernel
+    def size_of(x: nss.Read, out: Write):
+        out[0] = x.size
+
+    class Empty:
+        size = 0
+        __cuda_array_interface__ = {"shape": (0,), "typestr": "<f8", "data": (0, False),
+                                    "version": 3, "strides": None}
+
+    out = nss.device_array(1, np.int64, stream=a)
+    uses = kernel_module.Uses()
+    assert size_of._resolve(rt, uses, "x", Access.READ, Empty()) is False
+    assert not uses.untracked and not uses.blocks
