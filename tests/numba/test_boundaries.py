@@ -113,7 +113,6 @@ def test_an_empty_view_is_launched_without_a_block(rt, streams):
         __cuda_array_interface__ = {"shape": (0,), "typestr": "<f8", "data": (0, False),
                                     "version": 3, "strides": None}
 
-    out = nss.device_array(1, np.int64, stream=a)
     uses = kernel_module.Uses()
     assert size_of._resolve(rt, uses, "x", Access.READ, Empty()) is False
     assert not uses.untracked and not uses.blocks
