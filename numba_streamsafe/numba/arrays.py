@@ -481,6 +481,11 @@ def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
     with rt.activate():
         preflight(rt, handle, uses, False)
         commit(rt, handle, uses)
+        # The consumer's stream is known by its handle only: its mark's event is
+        # recorded now, while the stream surely exists (it may go at any time).
+        seal = getattr(rt.resource, "seal_open", None)
+        if seal is not None:
+            seal(handle)
     if named is None:
         desc = dict(desc, stream=1)  # the legacy default stream, which was ordered
     return desc

@@ -9,9 +9,11 @@ per-thread default, any other value a stream handle; ``-1``: no ordering, the
 consumer orders itself). That stream is made to wait for every use of the
 array the library knows of, and the export is recorded there as a read-write
 use (the consumer gets a writable view): later tracked uses of the array wait
-for what the consumer queued on that stream up to the export. Work the
-consumer queues later on other streams, or keeps queuing on its stream, is
-outside the library: wrap it in :func:`numba_streamsafe.lend`.
+for what the consumer queued on that stream up to the export. The export's
+event is recorded at once: the library knows the consumer's stream by its
+handle only, and its owner may destroy it at any time. Work the consumer
+queues later, on its stream or others, is outside the library: wrap it in
+:func:`numba_streamsafe.lend`.
 
 The capsule is a legacy ``dltensor`` (``DLManagedTensor``, DLPack 0.8 ABI),
 which every consumer accepts. It keeps the array alive until the consumer
@@ -212,6 +214,15 @@ def _order_consumer(block: Any, handle: int) -> None:
     with rt.activate():
         preflight(rt, handle, uses, False)
         commit(rt, handle, uses)
+        _seal_now(rt, handle)
+
+
+def _seal_now(rt: Any, handle: int) -> None:
+    """The consumer's stream is known by its handle only (its object may go at
+    any time): record its mark's event now, while the stream surely exists."""
+    seal = getattr(rt.resource, "seal_open", None)
+    if seal is not None:
+        seal(handle)
 
 
 # ------------------------------------------------------------------- import

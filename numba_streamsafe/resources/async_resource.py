@@ -393,6 +393,20 @@ class AsyncResource(MemoryResource):
             if self._eager:
                 marks.seal(mark)
 
+    def seal_open(self, stream: int) -> None:
+        """Record the event of ``stream``'s open mark now, if a use refers to it.
+
+        For uses recorded on a stream the library knows only by its handle (a
+        consumer's stream named by DLPack or the CUDA Array Interface): its
+        object may be destroyed without the library knowing, and an event
+        recorded now stays valid for later waits, where a late record on a
+        destroyed stream would fail (or crash the driver).
+        """
+        with self._lock:
+            mark = self._open.get(stream)
+            if mark is not None and mark.refs:
+                self.marks.seal(mark)
+
     # ------------------------------------------------------ other devices' streams
     def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Mark]:
         """The marks a stream of another device must wait for before ``uses``

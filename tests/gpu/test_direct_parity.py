@@ -151,7 +151,7 @@ def _views():
     return {
         "1d": (base1, lambda d: d), "1d-strided": (base1, lambda d: d[::3]),
         "1d-reversed": (base1, lambda d: d[::-1]), "2d-C": (base2, lambda d: d),
-        "2d-F": (np.asfortranarray(base2), lambda d: d), "2d-transposed": (base2, lambda d: d.T),
+        "2d-F": (np.asfortranarray(base2), lambda d: d),
         "2d-cols-reversed": (base2, lambda d: d[:, ::-1]),
         "2d-block": (base2, lambda d: d[1:5, 2:7:2]),
         "3d-C": (base3, lambda d: d), "3d-F": (np.asfortranarray(base3), lambda d: d),

@@ -73,8 +73,12 @@ def test_the_consumer_stream_waits_for_the_last_write(rt, streams):
     fill[2, 32, b](x, 1)                             # written on b, allocated on a
     _consume(dlpack.export_dlpack(x, stream=c))
     _foreign(rt, c, x, Access.READ_WRITE)            # the consumer's work on its stream
-    fill[2, 32, a](x, 2)                             # later tracked work waits for it
     assert rt.driver.hazards == []
+    # The export is recorded on c (sealed at once: c is known by its handle only),
+    # so later tracked work on the array waits for c up to the export.
+    waits = rt.resource.marks.waits
+    fill[2, 32, a](x, 2)
+    assert rt.resource.marks.waits == waits + 1
 
 
 def test_without_the_ordering_the_consumer_races(rt, streams):
@@ -205,3 +209,27 @@ def test_import_refuses_what_it_cannot_copy(rt, streams):
     strided = type("Strided", (), {"__cuda_array_interface__": dict(desc, strides=(64, 8))})()
     with pytest.raises(InvalidArgument, match="not contiguous"):
         nss.import_array(strided, stream=b)
+
+
+@pytest.mark.parametrize("export", ["dlpack", "interface"])
+def test_a_consumer_stream_destroyed_later_does_not_block_the_free(rt, streams, export, caplog):
+    """The consumer's stream is known by its handle only; its owner may destroy
+    it right after the export. The export's mark is sealed at once, so the
+    array's free (which waits for it) still works afterwards."""
+    a, b = streams
+    c = rt.driver.create_stream()
+    x = nss.device_array(N, np.int64, stream=a)
+    fill[2, 32, b](x, 1)
+    if export == "dlpack":
+        _consume(dlpack.export_dlpack(x, stream=c))
+    else:
+        from numba_streamsafe.numba.arrays import export_interface
+
+        export_interface(x, {"stream": c, "version": 3})
+    rt.driver.destroy_stream(c)                      # behind the library's back
+    block = nss.block_of(x)
+    del x
+    gc.collect()
+    rt.flush()
+    assert block.state is nss.BlockState.FREED, caplog.text
+    assert "will retry" not in caplog.text
