@@ -57,6 +57,15 @@ bench)
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/" "$OUT/launch.log" "$OUT/alloc.log" | head -60
     ;;
+runall)
+    # Every benchmark and the table of figures, targets and verdicts (benchmarks/run_all.py).
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    (cd benchmarks && NSS_BENCH_DIR="$OUT" NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
+        python3 run_all.py > "$OUT/run_all.log" 2>&1; echo "run_all exit $?")
+    grep -E "^launch overhead|same stream|cross stream|threads|compiled entry|^allocate|ours /" \
+        "$OUT/run_all.log" | head -30
+    sed -n '/^figure/,$p' "$OUT/run_all.log"
+    ;;
 new)
     # This round's new GPU tests (DLPack, direct-launch parity, graphs, hot path, foreign
     # streams), numba-cuda's IPC tests under pytest without and with the plugin, the
