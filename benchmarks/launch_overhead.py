@@ -184,16 +184,21 @@ def main() -> dict:
             if hot_entry and tracked._fast is not None:
                 # Where the microseconds go: the compiled entry point alone, without
                 # ``k[grid, block, stream]`` and the Python call around it.
+                launch_policy(rt).direct_launch = direct  # the last variant turned it off
                 state, enter = tracked._fast, hot.launch
                 cfgs = ((1, 32, streams[0]), (1, 32, streams[1]))
                 abc = (a, b, c)
                 per.setdefault("tracked, C entry", [])
                 cuda.synchronize()
+                launched = hot.launches()
                 start = time.perf_counter()
                 for i in range(args.launches):
                     enter(state, cfgs[i & 1], abc)
                 cuda.synchronize()
                 per["tracked, C entry"].append((time.perf_counter() - start) / args.launches * 1e6)
+                if hot.launches() - launched != args.launches:
+                    raise RuntimeError("the compiled entry handed launches back: its figure "
+                                       "would not be a launch")
             if raw is not None:
                 fns = (raw_fns[streams[0]], raw_fns[streams[1]])
                 per.setdefault("raw", [])
