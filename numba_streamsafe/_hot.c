@@ -199,6 +199,20 @@ static int lock_release(PyObject *lock) {
     return 0;
 }
 
+/* Release ``lock`` after the section it guarded, keeping the error that
+ * section raised (if any): -1 when an error is pending afterwards. */
+static int unlock_after(PyObject *lock) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    int rel = lock_release(lock);
+    if (et != NULL) {
+        PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    return rel;
+}
+
 /* ------------------------------------------------------------ marks */
 static int add_refs(PyObject *mark, long delta) {
     PyObject *refs = PyObject_GetAttr(mark, s_refs);
@@ -262,12 +276,9 @@ static int pool_release(PyObject *events, PyObject *handle) {
         err = 1;
     }
     Py_XDECREF(idle);
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int rel = lock_release(lock);
+    int failed = unlock_after(lock) < 0;
     Py_DECREF(lock);
-    if (et != NULL) { PyErr_Restore(et, ev, tb); return -1; }
-    if (rel < 0 || err) return -1;
+    if (failed || err) return -1;
     if (!done) {
         PyObject *r = PyObject_CallMethodObjArgs(events, s_release, handle, NULL);
         if (r == NULL) return -1;
@@ -328,12 +339,9 @@ static PyObject *pool_record(PyObject *events, PyObject *driver, PyObject *strea
         }
         Py_DECREF(idle);
     }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int rel = lock_release(lock);
+    int failed = unlock_after(lock) < 0;
     Py_DECREF(lock);
-    if (et != NULL || rel < 0 || err) {
-        if (et != NULL) PyErr_Restore(et, ev, tb);
+    if (failed || err) {
         Py_XDECREF(handle);
         return NULL;
     }
@@ -745,12 +753,9 @@ static PyObject *hot_preflight(PyObject *self, PyObject *args) {
         if (rc == 0) rc = bump_same(resource, same);
         drop_uses(u, n);
     }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int rel = lock_release(lock);
+    int failed = unlock_after(lock) < 0;
     Py_DECREF(lock);
-    if (et != NULL) { PyErr_Restore(et, ev, tb); return NULL; }
-    if (rel < 0) return NULL;
+    if (failed) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -782,12 +787,9 @@ static PyObject *hot_commit(PyObject *self, PyObject *args) {
         }
         drop_uses(u, n);
     }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    int rel = lock_release(lock);
+    int failed = unlock_after(lock) < 0;
     Py_DECREF(lock);
-    if (et != NULL) { PyErr_Restore(et, ev, tb); return NULL; }
-    if (rel < 0) return NULL;
+    if (failed) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -1154,13 +1156,7 @@ static PyObject *hot_launch(PyObject *self, PyObject *const *fargs, Py_ssize_t n
         PyObject *resource = ST(ST_RESOURCE);
         int rc = preflight_locked(ST(ST_BOOK), u, nu, handle, owner, &same, ST(ST_TRACEHOOK), 1);
         if (rc == 0) rc = bump_same(resource, same);
-        {
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            int rel = lock_release(lock);
-            if (et != NULL) { PyErr_Restore(et, ev, tb); goto error; }
-            if (rel < 0) goto error;
-        }
+        if (unlock_after(lock) < 0) goto error;
         /* The launch. */
         int err;
         Py_BEGIN_ALLOW_THREADS
@@ -1180,13 +1176,7 @@ static PyObject *hot_launch(PyObject *self, PyObject *const *fargs, Py_ssize_t n
         if (lock_acquire(lock, 1) < 0) goto error;
         int eager = PyObject_IsTrue(ST(ST_EAGER));
         rc = commit_locked(ST(ST_BOOK), ST(ST_OPEN), u, nu, handle, owner, eager);
-        {
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            int rel = lock_release(lock);
-            if (et != NULL) { PyErr_Restore(et, ev, tb); goto error; }
-            if (rel < 0) goto error;
-        }
+        if (unlock_after(lock) < 0) goto error;
     }
     fast_launches++;
     result = Py_True;

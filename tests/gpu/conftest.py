@@ -148,3 +148,18 @@ def child_env():
         return env
 
     return make
+
+
+@pytest.fixture(scope="session")
+def race_report():
+    """``race_report(line)``: print a race test's summary line and append it to
+    ``$NSS_RACE_REPORT`` when that is set (the GPU scripts collect them)."""
+
+    def report(line: str) -> None:
+        print(line)
+        path = os.environ.get("NSS_RACE_REPORT")
+        if path:
+            with open(path, "a") as f:
+                f.write(line + "\n")
+
+    return report

@@ -22,6 +22,8 @@ import pytest
 
 import numba_streamsafe as nss
 
+from .test_interop import _run
+
 pytestmark = pytest.mark.gpu
 
 TRIALS = int(os.environ.get("NSS_INTEROP_TRIALS", "100"))
@@ -37,27 +39,9 @@ def _no_interface_sync(monkeypatch):
     monkeypatch.setattr(config, "CUDA_ARRAY_INTERFACE_SYNC", False, raising=False)
 
 
-def _report(line: str) -> None:
-    print(line)
-    path = os.environ.get("NSS_RACE_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
-
 def _export_trials(gpu, kernels, read) -> tuple[int, int]:
-    a, b = gpu.stream(), gpu.stream()
-    wrong = {True: 0, False: 0}
-    for i in range(TRIALS):
-        for tracked in (True, False):
-            value = (0 if tracked else 1 << 20) + i + 2
-            with nss.tracking(tracked):
-                x = nss.device_array(N, np.int32, stream=a)
-                kernels.slow_fill[GRID, BLOCK, b](x, value, SPINS)
-                ok = read(x, value)
-            gpu.synchronize()
-            wrong[tracked] += not ok
-    return wrong[True], wrong[False]
+    """The trials of test_interop.py: a slow tracked writer on b, then ``read``."""
+    return _run(gpu, kernels, lambda x, value, tracked: read(x, value))
 
 
 def _torch():
@@ -67,7 +51,7 @@ def _torch():
     return torch
 
 
-def test_torch_from_dlpack_is_ordered(gpu, kernels):
+def test_torch_from_dlpack_is_ordered(gpu, kernels, race_report):
     torch = _torch()
     ts = torch.cuda.Stream()
 
@@ -78,12 +62,13 @@ def test_torch_from_dlpack_is_ordered(gpu, kernels):
 
     read(nss.device_array(N, np.int32), 0)
     tracked, untracked = _export_trials(gpu, kernels, read)
-    _report(f"torch-dlpack tracked_wrong={tracked}/{TRIALS} untracked_wrong={untracked}/{TRIALS}")
+    race_report(f"torch-dlpack tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_cupy_from_dlpack_is_ordered(gpu, kernels):
+def test_cupy_from_dlpack_is_ordered(gpu, kernels, race_report):
     cupy = pytest.importorskip("cupy")
     consumer = cupy.cuda.Stream(non_blocking=True)
 
@@ -94,7 +79,8 @@ def test_cupy_from_dlpack_is_ordered(gpu, kernels):
 
     read(nss.device_array(N, np.int32), 0)
     tracked, untracked = _export_trials(gpu, kernels, read)
-    _report(f"cupy-dlpack tracked_wrong={tracked}/{TRIALS} untracked_wrong={untracked}/{TRIALS}")
+    race_report(f"cupy-dlpack tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
@@ -117,7 +103,7 @@ def _import_trials(gpu, kernels, produce, current) -> tuple[int, int]:
     return wrong[True], wrong[False]
 
 
-def test_a_torch_tensor_comes_in_ordered(gpu, kernels):
+def test_a_torch_tensor_comes_in_ordered(gpu, kernels, race_report):
     torch = _torch()
     ts = torch.cuda.Stream()
 
@@ -130,12 +116,13 @@ def test_a_torch_tensor_comes_in_ordered(gpu, kernels):
 
     produce(0)
     tracked, untracked = _import_trials(gpu, kernels, produce, lambda: torch.cuda.stream(ts))
-    _report(f"torch-import tracked_wrong={tracked}/{TRIALS} untracked_wrong={untracked}/{TRIALS}")
+    race_report(f"torch-import tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_a_cupy_array_comes_in_ordered(gpu, kernels):
+def test_a_cupy_array_comes_in_ordered(gpu, kernels, race_report):
     cupy = pytest.importorskip("cupy")
     cs = cupy.cuda.Stream(non_blocking=True)
     spin = cupy.RawKernel(r"""
@@ -154,6 +141,7 @@ def test_a_cupy_array_comes_in_ordered(gpu, kernels):
 
     produce(0)
     tracked, untracked = _import_trials(gpu, kernels, produce, lambda: cs)
-    _report(f"cupy-import tracked_wrong={tracked}/{TRIALS} untracked_wrong={untracked}/{TRIALS}")
+    race_report(f"cupy-import tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"

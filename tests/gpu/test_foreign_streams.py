@@ -23,13 +23,6 @@ GRID, BLOCK = 256, 256
 SPINS = 1000
 
 
-def _report(line: str) -> None:
-    print(line)
-    path = os.environ.get("NSS_RACE_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
 
 def _torch_stream():
     torch = pytest.importorskip("torch")
@@ -58,7 +51,7 @@ MAKERS = {"torch": _torch_stream, "cupy": _cupy_stream, "cuda.core": _core_strea
 
 @pytest.mark.parametrize("writer, reader", [("torch", "cupy"), ("cupy", "cuda.core"),
                                             ("cuda.core", "torch")])
-def test_tracked_kernels_on_foreign_streams(gpu, kernels, writer, reader):
+def test_tracked_kernels_on_foreign_streams(gpu, kernels, writer, reader, race_report):
     gpu.current_context()
     ws, rs = MAKERS[writer](), MAKERS[reader]()
     x = nss.device_array(N, np.int32, stream=0)
@@ -75,7 +68,7 @@ def test_tracked_kernels_on_foreign_streams(gpu, kernels, writer, reader):
                 kernels.copy[GRID, BLOCK, rs](x, y)
             gpu.synchronize()
             wrong[tracking] += not bool((nss.copy_to_host(y) == value).all())
-    _report(f"streams {writer}->{reader} tracked_wrong={wrong[True]}/{TRIALS} "
+    race_report(f"streams {writer}->{reader} tracked_wrong={wrong[True]}/{TRIALS} "
             f"untracked_wrong={wrong[False]}/{TRIALS}")
     assert wrong[True] == 0
     assert wrong[False] >= 0.7 * TRIALS, "the race did not show without the ordering"

@@ -20,13 +20,6 @@ GRID, BLOCK = 256, 256
 SPINS = 1000
 
 
-def _report(line: str) -> None:
-    print(line)
-    path = os.environ.get("NSS_RACE_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
 
 def test_replays_compute_what_eager_launches_compute(gpu, kernels, fresh_runtime):
     s = gpu.stream()
@@ -45,7 +38,7 @@ def test_replays_compute_what_eager_launches_compute(gpu, kernels, fresh_runtime
         assert (nss.copy_to_host(y, stream=s) == v).all()
 
 
-def test_a_replay_racing_outside_work(gpu, kernels, fresh_runtime):
+def test_a_replay_racing_outside_work(gpu, kernels, fresh_runtime, race_report):
     """Outside: slow_fill of x on stream b. The graph (on a) copies x to y.
     With the ordering the replay waits for the fill; without it, it reads x early."""
     a, b = gpu.stream(), gpu.stream()
@@ -65,7 +58,7 @@ def test_a_replay_racing_outside_work(gpu, kernels, fresh_runtime):
                 g.launch()
             gpu.synchronize()
             wrong[tracking] += not bool((nss.copy_to_host(y, stream=a) == value).all())
-    _report(f"graph-replay tracked_wrong={wrong[True]}/{TRIALS} "
+    race_report(f"graph-replay tracked_wrong={wrong[True]}/{TRIALS} "
             f"untracked_wrong={wrong[False]}/{TRIALS}")
     assert wrong[True] == 0
     assert wrong[False] >= 0.7 * TRIALS, "the race did not show without the ordering"

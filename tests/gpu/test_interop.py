@@ -29,13 +29,6 @@ GRID, BLOCK = 256, 256
 SPINS = 1000
 
 
-def _report(line: str) -> None:
-    print(line)
-    path = os.environ.get("NSS_RACE_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
 
 def _run(gpu, kernels, read) -> tuple[int, int]:
     a, b = gpu.stream(), gpu.stream()
@@ -52,7 +45,7 @@ def _run(gpu, kernels, read) -> tuple[int, int]:
     return wrong[True], wrong[False]
 
 
-def test_cupy_reads_a_tracked_array_through_the_interface(gpu, kernels):
+def test_cupy_reads_a_tracked_array_through_the_interface(gpu, kernels, race_report):
     cupy = pytest.importorskip("cupy")
     consumer = cupy.cuda.Stream(non_blocking=True)
 
@@ -63,12 +56,13 @@ def test_cupy_reads_a_tracked_array_through_the_interface(gpu, kernels):
 
     read(nss.device_array(N, np.int32), 0, True)  # warm up CuPy's kernels
     tracked, untracked = _run(gpu, kernels, read)
-    _report(f"cupy-cai tracked_wrong={tracked}/{TRIALS} untracked_wrong={untracked}/{TRIALS}")
+    race_report(f"cupy-cai tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_pytorch_reads_a_lent_tracked_array(gpu, kernels):
+def test_pytorch_reads_a_lent_tracked_array(gpu, kernels, race_report):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("PyTorch has no CUDA here")
@@ -85,6 +79,7 @@ def test_pytorch_reads_a_lent_tracked_array(gpu, kernels):
 
     read(nss.device_array(N, np.int32), 0, True)  # warm up
     tracked, untracked = _run(gpu, kernels, read)
-    _report(f"torch-lend tracked_wrong={tracked}/{TRIALS} untracked_wrong={untracked}/{TRIALS}")
+    race_report(f"torch-lend tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
