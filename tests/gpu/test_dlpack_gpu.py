@@ -22,8 +22,6 @@ import pytest
 
 import numba_streamsafe as nss
 
-from .test_interop import _run
-
 pytestmark = pytest.mark.gpu
 
 TRIALS = int(os.environ.get("NSS_INTEROP_TRIALS", "100"))
@@ -40,8 +38,20 @@ def _no_interface_sync(monkeypatch):
 
 
 def _export_trials(gpu, kernels, read) -> tuple[int, int]:
-    """The trials of test_interop.py: a slow tracked writer on b, then ``read``."""
-    return _run(gpu, kernels, lambda x, value, tracked: read(x, value))
+    """A slow tracked writer of a fresh array on b (allocated on a), then
+    ``read(x, value)`` by the consumer; wrong counts (tracked, untracked)."""
+    a, b = gpu.stream(), gpu.stream()
+    wrong = {True: 0, False: 0}
+    for i in range(TRIALS):
+        for tracked in (True, False):
+            value = (0 if tracked else 1 << 20) + i + 2
+            with nss.tracking(tracked):
+                x = nss.device_array(N, np.int32, stream=a)
+                kernels.slow_fill[GRID, BLOCK, b](x, value, SPINS)
+                ok = read(x, value)
+            gpu.synchronize()
+            wrong[tracked] += not ok
+    return wrong[True], wrong[False]
 
 
 def _torch():
