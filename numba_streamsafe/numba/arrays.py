@@ -251,7 +251,12 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
         that does not fit it; nothing is allocated or queued.
     """
     try:
-        host = np.ascontiguousarray(host)
+        arr = np.asarray(host)
+        # A Fortran-ordered host array stays Fortran-ordered on the device, as with
+        # Numba's cuda.to_device; anything else is copied in C order.
+        order = "F" if (to is None and arr.ndim > 1 and arr.flags.f_contiguous
+                        and not arr.flags.c_contiguous) else "C"
+        host = arr if order == "F" else np.ascontiguousarray(arr)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             "to_device needs rectangular host data (a NumPy array, or nested sequences whose "
@@ -262,7 +267,7 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     stream = _stream(stream)
     rt = target.runtime()
     if to is None:
-        to = device_array(host.shape, host.dtype, stream=stream, tag=tag)
+        to = device_array(host.shape, host.dtype, stream=stream, tag=tag, order=order)
         block = _device_block(rt, to, "to")
     else:
         block = _device_block(rt, to, "to")

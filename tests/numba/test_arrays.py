@@ -304,3 +304,14 @@ def test_all_bytes_come_back_after_delete_and_reap(rt, streams):
     assert rt.bytes_outstanding() == 0
     assert rt.stats().live_blocks == 0
     assert rt.driver.hazards == []
+
+
+def test_to_device_keeps_fortran_order(rt, streams):
+    """As Numba's cuda.to_device: a Fortran-ordered host array stays Fortran-ordered."""
+    a, _ = streams
+    host = np.asfortranarray(np.arange(24, dtype=np.int32).reshape(4, 6))
+    d = nss.to_device(host, stream=a)
+    assert d.strides == host.strides and d.shape == host.shape
+    np.testing.assert_array_equal(nss.copy_to_host(d, stream=a), host)
+    c = nss.to_device(np.ascontiguousarray(host), stream=a)
+    assert c.strides == (24, 4)
