@@ -256,7 +256,8 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
         # Numba's cuda.to_device; anything else is copied in C order.
         order = "F" if (to is None and arr.ndim > 1 and arr.flags.f_contiguous
                         and not arr.flags.c_contiguous) else "C"
-        host = arr if order == "F" else np.ascontiguousarray(arr)
+        # (np.ascontiguousarray would make a 0-d array 1-d: Numba keeps it 0-d.)
+        host = arr if order == "F" or arr.ndim == 0 else np.ascontiguousarray(arr)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             "to_device needs rectangular host data (a NumPy array, or nested sequences whose "

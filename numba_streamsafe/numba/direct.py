@@ -26,6 +26,7 @@ import struct
 import threading
 from typing import Any
 
+import numpy as np
 from numba.cuda import types as _numba_types
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
@@ -36,6 +37,9 @@ __all__ = ["LaunchPlan", "argtypes_of", "build_plan", "param_slots", "normalize_
 _ARRAY = 0
 _SCALAR = 1
 _COMPLEX = 2
+# float32 / complex64 converted by ctypes first (see _F32_BY_CTYPES).
+_F32 = 3
+_C64 = 4
 
 # struct codes of the scalar types Numba passes by value.
 _SCALAR_CODES: dict[Any, str] = {
@@ -48,6 +52,20 @@ _COMPLEX_CODES: dict[Any, str] = {types.complex64: "f", types.complex128: "d"}
 # Numba types of Python scalars as kernel arguments (numba's typeof).
 _PY_SCALARS: dict[type, Any] = {int: types.int64, float: types.float64, bool: types.boolean,
                                 complex: types.complex128}
+
+
+def _struct_f_is_c_cast() -> bool:
+    """Whether ``struct``'s ``f`` packs a double as C's ``(float)`` cast does,
+    which is how Numba's marshalling converts (``ctypes.c_float``). CPython
+    3.14 made ``struct`` keep a signalling NaN signalling (the cast quiets
+    it), so there the two differ for such NaNs."""
+    snan = struct.unpack("=d", struct.pack("=Q", 0x7FF0_0000_2000_0001))[0]
+    return struct.pack("=f", snan) == bytes(ctypes.c_float(snan))
+
+
+#: float32 parameters (and complex64 parts) go through ``ctypes.c_float``
+#: before packing, where ``struct`` would pack some NaNs otherwise than Numba.
+_F32_BY_CTYPES: bool = not _struct_f_is_c_cast()
 
 
 def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None:
@@ -69,10 +87,10 @@ def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None
             kinds.append(_ARRAY)
         elif ty in _SCALAR_CODES:
             codes.append(_SCALAR_CODES[ty])
-            kinds.append(_SCALAR)
+            kinds.append(_F32 if _F32_BY_CTYPES and ty == types.float32 else _SCALAR)
         elif ty in _COMPLEX_CODES:
             codes += [_COMPLEX_CODES[ty]] * 2
-            kinds.append(_COMPLEX)
+            kinds.append(_C64 if _F32_BY_CTYPES and ty == types.complex64 else _COMPLEX)
         else:
             return None
     return codes, kinds
@@ -120,6 +138,17 @@ def _layout(codes: list[str]) -> tuple[str, list[int], int]:
             fmt.append(f"{pad}x")
         at += size + pad
     return "".join(fmt), offsets, max(at, 8)
+
+
+def _as_float32(value: Any) -> Any:
+    """``value`` as Numba's marshalling converts it for a float32 parameter
+    (``ctypes.c_float``, C's cast), as a Python float; ``value`` itself when
+    ctypes refuses it (packing then refuses it too). Used where ``struct``
+    would pack a signalling NaN otherwise (:data:`_F32_BY_CTYPES`)."""
+    try:
+        return ctypes.c_float(value).value
+    except (TypeError, OverflowError):
+        return value
 
 
 class _Scratch(threading.local):
@@ -190,9 +219,14 @@ class LaunchPlan:
                 extend(arg.strides)
             elif kind == _SCALAR:
                 append(arg)
-            else:
+            elif kind == _COMPLEX:
                 append(arg.real)
                 append(arg.imag)
+            elif kind == _F32:
+                append(_as_float32(arg))
+            else:
+                append(_as_float32(arg.real))
+                append(_as_float32(arg.imag))
         scratch = self._scratch
         try:
             self._struct.pack_into(scratch.buffer, 0, *values)
@@ -212,8 +246,9 @@ def _argtype(arg: Any) -> Any:
         return ty
     if getattr(arg, "gpu_data", None) is not None:
         return arg._numba_type_
-    dtype = getattr(arg, "dtype", None)
-    if dtype is not None and getattr(arg, "shape", None) == ():  # a NumPy scalar
+    # A NumPy scalar; not a 0-d array of any kind (a host one, or one of CuPy
+    # or PyTorch): it has no ``gpu_data`` to pass, so Numba's path marshals it.
+    if isinstance(arg, np.generic):
         from numba.cuda.typing.typeof import Purpose, typeof
 
         return typeof(arg, Purpose.argument)

@@ -315,3 +315,18 @@ def test_to_device_keeps_fortran_order(rt, streams):
     np.testing.assert_array_equal(nss.copy_to_host(d, stream=a), host)
     c = nss.to_device(np.ascontiguousarray(host), stream=a)
     assert c.strides == (24, 4)
+
+
+def test_to_device_keeps_a_zero_dim_array_zero_dim(rt, streams):
+    """As Numba's cuda.to_device: a 0-d host array stays 0-d (its shape and
+    strides are ``()``); ``np.ascontiguousarray`` would make it 1-d."""
+    from numba import cuda
+
+    a, _ = streams
+    host = np.array(2.5)
+    d = nss.to_device(host, stream=a)
+    numba_d = cuda.to_device(host)
+    assert d.shape == numba_d.shape == () and d.strides == numba_d.strides == ()
+    assert d.size == 1
+    back = nss.copy_to_host(d, stream=a)
+    assert back.shape == () and back == 2.5

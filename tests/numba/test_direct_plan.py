@@ -5,8 +5,12 @@ GPU (``tests/gpu/test_direct_launch.py``)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import struct
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import numpy as np
@@ -238,3 +242,227 @@ def test_a_float_out_of_a_float32_range_is_left_to_numba():
     assert plan.pack((3.5e38, 1.0)) is None
     assert plan.pack((math.inf, -math.inf)) is not None
     assert plan.pack((1.5, 2**70)) is not None
+
+
+def test_zero_dim_arrays_are_left_to_numba():
+    """A 0-d array without ``gpu_data`` (a host one, or a CuPy or PyTorch one
+    seen through the array interface) is Numba's to marshal: its path copies
+    or views it. The direct path once took it for a NumPy scalar (it has a
+    dtype and the shape ``()``), typed it as a 0-d array and, with such an
+    overload compiled, packed it as a device array: ``AttributeError``
+    (``gpu_data``) where Numba's path launches."""
+    zero_d = types.Array(types.float64, 0, "C")
+    foreign = SimpleNamespace(dtype=np.dtype(np.float64), shape=(), size=1,
+                              __cuda_array_interface__={"shape": (), "typestr": "<f8",
+                                                        "data": (0x7F00_0000_0000, False),
+                                                        "version": 3, "strides": None})
+    for arg in (np.array(2.0), np.zeros((), np.int32), foreign):
+        assert direct.argtypes_of((arg,)) is None, type(arg)
+        assert direct.argtypes_of((np.float32(1), arg)) is None
+    # NumPy scalars of every kind are still typed as Numba types them.
+    assert direct.argtypes_of((np.float64(2.0), np.bool_(True), np.complex64(1j))) == (
+        types.float64, types.boolean, types.complex64)
+    assert direct.argtypes_of((np.datetime64(1, "s"),)) == (types.NPDatetime("s"),)
+    # A tracked 0-d device array is covered (it has gpu_data).
+    dev = SimpleNamespace(gpu_data=object(), _numba_type_=zero_d)
+    assert direct.argtypes_of((dev,)) == (zero_d,)
+    codes, kinds = direct.param_slots((zero_d,))
+    plan = direct.LaunchPlan(FakeKernel((zero_d,)), kinds, codes)
+    data = np.zeros((), np.float64)
+    assert read_params(plan.pack((fake_array(data, 0x7F00_0000_0100),)), codes) == [
+        0, 0, 1, 8, 0x7F00_0000_0100]
+
+
+def _f32_bytes_numba(value) -> bytes:
+    """A float32 parameter as Numba's marshalling gives it: ``ctypes.c_float``."""
+    return bytes(ctypes.c_float(value))
+
+
+def _nan(bits: int) -> float:
+    return struct.unpack("=d", struct.pack("=Q", bits))[0]
+
+
+#: float32 edge values, as doubles: signalling and quiet NaNs with payloads in
+#: and below float32's mantissa, infinities, the float32 range's edges.
+F32_EDGES = [0.0, -0.0, 1.5, -2.5, 3.4028234663852886e38, -3.4028234663852886e38,
+             1.401298464324817e-45, 1.1754943508222875e-38, 1e-50, math.inf, -math.inf,
+             math.nan, -math.nan, _nan(0x7FF0_0000_2000_0001), _nan(0xFFF0_0000_0000_0001),
+             _nan(0x7FF4_0000_0000_0000), _nan(0x7FF8_0000_0000_0001), 7, -(2**70), True,
+             np.float32(0.1), np.float64(_nan(0x7FF0_0000_2000_0001)), np.int64(-3)]
+
+
+@pytest.mark.parametrize("by_ctypes", [False, True], ids=["struct", "ctypes"])
+def test_float32_parameters_convert_as_numbas_c_float(monkeypatch, by_ctypes):
+    """float32 and complex64 parameters take the bytes ``ctypes.c_float``
+    (Numba's conversion: C's cast) gives, NaN payloads and signalling NaNs
+    included. CPython 3.14's ``struct`` keeps a signalling NaN signalling where
+    the cast quiets it; there (``_F32_BY_CTYPES``) the values go through
+    ``ctypes.c_float`` first. Both ways are checked on this Python; the
+    struct way only where this Python's ``struct`` casts as C does."""
+    if not by_ctypes and direct._F32_BY_CTYPES:
+        pytest.skip("this Python's struct packs signalling NaNs otherwise than C's cast")
+    monkeypatch.setattr(direct, "_F32_BY_CTYPES", by_ctypes)
+    argtypes = (types.float32, types.complex64)
+    codes, kinds = direct.param_slots(argtypes)
+    plan = direct.LaunchPlan(FakeKernel(argtypes), kinds, codes)
+    for value in F32_EDGES:
+        for imag in (0.0, _nan(0x7FF0_0000_2000_0001)):
+            address = plan.pack((value, complex(float(value), imag)))
+            assert address is not None, value
+            pointers = (ctypes.c_void_p * 3).from_address(address)
+            got = [ctypes.string_at(p, 4) for p in pointers]
+            assert got == [_f32_bytes_numba(value), _f32_bytes_numba(float(value)),
+                           _f32_bytes_numba(imag)], (value, imag)
+    # Out of float32's range: Numba gives inf; the direct path hands it over
+    # (struct refuses), or, by ctypes, packs the same inf.
+    address = plan.pack((1e300, 0j))
+    if address is not None:
+        assert ctypes.string_at((ctypes.c_void_p * 1).from_address(address)[0], 4) == \
+            _f32_bytes_numba(1e300)
+    assert plan.pack((2**1100, 0j)) is None  # OverflowError on both paths
+    assert plan.pack(("1.0", 0j)) is None
+
+
+def test_the_struct_probe_matches_this_python():
+    snan = _nan(0x7FF0_0000_2000_0001)
+    assert direct._F32_BY_CTYPES == (struct.pack("=f", snan) != _f32_bytes_numba(snan))
+
+
+# The oracle: numba-cuda's own marshalling (``_Kernel._prepare_args``) and
+# cuda.core's ``ParamHolder`` (what Numba's launch hands cuLaunchKernel) run
+# in a child interpreter without the simulator (which replaces both); the
+# direct path's packing of the same value for the same parameter must give
+# the bytes the kernel would read (the parameter's own size), or hand the
+# call to Numba's path. The compiled hot path's packing likewise.
+ORACLE = textwrap.dedent(r'''
+    import ctypes, json, math, struct, sys
+    import numpy as np
+    import numba
+    assert not numba.config.ENABLE_CUDASIM
+    from numba.cuda import types
+    from numba.cuda.dispatcher import _Kernel
+    try:
+        from cuda.core._kernel_arg_handler import ParamHolder
+    except ImportError as exc:
+        print("SKIP cuda.core's ParamHolder cannot be imported: %s" % exc)
+        sys.exit(0)
+    from numba_streamsafe.numba import direct
+    from numba_streamsafe.hot import hot
+
+    INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+    DECLARED = [getattr(types, n) for n in INTS] + [
+        types.float32, types.float64, types.complex64, types.complex128, types.boolean]
+    # Bytes per kernel parameter (a boolean is a .u8 parameter); complex: two.
+    SIZE = {types.boolean: [1], types.complex64: [4, 4], types.complex128: [8, 8],
+            types.float32: [4], types.float64: [8]}
+    SIZE.update({getattr(types, n): [np.dtype(n).itemsize] for n in INTS})
+
+    def bits(dtype, raw):
+        return np.array([raw], dtype="u%d" % np.dtype(dtype).itemsize).view(dtype)[0]
+
+    def values():
+        out = []
+        for n in INTS:
+            info = np.iinfo(n)
+            edges = [int(info.min), int(info.max), 0, 1] + ([-1] if info.min < 0 else [])
+            out += [np.dtype(n).type(v) for v in edges]
+            out += [int(info.min) - 1, int(info.max) + 1, int(info.min), int(info.max)]
+        for n in ("float32", "float64"):
+            t, info = np.dtype(n).type, np.finfo(n)
+            out += [t(v) for v in (0.0, -0.0, 1.5, info.max, -info.max, info.tiny,
+                                   info.smallest_subnormal, np.inf, -np.inf, np.nan)]
+            out += [bits(n, 0x7F800001 if n == "float32" else 0x7FF0000020000001)]
+            out += [float(v) for v in (info.max, info.tiny, info.smallest_subnormal)]
+        out += [np.complex64(0.25 - 4j), np.complex64(complex(np.inf, -0.0)),
+                np.complex128(complex(np.nan, 1e300)), np.bool_(True), np.bool_(False),
+                np.float16(1.5)]
+        snan = struct.unpack("=d", struct.pack("=Q", 0x7FF0000020000001))[0]
+        out += [0, 1, -1, 2, 255, 256, -129, 2**31, -(2**31) - 1, 2**63, -(2**63),
+                2**64 - 1, 2**64, 2**1100, 0.0, -0.0, 0.25, 0.5, -0.5, 2.7, -2.7, 1e300,
+                -1e300, 3.5e38, math.inf, -math.inf, math.nan, snan, 5e-324, True, False,
+                1.5 - 2j, complex(math.nan, math.inf), complex(1e300, -0.0), 1j]
+        return out
+
+    class Fake:
+        extensions = []
+
+    def numba_bytes(ty, value):
+        kernelargs = []
+        try:
+            _Kernel._prepare_args(Fake(), ty, value, 0, [], kernelargs)
+            holder = ParamHolder(kernelargs)
+        except Exception as exc:
+            return "raises " + type(exc).__name__
+        pointers = (ctypes.c_void_p * len(kernelargs)).from_address(holder.ptr)
+        return [ctypes.string_at(p, n).hex() for p, n in zip(pointers, SIZE[ty])]
+
+    def direct_bytes(ty, value):
+        argtypes = direct.argtypes_of((value,))
+        if argtypes is None or not direct._accepts(ty, argtypes[0]):
+            return None
+        codes, kinds = direct.param_slots((ty,))
+        kernel = type("K", (), {})()
+        cufunc = type("F", (), {"handle": 1})()
+        kernel._codelibrary = type("L", (), {"get_cufunc": lambda self: cufunc,
+                                             "_cufunc_cache": {0: cufunc}})()
+        plan = direct.LaunchPlan(kernel, kinds, codes)  # owns the buffer read below
+        address = plan.pack((value,))
+        if address is None:
+            return None
+        pointers = (ctypes.c_void_p * len(codes)).from_address(address)
+        return [ctypes.string_at(p, n).hex() for p, n in zip(pointers, SIZE[ty])]
+
+    def hot_bytes(ty, value):
+        # The compiled path takes Python scalars only, for a plan the Python
+        # path made (the parameter accepts the argument's type).
+        if hot is None or type(value) not in (int, float, bool, complex):
+            return None
+        if not direct._accepts(ty, direct.argtypes_of((value,))[0]):
+            return None
+        packed = hot.pack(direct.compiled_codes((ty,)), (value,), (None,))
+        if packed is None:
+            return None
+        return [packed[8 * i:8 * i + n].hex() for i, n in enumerate(SIZE[ty])]
+
+    mismatches, counts = [], {"cases": 0, "direct": 0, "hot": 0, "numba_raises": 0}
+    for value in values():
+        for ty in DECLARED:
+            counts["cases"] += 1
+            expected = numba_bytes(ty, value)
+            counts["numba_raises"] += isinstance(expected, str)
+            for path, got in (("direct", direct_bytes(ty, value)),
+                              ("hot", hot_bytes(ty, value))):
+                if got is None:
+                    continue  # handed to Numba's path: the same by construction
+                counts[path] += 1
+                if got != expected:
+                    mismatches.append("%s: %s %r into %s: %s, Numba: %s" % (
+                        path, type(value).__name__, value, ty, got, expected))
+    print("RESULT " + json.dumps({"mismatches": mismatches, "counts": counts,
+                                  "hot": hot is not None}))
+''')
+
+
+def test_scalars_marshal_as_numba_cuda_marshals(child_env, repo_root):
+    """Every scalar type Numba passes by value, at its edges, as Python and
+    NumPy scalars, into a parameter of every scalar type (the unspecialized
+    case is the diagonal): where the direct path (or the compiled hot path)
+    packs the value, its bytes are the ones numba-cuda's ``_prepare_args``
+    and cuda.core's ``ParamHolder`` give, read at the parameter's size;
+    everywhere else it hands the call to Numba's path, which then converts
+    it (or raises) itself."""
+    proc = subprocess.run([sys.executable, "-c", ORACLE], cwd=repo_root,
+                          env=child_env(NUMBA_ENABLE_CUDASIM="0"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if proc.stdout.startswith("SKIP "):
+        pytest.skip(proc.stdout[5:].strip())
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["mismatches"] == [], "\n".join(result["mismatches"][:20])
+    counts = result["counts"]
+    # Not vacuous: most cases are packed directly, and Numba refuses some.
+    assert counts["cases"] > 1500 and counts["direct"] > 600, counts
+    assert counts["numba_raises"] > 100, counts
+    if result["hot"]:
+        assert counts["hot"] > 250, counts
