@@ -34,7 +34,7 @@ from _harness import SIMULATOR, cuda, device_name, write_result
 from data import expected_probe, make_relations
 from kernels_join import build_table, count_matches, hash_probe
 from kernels_sort import copy_into
-from target import hazards_now, launch_shape
+from target import hazards_now, host_sync, launch_shape
 
 import numba_streamsafe as nss
 from numba_streamsafe import Write, tracked_kernel
@@ -74,8 +74,12 @@ def race(trials: int, n: int, spins: int) -> dict:
             with nss.tracking(tracking):
                 slow_fill[g_fill, b_fill, b](x, value, spins)
                 graph.launch()
-            cuda.synchronize()
-            hazards[label] += hazards_now() > before
+            host_sync(a)   # the next trial starts after this one (the checker knows too)
+            host_sync(b)
+            if hazards_now() > before:
+                hazards[label] += 1
+                if tracking:
+                    print(f"  ordered trial {i}: {nss.get_runtime().driver.hazards[before]}")
             wrong[label] += not bool((nss.copy_to_host(y, stream=a) == value).all())
     graph.close()
     print(f"graph replay racing a slow writer on another stream, {trials} trials, {n} elements, "

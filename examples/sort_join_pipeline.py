@@ -132,8 +132,8 @@ def probe_and_count_graph(batches: HostBatches, table: tuple[Any, int], collect:
     outs = [nss.device_array(keys.size, ROW, stream=collect, tag="probe result")
             for keys in batches.keys]
     total = nss.device_array(1, np.int64, stream=collect, tag="match count")
-    # Compile and load the kernels before the capture, which can do neither:
-    # one launch of each on a one-key slice (arrays of the same types).
+    # Compile and load the kernels before the capture (driver calls a capture
+    # may refuse): one launch of each on a one-key slice (the same types).
     g, b = launch_shape(outs[0].size)
     hash_probe[g, b, collect](staged[0][:1], d_table, outs[0][:1], mask)
     count_matches[g, b, collect](outs[0][:1], total)

@@ -146,3 +146,37 @@ def test_a_replay_on_another_stream(gpu, kernels, fresh_runtime):
         g.launch(b)
         kernels.copy[GRID, BLOCK, a](y, z)
         assert (nss.copy_to_host(z, stream=a) == v).all()
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "numba-path"])
+def test_captured_launches_of_either_launch_path(gpu, kernels, fresh_runtime, direct):
+    """Launches through Numba's launcher (direct launches off) are captured
+    like direct ones, and the graph keeps their arrays either way."""
+    from numba_streamsafe.numba.policy import launch_policy
+
+    policy = launch_policy(fresh_runtime)
+    before = policy.direct_launch
+    policy.direct_launch = direct
+    try:
+        s = gpu.stream()
+        x = nss.device_array(N, np.int32, stream=s)
+        y = nss.device_array(N, np.int32, stream=s)
+        kernels.fill[GRID, BLOCK, s](x, 0)
+        kernels.copy[GRID, BLOCK, s](x, y)
+        gpu.synchronize()
+        with nss.graph(s) as g:
+            kernels.fill[GRID, BLOCK, s](x, 9)
+            kernels.copy[GRID, BLOCK, s](x, y)
+        assert g.operations == 2
+        block = nss.block_of(x)
+        del x
+        gc.collect()
+        fresh_runtime.flush()
+        assert block.state is nss.BlockState.LIVE
+        kernels.fill[GRID, BLOCK, s](y, 0)
+        gpu.synchronize()
+        assert (nss.copy_to_host(y, stream=s) == 0).all()   # nothing ran at capture
+        g.launch()
+        assert (nss.copy_to_host(y, stream=s) == 9).all()
+    finally:
+        policy.direct_launch = before
