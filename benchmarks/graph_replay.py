@@ -11,6 +11,16 @@ the timer), and the wall time of each with its synchronize. Ratios are
 medians of per-round ratios. Both results are checked against NumPy every
 round. On the simulator the run is short and the figures mean nothing; the
 check and the hazard count do.
+
+``--race`` is the negative control instead: a graph on stream ``a`` that
+copies ``x`` into ``y`` is replayed right after a slow writer of ``x`` on
+stream ``b``, ``--trials`` times with the ordering and as often with it off
+(``nss.tracking(False)``), rounds interleaved. With the ordering the replay
+waits for the writer: never wrong, no hazard. Without it the replay reads
+``x`` early: wrong in most trials on a GPU (at least 70 % is required), and a
+hazard in every trial on the simulator (where work runs in order, so the
+checker shows the race). Exits non-zero when the ordered replay is wrong or
+the race does not show.
 """
 
 from __future__ import annotations
@@ -23,9 +33,71 @@ import numpy as np
 from _harness import SIMULATOR, cuda, device_name, write_result
 from data import expected_probe, make_relations
 from kernels_join import build_table, count_matches, hash_probe
-from target import hazards_now, launch_shape
+from kernels_sort import copy_into
+from target import hazards_now, host_sync, launch_shape
 
 import numba_streamsafe as nss
+from numba_streamsafe import Write, tracked_kernel
+
+
+@tracked_kernel
+def slow_fill(out: Write, value, spins):
+    """Sleep ``spins`` microseconds, then set every element to ``value``
+    (``spins`` is 0 on the simulator, which has no ``nanosleep``)."""
+    for _ in range(spins):
+        cuda.nanosleep(1000)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < out.size:
+        out[i] = value
+        i += step
+
+
+def race(trials: int, n: int, spins: int) -> dict:
+    """The negative control (``--race``): wrong results and hazards of a replay
+    racing a slow writer on another stream, with the ordering and without."""
+    a, b = cuda.stream(), cuda.stream()
+    x = nss.device_array(n, np.int64, stream=a)
+    y = nss.device_array(n, np.int64, stream=a)
+    g_fill, b_fill = launch_shape(n)
+    slow_fill[g_fill, b_fill, b](x, 0, 0)           # compiled before the capture
+    copy_into[g_fill, b_fill, a](x, y)
+    cuda.synchronize()
+    with nss.graph(a) as graph:
+        copy_into[g_fill, b_fill, a](x, y)
+    wrong = {"ordered": 0, "ordering off": 0}
+    hazards = {"ordered": 0, "ordering off": 0}
+    for i in range(trials):
+        for label, tracking in (("ordered", True), ("ordering off", False)):
+            value = 2 * i + (1 if tracking else 2)
+            before = hazards_now()
+            with nss.tracking(tracking):
+                slow_fill[g_fill, b_fill, b](x, value, spins)
+                graph.launch()
+            host_sync(a)   # the next trial starts after this one (the checker knows too)
+            host_sync(b)
+            if hazards_now() > before:
+                hazards[label] += 1
+                if tracking:
+                    print(f"  ordered trial {i}: {nss.get_runtime().driver.hazards[before]}")
+            wrong[label] += not bool((nss.copy_to_host(y, stream=a) == value).all())
+    graph.close()
+    print(f"graph replay racing a slow writer on another stream, {trials} trials, {n} elements, "
+          f"on {device_name()}:")
+    for label in wrong:
+        print(f"  {label:13s} wrong {wrong[label]}/{trials}  trials with a hazard "
+              f"{hazards[label]}/{trials}")
+    shown = hazards["ordering off"] == trials if SIMULATOR else \
+        wrong["ordering off"] >= 0.7 * trials
+    result = {"trials": trials, "n": n, "spins": spins, "wrong": wrong, "hazards": hazards,
+              "race_shown": shown}
+    write_result("graph_replay_race", result)
+    if wrong["ordered"] or hazards["ordered"]:
+        raise SystemExit("graph replay race: the ordered replay was wrong or showed a hazard")
+    if not shown:
+        raise SystemExit("graph replay race: the race did not show with the ordering off, so "
+                         "the control shows nothing; raise --spins")
+    return result
 
 
 def main() -> dict:
@@ -33,7 +105,16 @@ def main() -> dict:
     parser.add_argument("--n", type=int, default=2_000 if SIMULATOR else 1 << 20)
     parser.add_argument("--batches", type=int, default=4 if SIMULATOR else 32)
     parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 15)
+    parser.add_argument("--race", action="store_true",
+                        help="the negative control: a replay racing a slow writer, with the "
+                             "ordering and without")
+    parser.add_argument("--trials", type=int, default=3 if SIMULATOR else 100,
+                        help="trials of --race, each way")
+    parser.add_argument("--spins", type=int, default=0 if SIMULATOR else 1000,
+                        help="microseconds the writer of --race sleeps (0 on the simulator)")
     args = parser.parse_args()
+    if args.race:
+        return race(args.trials, 1 << 16 if not SIMULATOR else 256, args.spins)
 
     build, probe_keys = make_relations(args.n, seed=7)
     want = expected_probe(build, probe_keys)

@@ -42,6 +42,7 @@ def main() -> int:
     run("pipeline.py", "--build-memory", "pageable", *tiny)
     run("graph_replay.py", *(["--n", "256", "--batches", "2", "--rounds", "1"] if args.quick
                              else []))
+    run("graph_replay.py", "--race", *(["--trials", "2"] if args.quick else []))
 
     launch = load("launch_overhead")["results"]
     alloc = load("alloc_free")["ratio"]
@@ -50,6 +51,7 @@ def main() -> int:
     bucket = load("pipeline-bucket")
     pageable = load("pipeline-pageable")
     graph = load("graph_replay")
+    graph_race = load("graph_replay_race")
 
     rows = [
         ("tracked / untracked launch, cross stream", launch["cross stream"]["ratio"], "<=", 1.10),
@@ -84,6 +86,10 @@ def main() -> int:
         print(f"{name:48s} {value:8.3f} {op}{target:>7.2f}  {'pass' if ok else 'MISS'}")
     print(f"pipeline correct: {pipe['correct']}; graph replay correct: {graph['correct']}, "
           f"wall time graph / eager {graph['ratio_wall']:.3f} ({graph['operations']} operations)")
+    wrong, trials = graph_race["wrong"], graph_race["trials"]
+    print(f"graph replay racing a slow writer: wrong {wrong['ordered']}/{trials} ordered, "
+          f"{wrong['ordering off']}/{trials} with the ordering off (negative control; hazards "
+          f"{graph_race['hazards']['ordered']} / {graph_race['hazards']['ordering off']})")
     bare = alloc.get("bare_async_emm")
     if bare:
         print("alloc+free ours / bare cuMemAllocAsync+cuMemFreeAsync (the floor): "

@@ -47,8 +47,9 @@ class Report:
 
 
 def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 << 9,
-               min_n: int = 1, max_n: int | None = None) -> argparse.Namespace:
-    """The examples' command line.
+               min_n: int = 1, max_n: int | None = None,
+               graph: bool = False) -> argparse.Namespace:
+    """The examples' command line (with ``graph``, a ``--graph`` flag too).
 
     Values an example cannot run with (``--n`` outside ``min_n``..``max_n``,
     ``--streams`` not a power of two, ``--repeat`` below 1, a negative
@@ -56,6 +57,9 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
     status 2.
     """
     parser = argparse.ArgumentParser(description=description)
+    if graph:
+        parser.add_argument("--graph", action="store_true",
+                            help="run the stage the example captures as a CUDA graph, replayed")
     parser.add_argument("--n", type=int, default=None,
                         help=f"number of keys, at least {min_n} (default {default_gpu_n} on a "
                              f"GPU, {sim_n} on the simulator)")
@@ -86,14 +90,17 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
 
 
 def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
-             min_n: int = 1, max_n: int | None = None) -> int:
+             min_n: int = 1, max_n: int | None = None,
+             graph: Callable[[int, int, bool, int], Report] | None = None) -> int:
     """Parse the example's arguments, run it ``--repeat`` times and report.
 
-    ``min_n`` and ``max_n`` bound ``--n`` (see :func:`parse_args`). Exits
-    non-zero when a tracked run is wrong or shows a hazard; an untracked run
-    reports how often the race showed.
+    ``min_n`` and ``max_n`` bound ``--n`` (see :func:`parse_args`). ``graph``:
+    the run of ``--graph``. Exits non-zero when a tracked run is wrong or shows
+    a hazard; an untracked run reports how often the race showed.
     """
-    args = parse_args(description, min_n=min_n, max_n=max_n)
+    args = parse_args(description, min_n=min_n, max_n=max_n, graph=graph is not None)
+    if graph is not None and args.graph:
+        run = graph
     reports = [run(args.n, args.streams, not args.no_tracking, args.seed)
                for _ in range(args.repeat - 1)]
     if args.trace or args.plot:

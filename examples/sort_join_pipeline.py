@@ -16,11 +16,16 @@ Each stage reads what another stream wrote, and temporaries are freed while
 other streams may still use them; the library orders all of it. The result
 is checked against NumPy (ranks from numpy.sort, matches from a NumPy join).
 ``--no-tracking`` launches the same work unfenced to show the race.
+
+``--graph`` runs stages 3 and 4 as one CUDA graph on the collector stream:
+captured once (``nss.graph``), then replayed with one ``cuGraphLaunch``, which
+the library orders after the probe keys' uploads and the build, like the
+launches it stands for; the results are downloaded after the replay.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -112,13 +117,52 @@ def probe_and_count(batches: HostBatches, table: tuple[Any, int], collect: Any,
     return count
 
 
+def probe_and_count_graph(batches: HostBatches, table: tuple[Any, int], collect: Any,
+                          probe_streams: list[Any], upload: Any) -> np.ndarray:
+    """3. and 4. as one CUDA graph on ``collect``: every batch probed, then counted.
+
+    The keys upload on the upload stream as before. The graph is captured once
+    and replayed once; the replay waits for the uploads and for the build (the
+    library orders it as one operation reading the keys and the table), and
+    the downloads after it wait for it. ``probe_streams`` are not used: a
+    graph holds the work of one stream.
+    """
+    d_table, mask = table
+    staged = [nss.to_device(keys, stream=upload, tag="probe keys") for keys in batches.keys]
+    outs = [nss.device_array(keys.size, ROW, stream=collect, tag="probe result")
+            for keys in batches.keys]
+    total = nss.device_array(1, np.int64, stream=collect, tag="match count")
+    # Compile and load the kernels before the capture (driver calls a capture
+    # may refuse): one launch of each on a one-key slice (the same types).
+    g, b = launch_shape(outs[0].size)
+    hash_probe[g, b, collect](staged[0][:1], d_table, outs[0][:1], mask)
+    count_matches[g, b, collect](outs[0][:1], total)
+    with nss.graph(collect) as graph:  # nothing runs here: the launches are recorded
+        nss.memset(total, 0, stream=collect)
+        for d_keys, out in zip(staged, outs, strict=True):
+            g, b = launch_shape(out.size)
+            hash_probe[g, b, collect](d_keys, d_table, out, mask)
+            count_matches[g, b, collect](out, total)
+    graph.launch()  # one cuGraphLaunch, after the uploads and the build
+    for out, result in zip(outs, batches.results, strict=True):
+        nss.copy_to_host(out, result, stream=collect)
+    count = nss.copy_to_host(total, stream=collect)
+    for s in [collect, *probe_streams, upload]:
+        host_sync(s)
+    graph.close()  # the graph held the keys, results and count; they go with it
+    return count
+
+
 def sort_join(build: np.ndarray, batches: HostBatches, collect: Any, workers: list[Any],
-              build_stream: Any, probe_streams: list[Any], upload: Any) -> np.ndarray:
-    """The whole pipeline; results land in ``batches.results``, returns the match count."""
+              build_stream: Any, probe_streams: list[Any], upload: Any,
+              graph: bool = False) -> np.ndarray:
+    """The whole pipeline; results land in ``batches.results``, returns the match count.
+    With ``graph``, stages 3 and 4 run as one CUDA graph (:func:`probe_and_count_graph`)."""
     d_sorted = sort_build_keys(build, workers, collect, upload)
     table = build_table(d_sorted, build_stream)  # 2. payload: the key's rank
     del d_sorted  # still being read by the build: its free waits for it
-    return probe_and_count(batches, table, collect, probe_streams, upload)
+    stages = probe_and_count_graph if graph else probe_and_count
+    return stages(batches, table, collect, probe_streams, upload)
 
 
 @lru_cache(maxsize=1)
@@ -129,7 +173,7 @@ def inputs(n: int, seed: int, nbatches: int) -> tuple[np.ndarray, HostBatches, n
                                                                                    probe_keys)
 
 
-def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
+def run(n: int, nstreams: int, tracking: bool, seed: int, graph: bool = False) -> Report:
     build, batches, expected = inputs(n, seed, 2 * nstreams)
     for result in batches.results:
         result[...] = -2  # a previous run's answer cannot pass this run's check
@@ -140,9 +184,11 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
     upload = cuda.stream()
     before = hazards_now()
     with nss.tracking(tracking), Timer() as t:
-        count = sort_join(build, batches, collect, workers, build_stream, probe_streams, upload)
+        count = sort_join(build, batches, collect, workers, build_stream, probe_streams, upload,
+                          graph)
     got = np.concatenate(batches.results)
-    report = Report("sort -> join pipeline", n, tracking, seconds=t.seconds)
+    report = Report("sort -> join pipeline" + (" (probe stage as a CUDA graph)" if graph else ""),
+                    n, tracking, seconds=t.seconds)
     report.checks["every probe finds its key's rank in the sorted build keys"] = bool(
         np.array_equal(got, expected))
     report.checks["match count equals NumPy's"] = int(count[0]) == int((expected >= 0).sum())
@@ -151,7 +197,8 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
 
 
 def main() -> int:
-    return run_main(run, __doc__.splitlines()[0], max_n=MAX_JOIN_N)
+    return run_main(run, __doc__.splitlines()[0], max_n=MAX_JOIN_N,
+                    graph=partial(run, graph=True))
 
 
 if __name__ == "__main__":

@@ -21,17 +21,23 @@ The rules:
   are held while capturing.
 - Refused while capturing (:class:`GraphCaptureError`, nothing queued):
   allocations on the capture stream or on the legacy default stream (CUDA
-  would invalidate the capture); work queued on the capture stream by
-  another thread; foreign arrays that name a producer stream; a second
-  capture on the same device; several devices' runtimes installed; default
-  streams as the capture stream.
-- The graph holds the arguments of the captured work, so its arrays stay
-  allocated while the graph exists. New inputs: copy into the captured arrays
-  (a tracked copy, ordered before the next replay), then launch again.
+  would invalidate the capture); any tracked work on the legacy default
+  stream (it would depend on the capture); copies between host and device
+  memory on the capture stream (upload before a replay, download after it);
+  work queued on the capture stream by another thread; foreign arrays that
+  name a producer stream; a second capture on the same device; several
+  devices' runtimes installed; default streams as the capture stream.
+- The graph keeps the arrays of the captured work (and the work's other
+  arguments) referenced, so their memory stays allocated while the graph
+  exists, whether the launch went through Numba or straight to
+  ``cuLaunchKernel`` (whose packed parameters hold only addresses).
+  :meth:`Graph.close` (or collecting the graph) destroys the graph and lets
+  them go. New inputs: copy into the captured arrays (a tracked copy,
+  ordered before the next replay), then launch again.
 - Work on other streams during the capture is not captured and runs, and is
   ordered, as usual.
-- Results come back after a replay: a download that synchronises cannot be
-  captured.
+- A replay may be queued on another stream than the capture's; it is then
+  ordered on that stream only, as CUDA orders a graph launch.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from numba_streamsafe.errors import GraphCaptureError
+from numba_streamsafe.errors import DriverError, GraphCaptureError
 from numba_streamsafe.protocol import Uses, _accesses, fenced, refuse_untracked
 from numba_streamsafe.runtime import DeviceRuntime
 
@@ -60,6 +66,14 @@ class Graph:
         Ordered operations captured (launches, copies, fills).
     replays : int
         Replays queued so far.
+
+    Notes
+    -----
+    The graph holds every argument of the captured work until :meth:`close`,
+    so the arrays it reads and writes cannot be freed (and their memory
+    reused) while it may still be replayed. An array freed explicitly
+    (``DeviceRuntime.deallocate``) makes the next replay raise
+    :class:`~numba_streamsafe.errors.UseAfterFree`, with nothing queued.
     """
 
     def __init__(self, rt: DeviceRuntime, stream: Any, strict: bool) -> None:
@@ -105,6 +119,15 @@ class Graph:
         frees, self._frees = self._frees, None
         try:
             graph = rt.driver.end_capture(self.handle)
+        except DriverError as err:
+            self._held.clear()
+            if exc_type is not None:
+                return  # the user's error goes on; the capture is gone with it
+            raise GraphCaptureError(
+                f"the capture of stream {self.handle:#x} failed ({err}): an operation inside "
+                "it broke it, such as a synchronisation or work on the legacy default "
+                "stream. Keep host synchronisation and default-stream work out of the "
+                "`with numba_streamsafe.graph(...)` block") from err
         finally:
             if frees is not None:
                 frees.__exit__(None, None, None)
@@ -123,10 +146,17 @@ class Graph:
         Raises
         ------
         GraphCaptureError
-            Another thread, or a foreign array that names its producer stream.
+            Work on the legacy default stream, another thread, or a foreign
+            array that names its producer stream.
         StreamMisuse
             Untracked memory in strict mode.
         """
+        if stream != self.handle:
+            raise GraphCaptureError(
+                f"{label}: tracked work on the legacy default stream ({stream:#x}) while stream "
+                f"{self.handle:#x} is being captured would depend on the capture, which CUDA "
+                "refuses (and the capture would be lost); queue it on another stream, or "
+                "after the capture")
         if threading.get_ident() != self._thread:
             raise GraphCaptureError(
                 f"{label}: another thread queued work on stream {stream:#x} while it was being "
@@ -148,9 +178,31 @@ class Graph:
         for i, (block, access) in enumerate(uses.blocks):
             name = uses.names[i] if uses.names is not None and i < len(uses.names) else label
             self.uses.add(block, access, name)
-        self._held.append(args)
+        self._held.append((work, args))  # a bound method holds its array (copies)
         self.operations += 1
         return result
+
+    def keep(self, stream: int, objects: tuple[Any, ...]) -> None:
+        """Hold ``objects`` (a launch's arguments) while the graph exists, when the
+        launch was captured (queued on the capture stream): a direct launch's
+        packed parameters hold only the arrays' addresses."""
+        if stream == self.handle and threading.get_ident() == self._thread:
+            self._held.append(objects)
+
+    def refuse_host_copy(self, stream: int, what: str) -> None:
+        """Refuse a copy between host and device memory on the capture stream.
+
+        Raises
+        ------
+        GraphCaptureError
+            ``stream`` is the stream being captured; nothing is queued.
+        """
+        if stream == self.handle:
+            raise GraphCaptureError(
+                f"{what}: a copy between host and device memory on stream {stream:#x}, which is "
+                "being captured into a graph. A graph holds device work only: upload new "
+                "inputs into the captured arrays before g.launch() (numba_streamsafe.to_device("
+                "host, to=array, stream=...)), and download results after it")
 
     # ------------------------------------------------------------------ replay
     def launch(self, stream: Any = None) -> None:

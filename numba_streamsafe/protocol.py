@@ -335,7 +335,8 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         Untracked memory when ``strict``; nothing is queued.
     """
     capture = rt.capture
-    if capture is not None and capture.handle == stream:  # a graph records it (graphs.py)
+    if capture is not None and (capture.handle == stream or stream <= 1):
+        # A graph records it, or refuses it on the legacy stream (graphs.py).
         return capture.record(stream, uses, label, strict, work, args)  # type: ignore[no-any-return]
     tracer = tracehook.active
     if tracer is not None:

@@ -278,20 +278,27 @@ class DeviceRuntime:
             self.check_capture(handle, tag)
         return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
 
-    def check_capture(self, handle: int, what: str) -> None:
-        """Refuse an allocation on ``handle`` while a graph is being captured when
-        it would land in the capture (its stream) or break it (the legacy default
-        stream, which synchronises with the capturing stream).
+    def check_capture(self, handle: int, what: str, free: bool = False) -> None:
+        """Refuse an allocation (or, with ``free``, a free) on ``handle`` while a
+        graph is being captured when it would land in the capture (its stream)
+        or break it (the legacy default stream, which synchronises with the
+        capturing stream).
 
         Raises
         ------
         StreamMisuse
-            The allocation cannot be made during the capture; nothing is queued.
+            The allocation or free cannot be made during the capture; nothing is
+            queued.
         """
         capture = self.capture
         if capture is not None and (handle == capture.handle or handle <= 1):
             where = "the stream being captured" if handle == capture.handle else \
                 "the legacy default stream, which would break the capture"
+            if free:
+                raise GraphCaptureError(
+                    f"free of {what!r}, allocated on {where} ({handle:#x}): a graph capture "
+                    "holds no frees (the free would run again at every replay). Free it after "
+                    "the capture")
             raise GraphCaptureError(
                 f"allocation {what!r} on {where} ({handle:#x}): a graph capture holds no "
                 "allocations. Allocate the graph's arrays (and upload its host inputs) before "
@@ -307,9 +314,15 @@ class DeviceRuntime:
             ``block`` is not a :class:`~numba_streamsafe.blocks.Block`.
         UseAfterFree
             ``block`` was already freed.
+        StreamMisuse
+            A graph is being captured on ``block``'s stream, or the block's
+            stream is the legacy default stream while one is
+            (:class:`~numba_streamsafe.errors.GraphCaptureError`).
         """
         if block.__class__ is not Block:
             check_block(block, "deallocate")
+        if self.capture is not None:
+            self.check_capture(block.stream, block.tag, free=True)
         self.resource.deallocate(block)
 
     def defer_free(self, block: Block) -> None:

@@ -85,6 +85,24 @@ new)
     (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay python3 graph_replay.py)
     cat "$OUT/graph_replay.log" "$OUT/race.txt"
     ;;
+graphs)
+    # CUDA graphs: their GPU tests on the compiled and the pure-Python path, the sort ->
+    # join pipeline with its probe stage as a graph (tracked, then the race without
+    # tracking), the replay benchmark and its negative control.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    run gpu_graphs python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_graphs_gpu.py -rs
+    NUMBA_STREAMSAFE_PURE_PYTHON=1 run gpu_graphs_pure python3 -m pytest -m gpu -q \
+        -p no:cacheprovider tests/gpu/test_graphs_gpu.py -rs
+    run example_graph python3 examples/sort_join_pipeline.py --graph --repeat 3
+    run example_graph_race python3 examples/sort_join_pipeline.py --graph --no-tracking --repeat 3
+    (cd benchmarks && NSS_BENCH_DIR="$OUT" NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
+        run graph_replay python3 graph_replay.py)
+    (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay_race python3 graph_replay.py --race)
+    tail -3 "$OUT/gpu_graphs.log" "$OUT/gpu_graphs_pure.log"
+    grep -h -E "result|runs:" "$OUT"/example_graph*.log
+    cat "$OUT/graph_replay.log" "$OUT/graph_replay_race.log" "$OUT/race.txt"
+    ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the
     # difference (scripts/suite_diff.py). NSS_SUITE_ENV adds variables to the plugin's run.

@@ -69,17 +69,32 @@ LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
 _MIN_CHUNK = 256
 _ALIGN = 256
-#: ``CUDA_ERROR_ILLEGAL_STATE`` and ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``.
+#: ``CUDA_ERROR_ILLEGAL_STATE`` and the stream-capture errors.
 CUDA_ERROR_ILLEGAL_STATE = 401
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
+CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
 
 
-@dataclass(frozen=True)
+@dataclass
+class _Capture:
+    """A stream being captured: the work recorded so far, the capturing thread,
+    and why the capture was invalidated (None while it is valid)."""
+
+    ops: list[tuple[Any, ...]]
+    thread: int
+    invalid: str | None = None
+
+
+@dataclass(eq=False)
 class _SimGraph:
-    """A captured graph of the simulated driver: its stream and the work recorded."""
+    """A captured graph of the simulated driver (or its executable): the stream
+    it was captured on and the work recorded, in stream order."""
 
     stream: int
     ops: tuple[tuple[Any, ...], ...]
+    executable: bool = False
+    destroyed: bool = False
 
 
 #: ``CUDA_ERROR_INVALID_DEVICE``: a peer that is no device of the system.
@@ -293,8 +308,10 @@ class SimDriver:
         self.calls: collections.Counter[str] = collections.Counter()
         self.events_created = 0
         self.events_destroyed = 0
-        #: Streams being captured -> the work recorded so far.
-        self._captures: dict[int, list[tuple[Any, ...]]] = {}
+        #: Streams being captured -> their capture (:meth:`begin_capture`).
+        self._captures: dict[int, _Capture] = {}
+        #: Graphs and executables made and not yet destroyed.
+        self.live_graphs = 0
 
     # ------------------------------------------------------------------ faults
     def inject_failure(self, call: str, code: int = CUDA_ERROR_INVALID_VALUE, *, skip: int = 0,
@@ -349,8 +366,10 @@ class SimDriver:
     def reset_context(self) -> None:
         """The context is destroyed and made anew: every stream but the default
         ones and every event is destroyed, all work completes and all memory goes
-        back to the system. Handles of the destroyed streams may be reused."""
+        back to the system. Handles of the destroyed streams may be reused.
+        Captures under way end (their work is lost)."""
         with self._lock:
+            self._captures.clear()
             for handle in [h for h in self._streams if h not in (LEGACY_STREAM,
                                                                  PER_THREAD_STREAM)]:
                 self.destroy_stream(handle)
@@ -386,6 +405,8 @@ class SimDriver:
             )
 
     def _enqueue(self, stream: int, label: str, call: str) -> _Op:
+        if self._captures:
+            self._outside_capture(stream, call)
         s = self._stream(stream, call)
         clock = s.clock
         for k, v in self._host_clock.items():
@@ -411,6 +432,8 @@ class SimDriver:
     def stream_synchronize(self, stream: int) -> None:
         with self._lock:
             self._enter("cuStreamSynchronize")
+            if self._captures:
+                self._outside_capture(stream, "cuStreamSynchronize")
             s = self._stream(stream, "cuStreamSynchronize")
             self._join_host(s.clock)
 
@@ -419,6 +442,8 @@ class SimDriver:
         the model completes work only when the host observes it."""
         with self._lock:
             self._enter("cuStreamQuery")
+            if self._captures:
+                self._outside_capture(stream, "cuStreamQuery")
             clock = self._stream(stream, "cuStreamQuery").clock
             host = self._host_clock
             return all(host.get(k, 0) >= v for k, v in clock.items())
@@ -428,6 +453,8 @@ class SimDriver:
         destroyed ones included."""
         with self._lock:
             self._enter("cuCtxSynchronize")
+            if self._captures:
+                self._outside_capture(None, "cuCtxSynchronize")
             self._join_device()
 
     def _join_device(self) -> None:
@@ -480,6 +507,8 @@ class SimDriver:
                                   f"event {event:#x} belongs to device "
                                   f"{self.system.event_devices[event]}, stream {stream:#x} to "
                                   f"device {self.device}")
+            if self._captures:
+                self._outside_capture(stream, "cuEventRecord")
             s = self._stream(stream, "cuEventRecord")
             self._events[event] = dict(s.clock)
 
@@ -505,6 +534,8 @@ class SimDriver:
         with self._lock:
             self._enter("cuStreamWaitEvent")
             clock = self._event(event, "cuStreamWaitEvent")
+            if self._captures:
+                self._outside_capture(stream, "cuStreamWaitEvent")
             s = self._stream(stream, "cuStreamWaitEvent")
             if clock:
                 mine = s.clock
@@ -520,9 +551,18 @@ class SimDriver:
 
     # ---------------------------------------------------------------- graphs
     def begin_capture(self, stream: int) -> None:
-        """Start recording the work queued on ``stream`` (``cuStreamBeginCapture``):
-        until :meth:`end_capture`, :meth:`capture_work` records it instead of
-        running it. Default streams cannot be captured."""
+        """Start recording the work queued on ``stream`` (``cuStreamBeginCapture``,
+        thread-local mode): until :meth:`end_capture`, :meth:`capture_work`
+        records it instead of running it. Default streams cannot be captured.
+
+        While a capture is under way the model enforces CUDA's rules, as errors
+        that also invalidate the capture (:meth:`end_capture` then fails with
+        ``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED``): work, an event record or
+        wait, a synchronise or query of the capturing stream other than through
+        :meth:`capture_work` (the library never queues any), work on or a
+        synchronise of the legacy default stream (an implicit dependency on the
+        capture), and a device-wide synchronise from the capturing thread.
+        """
         with self._lock:
             self._enter("cuStreamBeginCapture")
             if stream <= PER_THREAD_STREAM:
@@ -532,61 +572,106 @@ class SimDriver:
             if stream in self._captures:
                 raise DriverError("cuStreamBeginCapture", CUDA_ERROR_ILLEGAL_STATE,
                                   f"stream {stream:#x} is already capturing")
-            self._captures[stream] = []
+            self._captures[stream] = _Capture([], threading.get_ident())
 
     def capture_work(self, stream: int, work: Any, args: tuple[Any, ...],
                      accesses: list[tuple[int, int, Any]], label: str, copy: bool) -> Any:
         """Record ``work(*args)`` and what it touches, to run at every replay."""
         with self._lock:
-            ops = self._captures.get(stream)
-            if ops is None:
+            capture = self._captures.get(stream)
+            if capture is None:
                 raise DriverError("capture", CUDA_ERROR_ILLEGAL_STATE,
                                   f"stream {stream:#x} is not capturing")
-            ops.append((work, args, list(accesses), label, copy))
+            capture.ops.append((work, args, list(accesses), label, copy))
         return None
 
     def end_capture(self, stream: int) -> Any:
+        """End the capture of ``stream``; the graph of the work recorded.
+
+        Raises
+        ------
+        DriverError
+            ``stream`` is not capturing; or the capture was invalidated
+            (``CUDA_ERROR_STREAM_CAPTURE_INVALIDATED``), which ends it too.
+        """
         with self._lock:
             self._enter("cuStreamEndCapture")
-            ops = self._captures.pop(stream, None)
-            if ops is None:
+            capture = self._captures.pop(stream, None)
+            if capture is None:
                 raise DriverError("cuStreamEndCapture", CUDA_ERROR_ILLEGAL_STATE,
                                   f"stream {stream:#x} is not capturing")
-            return _SimGraph(stream, tuple(ops))
+            if capture.invalid is not None:
+                raise DriverError("cuStreamEndCapture", CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                                  f"the capture of stream {stream:#x} was invalidated: "
+                                  f"{capture.invalid}")
+            self.live_graphs += 1
+            return _SimGraph(stream, tuple(capture.ops))
+
+    def _outside_capture(self, stream: int | None, call: str) -> None:
+        """Refuse ``call`` on ``stream`` (None: the whole device) where CUDA refuses
+        it during a capture (see :meth:`begin_capture`), invalidating the
+        captures it concerns."""
+        if stream is not None and stream in self._captures:
+            hit = [self._captures[stream]]
+            code = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            why = (f"{call} on stream {stream:#x} while it is captured, outside the capture "
+                   "(nothing but captured work may be queued on a capturing stream)")
+        elif stream is None or stream in (LEGACY_STREAM, 1):
+            # The legacy stream depends on every blocking stream, from any thread;
+            # a device-wide synchronise is unsafe for the capturing thread only.
+            me = threading.get_ident()
+            hit = [c for c in self._captures.values() if stream is not None or c.thread == me]
+            if not hit:
+                return
+            code = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+            what = "the legacy default stream" if stream is not None else "the whole device"
+            why = f"{call} on {what} would depend on a stream being captured"
+        else:
+            return
+        for capture in hit:
+            if capture.invalid is None:
+                capture.invalid = why
+        raise DriverError(call, code, why)
 
     def graph_instantiate(self, graph: Any) -> Any:
         with self._lock:
             self._enter("cuGraphInstantiate")
-        return graph
+            if graph.executable or graph.destroyed:
+                raise DriverError("cuGraphInstantiate", CUDA_ERROR_INVALID_HANDLE,
+                                  "not a live graph")
+            self.live_graphs += 1
+            return _SimGraph(graph.stream, graph.ops, executable=True)
 
     def graph_launch(self, graph_exec: Any, stream: int) -> None:
-        """Replay the recorded work in order. It runs on the stream it was captured
-        on; a replay on another stream is ordered as CUDA orders a graph launch,
-        after the work queued on ``stream`` before it and before what follows
-        (the capture stream waits for ``stream``, and ``stream`` for it)."""
+        """Replay the recorded work in order on ``stream`` (``cuGraphLaunch``):
+        each operation runs again and is checked as work queued on ``stream``
+        now, after what was queued there before and before what follows, and
+        ordered with nothing else (a replay on another stream than the capture's
+        is ordered with that stream by nothing)."""
         with self._lock:
             self._enter("cuGraphLaunch")
+            if not graph_exec.executable or graph_exec.destroyed:
+                raise DriverError("cuGraphLaunch", CUDA_ERROR_INVALID_HANDLE,
+                                  "not a live executable graph")
+            if self._captures:
+                self._outside_capture(stream, "cuGraphLaunch")
             self._stream(stream, "cuGraphLaunch")
-        home = graph_exec.stream
-        if stream != home:
-            self._join(home, stream)
         for work, args, accesses, label, copy in graph_exec.ops:
             work(*args)
-            if accesses:
-                self.trace_access(home, accesses, label, copy=copy)
-        if stream != home:
-            self._join(stream, home)
-
-    def _join(self, waiter: int, on: int) -> None:
-        """``waiter`` waits for everything queued on ``on`` so far."""
-        event = self.event_create()
-        self.event_record(event, on)
-        self.stream_wait_event(waiter, event)
-        self.event_destroy(event)
+            self.trace_access(stream, accesses, label, copy=copy)
 
     def graph_destroy(self, graph: Any, graph_exec: Any) -> None:
+        """Destroy a graph and its executable (either may be None); a replay in
+        flight completes (the model's replays complete when queued)."""
         with self._lock:
             self._enter("cuGraphDestroy")
+            for g in (graph, graph_exec):
+                if g is not None:
+                    if g.destroyed:
+                        raise DriverError("cuGraphDestroy", CUDA_ERROR_INVALID_HANDLE,
+                                          "the graph was destroyed already")
+                    g.destroyed = True
+                    self.live_graphs -= 1
 
     # -------------------------------------------------------------- devices
     def activate(self) -> AbstractContextManager[None]:

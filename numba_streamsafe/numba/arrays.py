@@ -267,6 +267,8 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     _check_dtype(host.dtype, "to_device: the host data's dtype")
     stream = _stream(stream)
     rt = target.runtime()
+    if rt.capture is not None:  # a graph is being captured (graphs.py)
+        rt.capture.refuse_host_copy(rt.stream_handle(stream), "to_device")
     if to is None:
         to = device_array(host.shape, host.dtype, stream=stream, tag=tag, order=order)
         block = _device_block(rt, to, "to")
@@ -335,6 +337,8 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     """
     stream = _stream(stream)
     rt = target.runtime()
+    if rt.capture is not None:  # a graph is being captured (graphs.py)
+        rt.capture.refuse_host_copy(rt.stream_handle(stream), "copy_to_host")
     block = _device_block(rt, array, "array")
     shape, strides, dtype = _geometry(array)
     _check_dtype(dtype, "copy_to_host: the array's dtype")

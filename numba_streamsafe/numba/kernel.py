@@ -375,9 +375,9 @@ class TrackedKernel:
                         _warn_low_occupancy(self, grid)
                     fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                            plan.function, grid, block, shmem, handle, params, tracking=tracking)
-                    if _hot is not None and tracking and not uses.untracked and \
-                            not uses.producers:
-                        self._remember(rt, plan, args, handle, owner)
+                    if rt.capture is not None or (_hot is not None and tracking and
+                                                  not uses.untracked and not uses.producers):
+                        self._after_direct(rt, plan, args, handle, owner)
                     return
         launch = numba_launch()
         if host:
@@ -390,6 +390,18 @@ class TrackedKernel:
 
 
     # ------------------------------------------------------ compiled hot path
+    def _after_direct(self, rt: Any, plan: direct.LaunchPlan, args: tuple[Any, ...],
+                      handle: int, owner: Any) -> None:
+        """After a direct launch on the Python path that a graph may have captured
+        or the compiled hot path may take next (:meth:`_remember`)."""
+        capture = rt.capture
+        if capture is not None:
+            # Captured: the graph holds the arrays, which the packed parameters
+            # name only by address (numba_streamsafe.graphs).
+            capture.keep(handle, args)
+            return
+        self._remember(rt, plan, args, handle, owner)
+
     def _remember(self, rt: Any, plan: direct.LaunchPlan, args: tuple[Any, ...], handle: int,
                   owner: Any) -> None:
         """After a direct launch on the Python path: let the compiled hot path

@@ -8,6 +8,7 @@ installed (it is an optional extra).
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -73,14 +74,22 @@ def process_runtimes(monkeypatch):
     any, put back the ones before and the environment afterwards."""
     old = installed_runtime(0)
     clear_runtimes()
-    for name in ("NUMBA_STREAMSAFE_DRIVER", "NUMBA_STREAMSAFE_FENCES",
-                 "NUMBA_STREAMSAFE_RESOURCE", "NUMBA_STREAMSAFE_DIRECT_LAUNCH"):
+    names = ("NUMBA_STREAMSAFE_DRIVER", "NUMBA_STREAMSAFE_FENCES",
+             "NUMBA_STREAMSAFE_RESOURCE", "NUMBA_STREAMSAFE_DIRECT_LAUNCH")
+    # The plugin sets them in this process (threads, not worker processes):
+    # monkeypatch restores only the ones that were set, so the rest by hand,
+    # lest later tests' child processes inherit them.
+    before = {name: os.environ.get(name) for name in names}
+    for name in names:
         monkeypatch.delenv(name, raising=False)
     try:
         yield
     finally:
         clear_runtimes()
         monkeypatch.undo()
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
         reload_settings()
         if old is not None:
             set_runtime(old, 0)

@@ -54,6 +54,20 @@ def test_example_shows_the_race_without_tracking(example):
     assert "hazards seen by the simulated driver: 0" not in proc.stdout
 
 
+def test_the_pipeline_with_its_probe_stage_as_a_graph():
+    """``--graph``: stages 3 and 4 captured once on the collector stream and
+    replayed, ordered after the uploads and the build; right, with no hazard.
+    Without tracking the replay (and the rest) runs unordered: the race shows."""
+    proc = _run("examples/sort_join_pipeline.py", "--graph")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "probe stage as a CUDA graph" in proc.stdout
+    assert "hazards seen by the simulated driver: 0" in proc.stdout
+    assert "result: correct" in proc.stdout and "WRONG" not in proc.stdout
+    proc = _run("examples/sort_join_pipeline.py", "--graph", "--no-tracking")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: RACE SHOWN" in proc.stdout, proc.stdout
+
+
 @pytest.mark.slow  # 8192 keys at the GPU's launch shapes: a minute on the simulator
 @pytest.mark.parametrize(("n", "strides"), [(2048, 1), (8192, 1), (8192, 2)])
 def test_shared_memory_sort_path_is_correct(n, strides):
@@ -110,6 +124,17 @@ def test_benchmarks_run_at_a_tiny_size():
         assert figure in proc.stdout
     assert "pipeline correct: {'tracked': True, 'tracked-eager': True, 'sync': True, " \
            "'events': True}" in proc.stdout
+    assert "graph replay racing a slow writer: wrong 0/2 ordered" in proc.stdout
+    assert "hazards 0 / 2)" in proc.stdout
+
+
+def test_graph_replay_negative_control():
+    """``graph_replay.py --race``: the ordered replay is clean, and with the
+    ordering off the checker sees the race in every trial."""
+    proc = _run("benchmarks/graph_replay.py", "--race", "--trials", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ordered       wrong 0/2  trials with a hazard 0/2" in proc.stdout
+    assert "ordering off  wrong 0/2  trials with a hazard 2/2" in proc.stdout
 
 
 @pytest.mark.slow
