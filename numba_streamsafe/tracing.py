@@ -70,7 +70,8 @@ class Wait:
     ``stream`` (of ``device``) waits for ``on_stream``: argument ``param`` of
     ``op`` (its access ``access``) conflicts with ``after_param`` of the
     earlier operation ``after`` (id 0: the block's allocation, label
-    ``"allocation"``, or work queued before the trace began, label
+    ``"allocation"``, or a borrowed block's hand-over, label ``"borrow"``,
+    or work queued before the trace began, label
     ``"(before the trace)"``), a
     ``hazard`` of ``"read-after-write"``, ``"write-after-write"`` or
     ``"write-after-read"``. ``inserted`` is True when this operation queued

@@ -45,7 +45,7 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import arrays, dlpack, target
-from numba_streamsafe.protocol import commit, fenced, preflight, single
+from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
 
 __all__ = ["from_dlpack", "from_cuda_array_interface", "import_array"]
 
@@ -253,11 +253,12 @@ def _span(foreign: _Foreign) -> int:
 
 
 def _adopt(rt: Any, f: _Foreign, stream: Any, handle: int, owner: Any, ordered: bool,
-           tag: str, what: str) -> Any:
+           tag: str, what: str, writable: bool = True) -> Any:
     """The tracked array over ``f``'s memory: a new borrowed block, or the
-    block the library already tracks there."""
+    block the library already tracks there (``writable`` False: read-only data
+    is accepted, for a caller that only reads it)."""
     arrays._check_dtype(f.dtype, f"{what}: the producer's dtype")
-    if f.readonly:
+    if f.readonly and writable:
         raise InvalidArgument(f"{what}: the producer marked its data read-only, and a tracked "
                               "array is writable; copy it in with nss.import_array")
     if len(f.strides) != len(f.shape):
@@ -315,17 +316,21 @@ def import_array(obj: Any, *, stream: Any, tag: str = "imported") -> Any:
     """A tracked copy, on ``stream``, of a DLPack or CUDA Array Interface
     producer's device array, ordered after the producer's work.
 
-    A DLPack producer (``__dlpack__``: PyTorch, CuPy, JAX...) is asked for its
-    data with ``stream``'s handle, so it orders its work before ``stream``; a
-    CUDA Array Interface producer that names a ``stream`` has ``stream`` wait
-    for it. The copy (contiguous data, C or Fortran order) is queued on
-    ``stream`` as a tracked write of the new array. :func:`from_dlpack` takes
-    the data without a copy.
+    A DLPack producer (``__dlpack__``: PyTorch, CuPy, JAX...; preferred when
+    both are there) is asked for its data with ``stream``'s handle, so it
+    orders its work before ``stream``; a CUDA Array Interface producer that
+    names a ``stream`` has ``stream`` wait for it. The copy (contiguous data,
+    C or Fortran order) is queued on ``stream`` as a tracked read of the
+    producer's memory (borrowed for the copy, as :func:`from_dlpack` does: the
+    producer is kept alive until ``stream`` has completed the copy) and a
+    tracked write of the new array. :func:`from_dlpack` takes the data
+    without a copy.
 
     Parameters
     ----------
     obj : array-like
-        A device array with ``__dlpack__`` or ``__cuda_array_interface__``.
+        A device array with ``__dlpack__`` or ``__cuda_array_interface__``
+        (read-only data is fine: it is only read).
     stream : stream-like
         The stream the data is wanted on.
     tag : str
@@ -350,13 +355,23 @@ def import_array(obj: Any, *, stream: Any, tag: str = "imported") -> Any:
     order = _contiguous_order(f.shape, f.strides, f.dtype.itemsize)
     out = arrays.device_array(f.shape, f.dtype, stream=stream, tag=tag, order=order)
     nbytes = math.prod(f.shape) * f.dtype.itemsize
-    if nbytes:
-        dst = target.resolve(rt, out)[1]
-        assert dst is not None  # a new array of the library
-        # ``f.keep`` (the producer, its capsule) lives until the copy is queued;
-        # the producer frees its data only in stream order after that.
-        fenced(rt, handle, single(dst, Access.WRITE, tag, copy=True), f"import {tag}", False,
-               owner, rt.driver.copy_async, dst.ptr, f.ptr, nbytes, handle)
+    if not nbytes:
+        return out
+    uses = CopyUses()
+    source = None
+    if rt.resource.tracker.supports_tracking():
+        # Borrowed for the copy: when ``source`` goes, the producer is kept
+        # until ``stream`` has completed the copy (its allocator may otherwise
+        # hand the memory to new work on its own stream under the copy).
+        source = _adopt(rt, f, stream, handle, owner, ordered, f"{tag} (source)",
+                        "import_array", writable=False)
+        uses.add(target.resolve(rt, source)[1], Access.READ, "source")
+    dst = target.resolve(rt, out)[1]
+    assert dst is not None  # a new array of the library
+    uses.add(dst, Access.WRITE, tag)
+    fenced(rt, handle, uses, f"import {tag}", False, owner, rt.driver.copy_async, dst.ptr,
+           f.ptr, nbytes, handle, tracking=ordered)
+    del source
     return out
 
 

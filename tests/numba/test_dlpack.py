@@ -694,3 +694,40 @@ def test_a_context_reset_forgets_borrowed_memory_without_freeing_it(rt, streams)
     del x
     gc.collect()
     rt.flush()                                       # the stale release does nothing
+
+
+def test_a_trace_shows_the_borrow_and_the_release(rt, streams):
+    a, b = streams
+    p = rt.driver.create_stream()
+    t = SimTensor(rt, p)
+    with nss.trace() as tr:
+        x = nss.from_dlpack(t, stream=a)
+        fill[2, 32, b](x, 1)
+        del x
+        gc.collect()
+        rt.flush()
+    kinds = [m.what for m in tr.memory]
+    assert kinds[0] == "borrow" and kinds[-1] == "release", kinds
+    (wait,) = tr.waits
+    assert (wait.after_label, wait.stream, wait.on_stream) == (
+        "borrow", rt.stream_handle(b), rt.stream_handle(a))
+
+
+def test_import_array_keeps_a_temporary_producer_until_the_copy_is_done(rt, streams):
+    """The copy reads the producer's memory on the import stream; a producer
+    dropped at once (a temporary) must not free it under the copy."""
+    _, b = streams
+    p = rt.driver.create_stream()
+    t = SimTensor(rt, p)
+    t.write(5)
+    alive = weakref.ref(t)
+    out = nss.import_array(t, stream=b)
+    del t
+    gc.collect()
+    rt.flush()
+    assert alive() is not None                       # the copy on b may not have run
+    rt.reap()
+    gc.collect()
+    assert alive() is None                           # freed on p after the copy
+    np.testing.assert_array_equal(_host(rt, out, b), 5)
+    assert rt.driver.hazards == []
