@@ -63,6 +63,13 @@ class Block:
         Context epoch of the owning runtime when the block was made.
     state : BlockState
         ``LIVE`` until :meth:`MemoryResource.deallocate` succeeds.
+    borrowed : bool
+        True for memory another library allocated, tracked by the resource
+        while a producer lends it (``AsyncResource.borrow``): never freed by
+        the library, only released.
+    keep : object
+        Of a borrowed block: what keeps the memory alive (the producer's
+        objects) until the release is complete; None otherwise.
     """
 
     ptr: int
@@ -75,6 +82,8 @@ class Block:
     state: BlockState = BlockState.LIVE
     #: Keeps the alloc stream's owning object alive until the free is queued.
     stream_owner: Any = field(default=None, repr=False)
+    borrowed: bool = False
+    keep: Any = field(default=None, repr=False)
 
     @property
     def id(self) -> BlockId:
@@ -85,7 +94,8 @@ class Block:
 
     def describe(self) -> str:
         return (
-            f"block {self.tag!r} at {self.ptr:#x} ({self.nbytes} B, generation "
+            f"{'borrowed ' if self.borrowed else ''}block {self.tag!r} at {self.ptr:#x} "
+            f"({self.nbytes} B, generation "
             f"{self.generation}, stream {self.stream:#x}, device {self.device})"
         )
 

@@ -278,6 +278,31 @@ class DeviceRuntime:
             self.check_capture(handle, tag)
         return self.resource.allocate(nbytes, handle, tag, stream_owner=owner)
 
+    def borrow(self, ptr: int, nbytes: int, stream: Any, tag: str = "borrowed", *,
+               keep: Any = None) -> Block:
+        """Track ``nbytes`` of another library's device memory at ``ptr``, handed
+        over on ``stream`` (its producer's work ordered before it), as a borrowed
+        block of the tracking resource (``AsyncResource.borrow``: its uses are
+        ordered as any block's; the library never frees it). Release it with
+        ``rt.resource.tracker.defer_free(block)`` (or ``deallocate``): ``keep``,
+        what keeps the memory alive, is then held until ``stream`` has
+        completed every use.
+
+        Raises
+        ------
+        StreamMisuse
+            The resource does not track uses (``NUMBA_STREAMSAFE_RESOURCE=direct``),
+            or a graph is being captured on ``stream``.
+        InvalidArgument
+            A bad address or size, or a range that overlaps a live block.
+        """
+        handle, owner = self.stream_ref(stream)
+        if self.capture is not None:
+            self.check_capture(handle, tag)
+        with self.driver.activate():
+            return self.resource.tracker.borrow(ptr, nbytes, handle, tag, stream_owner=owner,
+                                                keep=keep)
+
     def check_capture(self, handle: int, what: str, free: bool = False) -> None:
         """Refuse an allocation (or, with ``free``, a free) on ``handle`` while a
         graph is being captured when it would land in the capture (its stream)

@@ -70,7 +70,8 @@ class Wait:
     ``stream`` (of ``device``) waits for ``on_stream``: argument ``param`` of
     ``op`` (its access ``access``) conflicts with ``after_param`` of the
     earlier operation ``after`` (id 0: the block's allocation, label
-    ``"allocation"``, or work queued before the trace began, label
+    ``"allocation"``, or a borrowed block's hand-over, label ``"borrow"``,
+    or work queued before the trace began, label
     ``"(before the trace)"``), a
     ``hazard`` of ``"read-after-write"``, ``"write-after-write"`` or
     ``"write-after-read"``. ``inserted`` is True when this operation queued
@@ -100,8 +101,10 @@ class MemoryEvent:
     """An allocation or free. ``what`` is ``"alloc"``, ``"free"`` (queued on
     its stream with ``cuMemFreeAsync``, after the waits its uses need),
     ``"kept"`` (kept for reuse by the next allocation of its size on its
-    stream) or ``"deferred"`` (a finalizer queued it; it runs at the next
-    allocation, launch or flush). ``live_bytes`` and ``pending_bytes`` are
+    stream), ``"deferred"`` (a finalizer queued it; it runs at the next
+    allocation, launch or flush), ``"borrow"`` or ``"release"`` (a borrowed
+    block of another library's memory became tracked, or was released after
+    the waits its uses need; ``AsyncResource.borrow``). ``live_bytes`` and ``pending_bytes`` are
     the resource's figures right after it."""
 
     what: str
@@ -281,12 +284,13 @@ class Trace:
     def allocated(self, resource: Any, block: Any, stream: int) -> None:
         """Hook of a tracking resource: ``block`` became live (its lock held)."""
         if self.record:
-            self._memory_event("alloc", resource, block, stream)
+            self._memory_event("borrow" if block.borrowed else "alloc", resource, block, stream)
 
     def freed(self, resource: Any, block: Any, stream: int, how: str) -> None:
         """Hook of a tracking resource: ``block``'s free was queued or kept (lock held)."""
         if self.record:
-            self._memory_event("kept" if how == "kept" else "free", resource, block, stream)
+            what = {"kept": "kept", "released": "release"}.get(how, "free")
+            self._memory_event(what, resource, block, stream)
 
     def deferred(self, resource: Any, block: Any) -> None:
         """Hook of a tracking resource: a finalizer deferred ``block``'s free."""
@@ -389,9 +393,9 @@ def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
     for seq in sorted(set(mem) | set(raws)):
         m = mem.get(seq)
         if m is not None:
-            if m[1] == "alloc":
+            if m[1] in ("alloc", "borrow"):
                 key = (m[2], m[4], m[10])
-                writers[key] = (0, "allocation", "", m[3])
+                writers[key] = (0, "allocation" if m[1] == "alloc" else "borrow", "", m[3])
                 readers.pop(key, None)
             continue
         op, op_waits, op_events = _replay_op(t, raws[seq], writers, readers)

@@ -181,6 +181,18 @@ class Driver(Protocol):
         """Destroy a graph and its executable (either may be None)."""
         ...
 
+    def register_foreign(self, ptr: int, nbytes: int, stream: int) -> None:
+        """Tell a checking backend that ``nbytes`` at ``ptr`` are device memory
+        another library allocated, handed over on ``stream`` (a borrowed block):
+        its accesses are checked from now on. The CUDA backend does nothing."""
+        ...
+
+    def release_foreign(self, ptr: int, stream: int) -> None:
+        """Tell a checking backend that the borrowed memory at ``ptr`` is released
+        on ``stream`` (every use ordered before it there). The CUDA backend does
+        nothing."""
+        ...
+
     def trace_access(self, stream: int, accesses: Any, label: str, *,
                      copy: bool = False, site: str | None = None) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.

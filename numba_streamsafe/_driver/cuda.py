@@ -438,3 +438,11 @@ class CudaDriver:
                      label: str, *, copy: bool = False, site: str | None = None) -> None:
         """No checking on real hardware; use the simulated driver in tests."""
         return None
+
+    def register_foreign(self, ptr: int, nbytes: int, stream: int) -> None:
+        """Nothing to do on real hardware (the memory is the producer's)."""
+        return None
+
+    def release_foreign(self, ptr: int, stream: int) -> None:
+        """Nothing to do on real hardware (the memory is the producer's)."""
+        return None

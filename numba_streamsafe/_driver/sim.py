@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import dataclasses
 import itertools
 import threading
@@ -177,9 +178,10 @@ class _Stream:
 
 
 class _Chunk:
-    __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "last_write", "reads")
+    __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "last_write", "reads",
+                 "external")
 
-    def __init__(self, base: int, capacity: int, buffer: Any) -> None:
+    def __init__(self, base: int, capacity: int, buffer: Any, external: bool = False) -> None:
         self.base = base
         self.capacity = capacity
         self.nbytes = 0
@@ -188,6 +190,9 @@ class _Chunk:
         self.free_op: _Op | None = None
         self.last_write: _Op | None = None
         self.reads: dict[int, _Op] = {}
+        #: Memory another library allocated, registered while it is borrowed
+        #: (:meth:`SimDriver.register_foreign`): not the pool's.
+        self.external = external
 
 
 class SimSystem:
@@ -792,7 +797,72 @@ class SimDriver:
     def _release(self, chunk: _Chunk) -> None:
         del self._chunks[chunk.base]
         self._bases.pop(bisect.bisect_left(self._bases, chunk.base))
-        self._reserved -= chunk.capacity
+        if not chunk.external:
+            self._reserved -= chunk.capacity
+
+    def register_foreign(self, ptr: int, nbytes: int, stream: int) -> None:
+        """Check accesses to ``nbytes`` at ``ptr``, memory another library allocated
+        and hands over on ``stream`` (a borrowed block), from now on.
+
+        A range inside a live allocation the model knows (of any device of the
+        system) needs nothing: its accesses are checked already. Other memory
+        becomes an external chunk, ready after the work queued on ``stream``
+        so far (its last write is a hand-over on ``stream``) and, when the
+        driver keeps bytes (``backing=True``), backed by the host memory at
+        ``ptr`` itself: under Numba's CUDA simulator device memory is host
+        memory, so ``ptr`` must be the address of ``nbytes`` live host bytes.
+
+        Raises
+        ------
+        DriverError
+            ``nbytes`` is not positive, or the range runs into freed memory or
+            past the end of an allocation (``CUDA_ERROR_INVALID_VALUE``);
+            ``stream`` does not exist.
+        """
+        with self._lock:
+            self._enter("register_foreign")
+            if not isinstance(nbytes, int) or nbytes <= 0:
+                raise DriverError("register_foreign", CUDA_ERROR_INVALID_VALUE,
+                                  f"size {nbytes!r} is not a positive int")
+            self._stream(stream, "register_foreign")
+            chunk = self._owner_of(ptr)[1]
+            if chunk is not None:
+                if chunk.live and ptr + nbytes <= chunk.base + chunk.nbytes:
+                    return
+                what = "freed memory" if not chunk.live else "past the end of an allocation"
+                raise DriverError("register_foreign", CUDA_ERROR_INVALID_VALUE,
+                                  f"{ptr:#x}+{nbytes} runs into {what} at {chunk.base:#x}")
+            i = bisect.bisect_left(self._bases, ptr)
+            if i < len(self._bases) and self._bases[i] < ptr + nbytes:
+                raise DriverError("register_foreign", CUDA_ERROR_INVALID_VALUE,
+                                  f"{ptr:#x}+{nbytes} overlaps the allocation at "
+                                  f"{self._bases[i]:#x}")
+            buffer = None
+            if self.backing:
+                buffer = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+            chunk = _Chunk(ptr, nbytes, buffer, external=True)
+            chunk.live = True
+            chunk.nbytes = nbytes
+            bisect.insort(self._bases, ptr)
+            self._chunks[ptr] = chunk
+            chunk.last_write = self._enqueue(stream, "foreign memory handed over",
+                                             "register_foreign")
+
+    def release_foreign(self, ptr: int, stream: int) -> None:
+        """The borrowed memory at ``ptr`` is released on ``stream``: for an external
+        chunk (:meth:`register_foreign`), checked as a free there (every use
+        must be ordered before it), then forgotten. A range of an allocation
+        the model knows stays as it is (its owner frees it)."""
+        with self._lock:
+            self._enter("release_foreign")
+            chunk = self._chunks.get(ptr)
+            if chunk is None or not chunk.external or not chunk.live:
+                return
+            op = self._enqueue(stream, "release of borrowed memory", "release_foreign")
+            self._check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
+            chunk.live = False
+            chunk.free_op = op
+            self._release(chunk)
 
     def _trim_completed(self, keep_bytes: int) -> None:
         kept = []

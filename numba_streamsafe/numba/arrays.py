@@ -483,22 +483,34 @@ def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
     kind, block, _ = target.resolve(rt, array)
     if kind != target.DEVICE or block is None or not _tracking(rt):
         return desc
-    if block.device != rt.device:
-        rt = get_runtime(block.device)
     named = desc.get("stream")
-    handle = 0 if named in (None, 1, 2) else int(named)
-    uses = single(block, Access.READ_WRITE, "exported array")
-    with rt.activate():
-        preflight(rt, handle, uses, False)
-        commit(rt, handle, uses)
-        # The consumer's stream is known by its handle only: its mark's event is
-        # recorded now, while the stream surely exists (it may go at any time).
-        seal = getattr(rt.resource, "seal_open", None)
-        if seal is not None:
-            seal(handle)
+    order_export(block, 0 if named in (None, 1, 2) else int(named), "exported array")
     if named is None:
         desc = dict(desc, stream=1)  # the legacy default stream, which was ordered
     return desc
+
+
+def order_export(block: Block, handle: int, what: str) -> None:
+    """Make the consumer's stream ``handle`` wait for every known use of
+    ``block`` and record the export there as a read-write use (the array
+    interface's and DLPack's exports; nothing with tracking off).
+
+    The consumer's stream is known by its handle only: its mark's event is
+    recorded at once, while the stream surely exists (its owner may destroy
+    it at any time, and a late record on a destroyed stream would fail).
+    """
+    rt = target.runtime()
+    if block.device != rt.device:
+        rt = get_runtime(block.device)
+    if not _tracking(rt):
+        return
+    uses = single(block, Access.READ_WRITE, what)
+    with rt.activate():
+        preflight(rt, handle, uses, False)
+        commit(rt, handle, uses)
+        seal = getattr(rt.resource.tracker, "seal_open", None)
+        if seal is not None:
+            seal(handle)
 
 
 @contextlib.contextmanager

@@ -1,51 +1,55 @@
 """DLPack: tracked arrays leave as DLPack capsules, ordered for their
-consumer, and DLPack (or CUDA Array Interface) producers' arrays come in as
-tracked arrays, ordered after their producer.
+consumer; the capsules of other libraries are read here for
+:mod:`numba_streamsafe.numba.imports`.
 
 Export (``TrackedDeviceNDArray.__dlpack__``, used by ``torch.from_dlpack`` and
-``cupy.from_dlpack``), the DLPack stream protocol: the consumer passes the
-stream it will use (``None``: the legacy default stream; ``1`` legacy, ``2``
-per-thread default, any other value a stream handle; ``-1``: no ordering, the
-consumer orders itself). That stream is made to wait for every use of the
-array the library knows of, and the export is recorded there as a read-write
-use (the consumer gets a writable view): later tracked uses of the array wait
-for what the consumer queued on that stream up to the export. The export's
-event is recorded at once: the library knows the consumer's stream by its
-handle only, and its owner may destroy it at any time. Work the consumer
-queues later, on its stream or others, is outside the library: wrap it in
-:func:`numba_streamsafe.lend`.
+``cupy.from_dlpack``), the DLPack stream protocol of the array API standard:
+the consumer passes the stream it will use (``None``: the legacy default
+stream; ``1`` legacy, ``2`` per-thread default, any other positive value a
+stream handle; ``-1``: no ordering, the consumer orders itself; ``0`` is not
+allowed). That stream is made to wait for every use of the array the library
+knows of (the last write included, whichever stream made it), and the export
+is recorded there as a read-write use (the consumer gets a writable view):
+later tracked uses of the array wait for what the consumer queued on that
+stream up to the export. The export's event is recorded at once: the library
+knows the consumer's stream by its handle only, and its owner may destroy it
+at any time. Work the consumer queues later, on its stream or others, is
+outside the library: wrap it in :func:`numba_streamsafe.lend`.
 
-The capsule is a legacy ``dltensor`` (``DLManagedTensor``, DLPack 0.8 ABI),
-which every consumer accepts. It keeps the array alive until the consumer
-calls its deleter; a capsule never consumed calls it when collected.
+The capsule is a ``dltensor_versioned`` (``DLManagedTensorVersioned``, DLPack
+1.0 ABI) when the consumer's ``max_version`` allows major version 1, else a
+legacy ``dltensor`` (``DLManagedTensor``, DLPack 0.8 ABI). Either keeps the
+array alive until the consumer calls its deleter; a capsule never consumed
+(still carrying its name) calls it when collected.
 
-Import (:func:`import_array`): a DLPack producer is asked for its data on the
-given stream (it orders its own work before that stream, as the protocol
-says), a CUDA Array Interface producer's ``stream`` is waited for; then the
-data is copied into a new tracked array on that stream, so it is ordered like
-any tracked array from there on.
+Shapes and strides are in elements; the dtype codes are kDLInt, kDLUInt,
+kDLFloat, kDLComplex and kDLBool (lanes 1); the device is
+``(kDLCUDA, the array's device)``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from numba_streamsafe.access import Access
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import arrays, target
-from numba_streamsafe.protocol import commit, preflight, single
-from numba_streamsafe.runtime import get_runtime
 
-__all__ = ["export_dlpack", "dlpack_device", "import_array", "KDL_CUDA"]
+__all__ = ["export_dlpack", "dlpack_device", "make_capsule", "read_capsule", "DLView",
+           "KDL_CUDA", "FLAG_READ_ONLY"]
 
 #: DLPack device type of CUDA device memory.
 KDL_CUDA = 2
 _KDL_INT, _KDL_UINT, _KDL_FLOAT, _KDL_COMPLEX, _KDL_BOOL = 0, 1, 2, 5, 6
 _CODES = {"i": _KDL_INT, "u": _KDL_UINT, "f": _KDL_FLOAT, "c": _KDL_COMPLEX, "b": _KDL_BOOL}
+_KINDS = {code: kind for kind, code in _CODES.items()}
+#: ``DLPACK_FLAG_BITMASK_READ_ONLY`` of a versioned tensor: the consumer must not write.
+FLAG_READ_ONLY = 1
+#: The DLPack version of the versioned capsules made here.
+VERSION = (1, 0)
 
 
 class DLDevice(ctypes.Structure):
@@ -63,18 +67,34 @@ class DLTensor(ctypes.Structure):
 
 
 class DLManagedTensor(ctypes.Structure):
-    pass
+    """``DLManagedTensor`` of ``dlpack.h`` (the legacy ``dltensor`` capsule)."""
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    """``DLManagedTensorVersioned`` of ``dlpack.h`` 1.0 (the ``dltensor_versioned``
+    capsule)."""
 
 
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
 DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
                             ("deleter", _DELETER)]
+_DELETER_VERSIONED = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [("version", DLPackVersion),
+                                     ("manager_ctx", ctypes.c_void_p),
+                                     ("deleter", _DELETER_VERSIONED),
+                                     ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
 
 # The destructor gets the dying capsule as a raw pointer (a py_object argument
 # would take a new reference to an object being destroyed).
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _NAME = b"dltensor"
 _USED = b"used_dltensor"
+_NAME_VERSIONED = b"dltensor_versioned"
+_USED_VERSIONED = b"used_dltensor_versioned"
 
 _pyapi = ctypes.pythonapi
 _pyapi.PyCapsule_New.restype = ctypes.py_object
@@ -90,28 +110,33 @@ _raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
 _raw_get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
     ("PyCapsule_GetPointer", _pyapi))
 
-#: Exports alive: address of the DLManagedTensor -> what it keeps (the array,
-#: the structures and the shape and stride buffers). The deleter drops it.
+#: Exports alive: address of the managed tensor -> what it keeps (the array,
+#: the structure and the shape and stride buffers). The deleter drops it.
 _live: dict[int, tuple[Any, ...]] = {}
 _live_lock = threading.Lock()
 
 
-@_DELETER
-def _delete(managed: Any) -> None:
+def _forget(managed: Any) -> None:
     address = ctypes.cast(managed, ctypes.c_void_p).value
     if address:
         with _live_lock:
             _live.pop(address, None)
 
 
+_delete = _DELETER(_forget)
+_delete_versioned = _DELETER_VERSIONED(_forget)
+
+
 @_CAPSULE_DESTRUCTOR
 def _capsule_destructor(capsule: Any) -> None:
-    # Not consumed (still named "dltensor"): the producer releases it.
-    if _raw_is_valid(capsule, _NAME):
-        address = _raw_get_pointer(capsule, _NAME)
-        if address:
-            DLManagedTensor.from_address(address).deleter(
-                ctypes.cast(address, ctypes.POINTER(DLManagedTensor)))
+    # Not consumed (still carrying its name): the producer releases it.
+    for name, struct in ((_NAME, DLManagedTensor), (_NAME_VERSIONED, DLManagedTensorVersioned)):
+        if _raw_is_valid(capsule, name):
+            address = _raw_get_pointer(capsule, name)
+            if address:
+                struct.from_address(address).deleter(  # type: ignore[attr-defined]
+                    ctypes.cast(address, ctypes.POINTER(struct)))
+            return
 
 
 def live_exports() -> int:
@@ -149,29 +174,59 @@ def _consumer_handle(stream: Any) -> int | None:
     return 0 if stream == 1 else stream
 
 
+def _versioned(max_version: Any) -> bool:
+    """Whether a consumer that reads up to ``max_version`` takes a 1.x capsule."""
+    if max_version is None:
+        return False
+    if not isinstance(max_version, (tuple, list)) or len(max_version) != 2 or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in max_version):
+        raise InvalidArgumentType(f"__dlpack__: max_version must be a (major, minor) tuple of "
+                                  f"ints or None, got {max_version!r}")
+    return bool(max_version[0] >= VERSION[0])
+
+
 def export_dlpack(array: Any, *, stream: Any = None, max_version: Any = None,
                   dl_device: Any = None, copy: Any = None) -> Any:
     """The DLPack capsule of a tracked device array, its consumer's stream
     ordered after every known use (the module's documentation has the contract).
 
+    Parameters
+    ----------
+    array : device array
+        An array of the library (any view).
+    stream : int or None
+        The consumer's stream, as the DLPack stream protocol names it.
+    max_version : tuple of int, optional
+        The highest DLPack version the consumer reads: ``(1, x)`` or more
+        gives a ``dltensor_versioned`` capsule, None or ``(0, x)`` a legacy
+        ``dltensor`` one.
+    dl_device : tuple of int, optional
+        Must be the array's ``(kDLCUDA, device)`` when given.
+    copy : bool, optional
+        True is refused (the export is always a view).
+
     Raises
     ------
     InvalidArgument
         Not a library array; a stream value the protocol does not allow; a
-        dtype DLPack has no code for; a copy or another device asked for.
+        dtype DLPack has no code for (records, non-native byte order).
     BufferError
-        Strides that are not a whole number of elements.
+        A copy or another device asked for; strides that are not a whole
+        number of elements.
     """
     if copy:
         raise BufferError("__dlpack__: copy=True is not supported; the export is a view")
+    versioned = _versioned(max_version)
     block = _block(array)
     if dl_device is not None and tuple(dl_device) != (KDL_CUDA, block.device):
         raise BufferError(f"__dlpack__: the array is on (kDLCUDA, {block.device}); "
                           f"{tuple(dl_device)} was asked for")
     dtype = np.dtype(array.dtype)
     code = _CODES.get(dtype.kind)
-    if code is None or dtype.fields is not None or dtype.subdtype is not None:
-        raise InvalidArgument(f"__dlpack__: dtype {dtype} has no DLPack code")
+    if code is None or dtype.fields is not None or dtype.subdtype is not None or \
+            not dtype.isnative:
+        raise InvalidArgument(f"__dlpack__: dtype {dtype} has no DLPack code (DLPack carries "
+                              "native-order ints, uints, floats, complex and bool)")
     itemsize = dtype.itemsize
     strides = []
     for s in array.strides:
@@ -181,153 +236,107 @@ def export_dlpack(array: Any, *, stream: Any = None, max_version: Any = None,
         strides.append(s // itemsize)
     handle = _consumer_handle(stream)
     if handle is not None:
-        _order_consumer(block, handle)
-    ndim = len(array.shape)
-    shape_buf = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
+        arrays.order_export(block, handle, "DLPack export")
+    data = target.pointer_of(array) if array.size else block.ptr
+    return make_capsule(data, tuple(array.shape), tuple(strides), dtype, block.device, array,
+                        versioned)
+
+
+def make_capsule(data: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype,
+                 device: int, keep: Any, versioned: bool) -> Any:
+    """A DLPack capsule of CUDA memory at ``data`` (strides in elements) that
+    holds ``keep`` alive until its consumer calls the deleter, or until it is
+    collected unconsumed. ``versioned``: a ``dltensor_versioned`` capsule
+    (DLPack 1.0, writable), else a legacy ``dltensor`` one."""
+    ndim = len(shape)
+    shape_buf = (ctypes.c_int64 * max(ndim, 1))(*shape)
     stride_buf = (ctypes.c_int64 * max(ndim, 1))(*strides)
-    managed = DLManagedTensor()
+    managed: Any
+    if versioned:
+        managed = DLManagedTensorVersioned()
+        managed.version = DLPackVersion(*VERSION)
+        managed.flags = 0  # writable, not a copy
+        managed.deleter = _delete_versioned
+        name = _NAME_VERSIONED
+    else:
+        managed = DLManagedTensor()
+        managed.deleter = _delete
+        name = _NAME
+    managed.manager_ctx = None
     tensor = managed.dl_tensor
-    tensor.data = target.pointer_of(array) if array.size else block.ptr
-    tensor.device = DLDevice(KDL_CUDA, block.device)
+    tensor.data = data
+    tensor.device = DLDevice(KDL_CUDA, device)
     tensor.ndim = ndim
-    tensor.dtype = DLDataType(code, 8 * itemsize, 1)
+    tensor.dtype = DLDataType(_CODES[dtype.kind], 8 * dtype.itemsize, 1)
     tensor.shape = ctypes.cast(shape_buf, ctypes.POINTER(ctypes.c_int64))
     tensor.strides = ctypes.cast(stride_buf, ctypes.POINTER(ctypes.c_int64))
     tensor.byte_offset = 0
-    managed.manager_ctx = None
-    managed.deleter = _delete
     address = ctypes.addressof(managed)
     with _live_lock:
-        _live[address] = (array, managed, shape_buf, stride_buf)
-    return _pyapi.PyCapsule_New(address, _NAME, _capsule_destructor)
+        _live[address] = (keep, managed, shape_buf, stride_buf)
+    return _pyapi.PyCapsule_New(address, name, _capsule_destructor)
 
 
-def _order_consumer(block: Any, handle: int) -> None:
-    """``handle`` waits for every known use of ``block``; the export is recorded
-    there as a read-write use."""
-    rt = target.runtime()
-    if block.device != rt.device:
-        rt = get_runtime(block.device)
-    if not arrays._tracking(rt):
-        return
-    uses = single(block, Access.READ_WRITE, "DLPack export")
-    with rt.activate():
-        preflight(rt, handle, uses, False)
-        commit(rt, handle, uses)
-        _seal_now(rt, handle)
+# ------------------------------------------------------------- consumer side
+class DLView(NamedTuple):
+    """What a DLPack capsule describes: the address of the first element
+    (``byte_offset`` added), the shape, the strides in **bytes** (None:
+    C-contiguous), the dtype, ``(device_type, device_id)`` and whether the
+    producer marked the data read-only (a DLPack 1.x flag)."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    dtype: np.dtype
+    device: tuple[int, int]
+    readonly: bool
 
 
-def _seal_now(rt: Any, handle: int) -> None:
-    """The consumer's stream is known by its handle only (its object may go at
-    any time): record its mark's event now, while the stream surely exists."""
-    seal = getattr(rt.resource, "seal_open", None)
-    if seal is not None:
-        seal(handle)
+def read_capsule(capsule: Any, what: str = "from_dlpack") -> DLView:
+    """Read an unconsumed ``dltensor`` or ``dltensor_versioned`` capsule.
 
-
-# ------------------------------------------------------------------- import
-def import_array(obj: Any, *, stream: Any, tag: str = "imported") -> Any:
-    """A tracked copy, on ``stream``, of a DLPack or CUDA Array Interface
-    producer's device array, ordered after the producer's work.
-
-    A DLPack producer (``__dlpack__``: PyTorch, CuPy, JAX...) is asked for its
-    data with ``stream``'s handle, so it orders its work before ``stream``; a
-    CUDA Array Interface producer that names a ``stream`` has ``stream`` wait
-    for it. The copy (contiguous data, C or Fortran order) is queued on
-    ``stream`` as a tracked write of the new array.
-
-    Parameters
-    ----------
-    obj : array-like
-        A device array with ``__dlpack__`` or ``__cuda_array_interface__``.
-    stream : stream-like
-        The stream the data is wanted on (not a default stream's ``None``: name it).
-    tag : str
-        Names the new array in reports.
+    The capsule is left as it is (not renamed): it stays the producer's to
+    release when it is collected, so keep it alive while the memory is used.
 
     Raises
     ------
+    InvalidArgumentType
+        ``capsule`` is no unconsumed DLPack capsule.
     InvalidArgument
-        ``obj`` is no device array of those kinds, or its data is not
-        contiguous (make it contiguous first).
+        A DLPack major version above 1, or a dtype NumPy has no equal of
+        (bfloat16, float8, vector lanes...).
     """
-    rt = target.runtime()
-    handle, owner = rt.stream_ref(stream)
-    desc = _describe(obj, rt, handle, arrays._tracking(rt))
-    shape, dtype = tuple(desc["shape"]), np.dtype(desc["typestr"])
-    order = _contiguous_order(shape, desc.get("strides"), dtype.itemsize)
-    out = arrays.device_array(shape, dtype, stream=stream, tag=tag, order=order)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes:
-        from numba_streamsafe.protocol import fenced
-
-        dst = target.resolve(rt, out)[1]
-        assert dst is not None  # a new array of the library
-        fenced(rt, handle, single(dst, Access.WRITE, tag, copy=True), f"import {tag}", False,
-               owner, rt.driver.copy_async, dst.ptr, int(desc["data"][0]), nbytes, handle)
-    return out
-
-
-def _describe(obj: Any, rt: Any, handle: int, ordered: bool = True) -> dict[str, Any]:
-    """A CUDA Array Interface description of ``obj``'s data, its producer
-    ordered before ``handle`` (DLPack's stream argument, or a wait for the
-    interface's stream); with ``ordered`` False (tracking off) nothing is
-    ordered (DLPack's ``stream=-1``)."""
-    consumer = (handle if handle > 0 else 1) if ordered else -1
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__cuda_array_interface__"):
-        obj.__dlpack__(stream=consumer)  # the producer orders its work
-        desc = dict(obj.__cuda_array_interface__)
-        desc.pop("stream", None)  # ordered already
-        return desc
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is None and hasattr(obj, "__dlpack__"):
-        return _describe_capsule(obj, consumer)
-    if cai is None:
-        raise InvalidArgument(f"import_array: {type(obj).__name__} has neither __dlpack__ nor "
-                              "__cuda_array_interface__")
-    desc = dict(cai)
-    producer = desc.pop("stream", None)
-    if producer is not None and ordered:
-        rt.order_after_stream(handle, 0 if producer in (1, 2) else int(producer))
-    return desc
-
-
-def _describe_capsule(obj: Any, consumer: int) -> dict[str, Any]:
-    capsule = obj.__dlpack__(stream=consumer)
-    address = _pyapi.PyCapsule_GetPointer(capsule, _NAME)
-    tensor = DLManagedTensor.from_address(address).dl_tensor
-    if tensor.device.device_type != KDL_CUDA:
-        raise InvalidArgument("import_array: the DLPack producer's data is not CUDA device memory")
-    kinds = {v: k for k, v in _CODES.items()}
-    dtype = np.dtype(f"{kinds[tensor.dtype.code]}{tensor.dtype.bits // 8}")
-    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    tensor: Any
+    if _pyapi.PyCapsule_IsValid(capsule, _NAME_VERSIONED):
+        versioned = DLManagedTensorVersioned.from_address(
+            _pyapi.PyCapsule_GetPointer(capsule, _NAME_VERSIONED))
+        if versioned.version.major > VERSION[0]:
+            raise InvalidArgument(f"{what}: the producer gave a DLPack "
+                                  f"{versioned.version.major}.{versioned.version.minor} capsule; "
+                                  f"this library reads major version {VERSION[0]}")
+        tensor, readonly = versioned.dl_tensor, bool(versioned.flags & FLAG_READ_ONLY)
+    elif _pyapi.PyCapsule_IsValid(capsule, _NAME):
+        tensor = DLManagedTensor.from_address(_pyapi.PyCapsule_GetPointer(capsule, _NAME)).dl_tensor
+        readonly = False
+    else:
+        raise InvalidArgumentType(f"{what}: __dlpack__ returned {type(capsule).__name__}, not an "
+                                  "unconsumed DLPack capsule ('dltensor' or 'dltensor_versioned')")
+    kind = _KINDS.get(tensor.dtype.code)
+    bits = tensor.dtype.bits
+    if kind is None or tensor.dtype.lanes != 1 or bits % 8 or (kind == "b" and bits != 8):
+        raise InvalidArgument(f"{what}: DLPack dtype (code {tensor.dtype.code}, {bits} bits, "
+                              f"{tensor.dtype.lanes} lanes) has no NumPy equal; convert the "
+                              "data to an int, uint, float, complex or bool dtype first")
+    try:
+        dtype = np.dtype(f"{kind}{bits // 8}")
+    except TypeError:
+        raise InvalidArgument(f"{what}: DLPack dtype code {tensor.dtype.code} of {bits} bits "
+                              "has no NumPy equal") from None
+    ndim = tensor.ndim
+    shape = tuple(int(tensor.shape[i]) for i in range(ndim))
     strides = None
     if tensor.strides:
-        strides = tuple(tensor.strides[i] * dtype.itemsize for i in range(tensor.ndim))
-    # Kept with the description until the copy is queued; the producer frees
-    # its data only once the capsule goes (stream order covers the copy).
-    return {"shape": shape, "typestr": dtype.str, "strides": strides,
-            "data": (tensor.data + tensor.byte_offset, False), "capsule": capsule}
-
-
-def _contiguous_order(shape: tuple[int, ...], strides: Any, itemsize: int) -> str:
-    if strides is None:
-        return "C"
-    c = []
-    step = itemsize
-    for n in reversed(shape):
-        c.append(step)
-        step *= n
-    if tuple(reversed(c)) == tuple(strides):
-        return "C"
-    f = []
-    step = itemsize
-    for n in shape:
-        f.append(step)
-        step *= n
-    if tuple(f) == tuple(strides):
-        return "F"
-    raise InvalidArgument("import_array: the producer's data is not contiguous; make it "
-                          "contiguous first (e.g. .contiguous() in PyTorch, "
-                          "cupy.ascontiguousarray)")
-
+        strides = tuple(int(tensor.strides[i]) * dtype.itemsize for i in range(ndim))
+    ptr = (tensor.data or 0) + tensor.byte_offset
+    return DLView(ptr, shape, strides, dtype,
+                  (int(tensor.device.device_type), int(tensor.device.device_id)), readonly)

@@ -20,8 +20,8 @@ from numba_streamsafe.numba.scope import device_scope
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 from numba_streamsafe.streams import stream_handle
 
-__all__ = ["SIMULATOR", "Resolved", "make_array", "resolve", "numba_stream", "runtime",
-           "launch_runtime", "current_device", "device_id", "allocation_target"]
+__all__ = ["SIMULATOR", "Resolved", "make_array", "wrap_memory", "resolve", "numba_stream",
+           "runtime", "launch_runtime", "current_device", "device_id", "allocation_target"]
 
 #: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
@@ -119,6 +119,19 @@ if SIMULATOR:
                           strides=strides)
         return _SimArray(host, stream=stream or 0)
 
+    def wrap_memory(rt: DeviceRuntime, block: Block, ptr: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...], dtype: np.dtype, stream: Any, keep: Any) -> Any:
+        """A device array whose data starts at ``ptr`` inside ``block`` (a borrowed
+        block, or a block of the library another library lends back), holding
+        ``keep`` alive; its death frees nothing (``keep`` decides)."""
+        buffer = rt.driver.buffer(block.ptr, block.nbytes)  # type: ignore[attr-defined]
+        owner = (ctypes.c_uint8 * block.nbytes).from_address(block.ptr)
+        owner.keep = (buffer, keep)  # type: ignore[attr-defined]
+        owner._nss_block = block  # type: ignore[attr-defined]
+        host = np.ndarray(shape, dtype=dtype, buffer=owner,  # type: ignore[arg-type]
+                          offset=ptr - block.ptr, strides=strides)
+        return _SimArray(host, stream=stream or 0)
+
     def _owner_block(ary: np.ndarray) -> Block | None:
         # The block behind the ctypes owner at the end of the view chain, so
         # that a block freed by a context reset is refused (StaleContext) as on
@@ -196,11 +209,16 @@ else:
         rest of the plugin's allocation path.
         """
 
-        def __init__(self, context: Any, block: Block, defer: Any) -> None:
+        #: What a pointer of :func:`wrap_memory` keeps alive (None for a block's own).
+        _nss_keep: Any = None
+
+        def __init__(self, context: Any, block: Block, defer: Any, ptr: int | None = None
+                     ) -> None:
             # MemoryPointer.__init__'s fields, set directly.
             self.context = context
-            self.device_pointer = self.handle = _CUdeviceptr(block.ptr)
-            self.size = self._cuda_memsize_ = block.nbytes
+            start = block.ptr if ptr is None else ptr
+            self.device_pointer = self.handle = _CUdeviceptr(start)
+            self.size = self._cuda_memsize_ = block.ptr + block.nbytes - start
             self.is_managed = True
             self.refct = 1
             self._owner = None
@@ -245,6 +263,22 @@ else:
         if array.gpu_data is not mp:
             # Numba gives an empty array a null pointer and drops ours: keep the
             # block, so the array has an identity as on the simulator.
+            array.gpu_data = mp
+        return array
+
+    def _keep_only(block: Block) -> None:
+        """The release of a pointer that frees nothing (:func:`wrap_memory`)."""
+
+    def wrap_memory(rt: DeviceRuntime, block: Block, ptr: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...], dtype: np.dtype, stream: Any, keep: Any) -> Any:
+        """A device array whose data starts at ``ptr`` inside ``block`` (a borrowed
+        block, or a block of the library another library lends back), holding
+        ``keep`` alive; its death frees nothing (``keep`` decides)."""
+        mp = BlockPointer(cuda.current_context(), block, _keep_only, ptr)
+        mp._nss_keep = keep
+        array = TrackedDeviceNDArray(shape, strides, dtype, stream=numba_stream(stream),
+                                     gpu_data=mp)
+        if array.gpu_data is not mp:
             array.gpu_data = mp
         return array
 

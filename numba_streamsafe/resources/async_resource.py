@@ -202,6 +202,9 @@ class AsyncResource(MemoryResource):
         self._allocated_bytes = 0
         self._freed_bytes = 0
         self._same_stream = 0
+        #: Borrowed blocks in the table (:meth:`borrow`): not allocations, so
+        #: they count in no byte or block figure.
+        self._borrowed = 0
 
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
@@ -312,6 +315,95 @@ class AsyncResource(MemoryResource):
             self.driver.pool_trim(0)
         except DriverError as exc:
             _log.warning("pool trim after out-of-memory failed: %s", exc)
+
+    # ---------------------------------------------------------------- borrowing
+    def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,
+               stream_owner: Any = None, keep: Any = None) -> Block:
+        """Track ``nbytes`` of device memory at ``ptr`` that another library
+        allocated and hands over on ``stream``, as a live *borrowed* block.
+
+        The block is ready after everything queued on ``stream`` so far (its
+        last write is the stream's current mark, as an allocation's is): the
+        caller has ordered the producer's work before ``stream``. Its uses are
+        then tracked as any block's. The library never frees it: its release
+        (:meth:`deallocate` or :meth:`defer_free`) makes ``stream`` wait for
+        every use on other streams, as a free does, and then holds ``keep``
+        (what keeps the memory alive: the producer's objects) until
+        ``stream`` has completed that point (a synchronise at
+        :meth:`reap_pending`, or found idle at the next allocation or
+        borrow), so the producer cannot reuse the memory under a use still
+        in flight. ``stream_owner`` is kept alive as an allocation's is.
+
+        A borrowed block counts in no byte or allocation figure. A checking
+        driver is told of the range (``Driver.register_foreign``).
+
+        Raises
+        ------
+        InvalidArgument
+            ``ptr`` is not a positive address, ``nbytes`` not a positive int,
+            or the range overlaps a live block (free it, or borrow that
+            block's range no more than once); nothing is registered.
+        StreamMisuse
+            ``stream`` is no stream of this device.
+        """
+        if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
+            raise InvalidArgument(f"borrow: the address {ptr!r} must be a positive int (a "
+                                  "device pointer of the memory lent)")
+        nbytes = positive_size(nbytes, tag)
+        if stream > MAX_DEFAULT_STREAM:
+            self.driver.check_stream(stream)
+        if self._pending_slots:
+            self.reap_completed()  # drop what released borrowed blocks kept, once done
+        with self._lock:
+            if self._deferred_queue:
+                self._deferred.drain(self._deallocate_locked)
+            clash = self._table.overlapping(ptr, nbytes)
+            if clash is not None:
+                raise InvalidArgument(
+                    f"borrow: {nbytes} B at {ptr:#x} overlap the live {clash.describe()}; "
+                    "memory is tracked by one block at a time: use that block's arrays, "
+                    "or release them first")
+            self.driver.register_foreign(ptr, nbytes, stream)
+            block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
+                          self._table.epoch, _LIVE, stream_owner, True, keep)
+            mark = self._open.get(stream)
+            if mark is None or (stream_owner is not None and mark.owner is None):
+                mark = self.marks.current(stream, stream_owner)
+            if self._eager:
+                try:
+                    self.marks.seal(mark)
+                except BaseException:
+                    if mark.refs == 0:
+                        mark.owner = None
+                    self.driver.release_foreign(ptr, stream)
+                    raise
+            mark.refs += 1
+            self._live[ptr] = Entry(block, mark)
+            self._table.index = None
+            self._borrowed += 1
+            if tracehook.active is not None:
+                tracehook.active.allocated(self, block, stream)
+        return block
+
+    def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:
+        """The release of a borrowed block (:meth:`borrow`); caller holds the lock."""
+        stream = block.stream
+        if entry.reads or entry.last_write.stream != stream:
+            marks = entry.waits_for(stream, Access.READ_WRITE)
+            if marks:
+                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
+        self.driver.release_foreign(block.ptr, stream)
+        # The waits are queued: from here on nothing can fail.
+        del self._live[block.ptr]
+        self._table.index = None
+        self._borrowed -= 1
+        entry.release(self.marks)
+        self._pending.add(stream, 0, block.stream_owner, block.keep)
+        block.state = _FREED
+        block.stream_owner = None
+        block.keep = None
+        if tracehook.active is not None:
+            tracehook.active.freed(self, block, stream, "released")
 
     # ---------------------------------------------------------------- tracking
     @property
@@ -500,6 +592,9 @@ class AsyncResource(MemoryResource):
         entry = self._live.get(block.ptr)
         if entry is None or entry.block is not block:
             entry = self._table.entry(block, "deallocate")  # another handle, or an error
+        if block.borrowed:
+            self._release_borrowed_locked(entry, entry.block)
+            return
         stream = block.stream
         if entry.reads or entry.last_write.stream != stream:
             marks = entry.waits_for(stream, Access.READ_WRITE)
@@ -615,7 +710,7 @@ class AsyncResource(MemoryResource):
         """Synchronise the streams of ``drained`` pending frees and stop counting
         them; caller holds the reap lock. On a failure the rest stays pending."""
         items = list(drained.items())
-        for i, (stream, (nbytes, _owner)) in enumerate(items):
+        for i, (stream, (nbytes, _owner, _keep)) in enumerate(items):
             try:
                 self.driver.stream_synchronize(stream)
             except BaseException:
@@ -645,7 +740,8 @@ class AsyncResource(MemoryResource):
                     continue
                 if idle:
                     with self._lock:
-                        self._pending.release_stream(stream)
+                        slot = self._pending.release_stream(stream)
+                    del slot  # what it kept alive goes outside the lock
         finally:
             self._reap_lock.release()
 
@@ -692,7 +788,7 @@ class AsyncResource(MemoryResource):
                 live_bytes=self._table.live_bytes,
                 pending_bytes=self._pending.nbytes + self._kept.nbytes,
                 peak_bytes=self._peak,
-                live_blocks=len(self._live),
+                live_blocks=len(self._live) - self._borrowed,
                 allocations=self._allocations,
                 frees=self._frees,
                 deferred=len(self._deferred),
@@ -707,7 +803,7 @@ class AsyncResource(MemoryResource):
             return {
                 "live_bytes": self._table.live_bytes,
                 "live_peak": self._live_peak,
-                "live_blocks": len(self._live),
+                "live_blocks": len(self._live) - self._borrowed,
                 "allocated_bytes": self._allocated_bytes,
                 "freed_bytes": self._freed_bytes,
                 "allocations": self._allocations,
@@ -736,7 +832,8 @@ class AsyncResource(MemoryResource):
     def reset_context(self) -> None:
         """Free every live block synchronously, forget all state and advance the epoch.
 
-        Driver errors are ignored: when the context is already gone, so is
+        Borrowed blocks are forgotten, not freed (their memory is their
+        producer's). Driver errors are ignored: when the context is already gone, so is
         its memory. Handles from before are refused with
         :class:`~numba_streamsafe.errors.StaleContext`.
         """
@@ -748,10 +845,13 @@ class AsyncResource(MemoryResource):
             self._pending.clear()
             kept = self._kept.clear()
             self._deferred.clear()
+            self._borrowed = 0
         for entry in entries:
             entry.block.state = BlockState.FREED
             entry.block.stream_owner = None
-        for ptr in [entry.block.ptr for entry in entries] + kept:
+            entry.block.keep = None
+        owned = [entry.block.ptr for entry in entries if not entry.block.borrowed]
+        for ptr in owned + kept:
             try:
                 self.driver.free(ptr)
             except DriverError:

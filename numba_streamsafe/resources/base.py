@@ -141,6 +141,12 @@ class MemoryResource(abc.ABC):
             "streams; build the runtime on AsyncResource, or synchronise the streams yourself"
         )
 
+    def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,
+               stream_owner: Any = None, keep: Any = None) -> Block:
+        """Track memory another library allocated as a borrowed block (see
+        ``AsyncResource.borrow``); a resource that does not track refuses."""
+        raise self._refuse("borrowing another library's memory")
+
     def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         """Queue on ``stream`` the waits that the ``(block, access)`` uses of one
         launch need, before the launch is queued; each event is waited for once.

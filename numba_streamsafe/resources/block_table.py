@@ -143,6 +143,18 @@ class BlockTable:
         block = self.live[index[i]].block
         return block if address < block.ptr + block.nbytes else None
 
+    def overlapping(self, ptr: int, nbytes: int) -> Block | None:
+        """A live block with a byte in ``ptr`` .. ``ptr + nbytes - 1``, or None."""
+        block = self.find(ptr)
+        if block is not None:
+            return block
+        index = self.index
+        assert index is not None  # find() built it
+        i = bisect.bisect_left(index, ptr)
+        if i < len(index) and index[i] < ptr + nbytes:
+            return self.live[index[i]].block
+        return None
+
     def on_stream(self, stream: int) -> list[Block]:
         """Live blocks allocated on ``stream``."""
         return [e.block for e in self.live.values() if e.block.stream == stream]

@@ -11,27 +11,36 @@ __all__ = ["KeptBlocks", "PendingFrees"]
 
 class PendingFrees:
     """Bytes whose free is queued on each stream, with the stream's owning object
-    (kept alive until the stream is synchronised). Callers hold their lock."""
+    (kept alive until the stream is synchronised), and the objects that keep
+    released borrowed memory alive until then. Callers hold their lock."""
 
     __slots__ = ("slots", "nbytes")
 
     def __init__(self) -> None:
-        #: stream -> [bytes whose free is queued there, the stream's owner]
+        #: stream -> [bytes whose free is queued there, the stream's owner,
+        #: objects kept alive until the stream completes (a list, or None)]
         self.slots: dict[int, list[Any]] = {}
         self.nbytes = 0
 
     def __bool__(self) -> bool:
         return bool(self.slots)
 
-    def add(self, stream: int, nbytes: int, owner: Any) -> None:
+    def add(self, stream: int, nbytes: int, owner: Any, keep: Any = None) -> None:
+        """Count ``nbytes`` freed on ``stream``; hold ``keep`` (when not None)
+        until the stream's slot is released."""
         self.nbytes += nbytes
         slot = self.slots.get(stream)
         if slot is None:
-            self.slots[stream] = [nbytes, owner]
+            self.slots[stream] = slot = [nbytes, owner, None]
         else:
             slot[0] += nbytes
             if slot[1] is None:
                 slot[1] = owner
+        if keep is not None:
+            if slot[2] is None:
+                slot[2] = [keep]
+            else:
+                slot[2].append(keep)
 
     def take_all(self) -> dict[int, list[Any]]:
         """Every stream's slot, no longer listed (still counted until released).
@@ -48,24 +57,28 @@ class PendingFrees:
 
     def put_back(self, items: list[tuple[int, list[Any]]]) -> None:
         """List taken slots again (their bytes are still counted)."""
-        for stream, (n, owner) in items:
-            slot = self.slots.setdefault(stream, [0, None])
+        for stream, (n, owner, keep) in items:
+            slot = self.slots.setdefault(stream, [0, None, None])
             slot[0] += n
             if slot[1] is None:
                 slot[1] = owner
+            if keep:
+                slot[2] = keep if slot[2] is None else slot[2] + keep
 
     def release(self, nbytes: int) -> None:
         """Stop counting ``nbytes`` taken earlier: their frees have run."""
         self.nbytes -= nbytes
 
-    def release_stream(self, stream: int) -> None:
-        """Stop counting ``stream``'s bytes: its frees have run."""
+    def release_stream(self, stream: int) -> list[Any] | None:
+        """Stop counting ``stream``'s bytes: its frees have run. Returns the
+        slot, so that the caller drops what it kept alive outside its lock."""
         slot = self.slots.pop(stream, None)
         if slot is not None:
             self.nbytes -= slot[0]
+        return slot
 
     def per_stream(self) -> dict[int, int]:
-        return {s: slot[0] for s, slot in self.slots.items()}
+        return {s: slot[0] for s, slot in self.slots.items() if slot[0]}
 
     def clear(self) -> None:
         self.slots.clear()

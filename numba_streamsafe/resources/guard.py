@@ -245,6 +245,8 @@ class DebugGuardResource(DeferringAdaptor):
         entry = self._live.get(block.ptr)
         if entry is not None and entry.inner is block:
             return entry.outer
+        if block.borrowed:
+            return block  # another library's memory, tracked by the upstream: no guards
         return self._entry(block, what).outer
 
     # ---------------------------------------------------------------- tracking
@@ -282,11 +284,12 @@ class DebugGuardResource(DeferringAdaptor):
         return self.upstream.block_events(outer)  # type: ignore[attr-defined]
 
     def find(self, address: int) -> Block | None:
-        """The live inner block containing ``address``; None in a guard, a quarantined
-        block, or memory this resource did not allocate."""
+        """The live inner block containing ``address`` (or the upstream's borrowed
+        block there); None in a guard, a quarantined block, or memory this
+        resource did not allocate."""
         outer = self.upstream.find(address)
-        if outer is None:
-            return None
+        if outer is None or outer.borrowed:
+            return outer
         entry = self._live.get(outer.ptr + self.guard_bytes)
         if entry is None or entry.outer.generation != outer.generation:
             return None

@@ -61,7 +61,7 @@ def test_pending_frees_take_put_back_and_release():
     slots = pending.slots
     taken = pending.take_all()
     assert pending.slots is slots and slots == {}, "emptied in place (the resource aliases it)"
-    assert taken == {1: [150, owner], 2: [10, None]} and pending.nbytes == 160
+    assert taken == {1: [150, owner, None], 2: [10, None, None]} and pending.nbytes == 160
     pending.put_back(list(taken.items())[1:])
     assert pending.per_stream() == {2: 10}
     pending.release(150)

@@ -5,12 +5,21 @@ interleaved, with tracking off (the negative control), with
 - ``torch-dlpack`` / ``cupy-dlpack``: a tracked array written by a slow
   tracked kernel on stream b (allocated on a) is taken by
   ``torch.from_dlpack`` / ``cupy.from_dlpack`` on a consumer stream of that
-  library, which passes its stream to ``__dlpack__``;
+  library, which passes its stream to ``__dlpack__``; PyTorch both with the
+  DLPack 1.0 capsule it asks for and through a legacy ``dltensor`` capsule;
 - ``torch-import`` / ``cupy-import``: a tensor or array written on a stream
   of that library after a long sleep comes in through ``nss.import_array``
-  on a Numba stream and is read there by a tracked kernel. The import runs
-  with the producer's stream current in its library, as DLPack producers
-  order their current stream before the consumer's.
+  (a copy) on a Numba stream and is read there by a tracked kernel. The
+  import runs with the producer's stream current in its library, as DLPack
+  producers order their current stream before the consumer's;
+- ``torch-borrow`` / ``cupy-borrow`` / ``cupy-cai-borrow``: the same through
+  ``nss.from_dlpack`` / ``nss.from_cuda_array_interface``, without a copy;
+- ``torch-release``: a borrowed tensor read late by a slow tracked kernel is
+  dropped while the kernel runs, and PyTorch's caching allocator is asked
+  for the same size on the tensor's stream, which it then fills. The library
+  keeps the tensor alive until the kernel is done, so the new tensor gets
+  other memory; the negative control reads the tensor through Numba's own
+  ``cuda.as_cuda_array`` view, which keeps it alive no longer than the view.
 """
 
 from __future__ import annotations
@@ -61,18 +70,43 @@ def _torch():
     return torch
 
 
-def test_torch_from_dlpack_is_ordered(gpu, kernels, race_report):
+class _Capsules:
+    """Passes a consumer's ``__dlpack__`` call on to a tracked array, and notes
+    which capsule the array gave (``legacy``: asks for a ``dltensor`` one)."""
+
+    def __init__(self, array, legacy):
+        self.array, self.legacy, self.versioned = array, legacy, []
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        from numba_streamsafe.numba import dlpack
+
+        capsule = self.array.__dlpack__(stream=stream,
+                                        max_version=None if self.legacy else max_version)
+        self.versioned.append(bool(dlpack._pyapi.PyCapsule_IsValid(capsule,
+                                                                   b"dltensor_versioned")))
+        return capsule
+
+
+@pytest.mark.parametrize("capsule", ["versioned", "legacy"])
+def test_torch_from_dlpack_is_ordered(gpu, kernels, race_report, capsule):
     torch = _torch()
     ts = torch.cuda.Stream()
+    seen = []
 
     def read(x, value):
         with torch.cuda.stream(ts):
-            t = torch.from_dlpack(x)          # passes ts to __dlpack__
+            producer = _Capsules(x, legacy=capsule == "legacy")
+            t = torch.from_dlpack(producer)   # passes ts to __dlpack__
+            seen.extend(producer.versioned)
             return bool((t == value).all().item())
 
     read(nss.device_array(N, np.int32), 0)
+    assert seen == [capsule == "versioned"], f"PyTorch took {seen}"
     tracked, untracked = _export_trials(gpu, kernels, read)
-    race_report(f"torch-dlpack tracked_wrong={tracked}/{TRIALS} "
+    race_report(f"torch-dlpack-{capsule} tracked_wrong={tracked}/{TRIALS} "
                 f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
@@ -95,9 +129,11 @@ def test_cupy_from_dlpack_is_ordered(gpu, kernels, race_report):
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def _import_trials(gpu, kernels, produce, current) -> tuple[int, int]:
+def _import_trials(gpu, kernels, produce, current, take=None) -> tuple[int, int]:
     """``produce(value)`` returns a foreign array written late on a foreign
-    stream; ``current()`` makes that stream current in its library."""
+    stream; ``current()`` makes that stream current in its library;
+    ``take(foreign, stream=s)`` brings it in (default ``nss.import_array``)."""
+    take = take or nss.import_array
     s = gpu.stream()
     out = nss.device_array(N, np.int32, stream=s)
     wrong = {True: 0, False: 0}
@@ -106,17 +142,16 @@ def _import_trials(gpu, kernels, produce, current) -> tuple[int, int]:
             value = (0 if tracked else 1 << 20) + i + 2
             foreign = produce(value)
             with nss.tracking(tracked), current():
-                x = nss.import_array(foreign, stream=s)
+                x = take(foreign, stream=s)
                 kernels.copy[GRID, BLOCK, s](x, out)
             gpu.synchronize()
             wrong[tracked] += not bool((nss.copy_to_host(out, stream=s) == value).all())
+            del x, foreign
+    nss.get_runtime().reap()
     return wrong[True], wrong[False]
 
 
-def test_a_torch_tensor_comes_in_ordered(gpu, kernels, race_report):
-    torch = _torch()
-    ts = torch.cuda.Stream()
-
+def _torch_producer(torch, ts):
     def produce(value):
         with torch.cuda.stream(ts):
             t = torch.empty(N, dtype=torch.int32, device="cuda")
@@ -124,6 +159,34 @@ def test_a_torch_tensor_comes_in_ordered(gpu, kernels, race_report):
             t.fill_(value)
         return t
 
+    return produce
+
+
+_SPIN = r"""
+extern "C" __global__ void spin(int *x, int n, int value, long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = value;
+}"""
+
+
+def _cupy_producer(cupy, cs):
+    spin = cupy.RawKernel(_SPIN, "spin")
+
+    def produce(value):
+        with cs:
+            x = cupy.empty(N, dtype=cupy.int32)
+            spin((N // 256,), (256,), (x, np.int32(N), np.int32(value), np.int64(2_000_000)))
+        return x
+
+    return produce
+
+
+def test_a_torch_tensor_comes_in_ordered(gpu, kernels, race_report):
+    torch = _torch()
+    ts = torch.cuda.Stream()
+    produce = _torch_producer(torch, ts)
     produce(0)
     tracked, untracked = _import_trials(gpu, kernels, produce, lambda: torch.cuda.stream(ts))
     race_report(f"torch-import tracked_wrong={tracked}/{TRIALS} "
@@ -135,23 +198,109 @@ def test_a_torch_tensor_comes_in_ordered(gpu, kernels, race_report):
 def test_a_cupy_array_comes_in_ordered(gpu, kernels, race_report):
     cupy = pytest.importorskip("cupy")
     cs = cupy.cuda.Stream(non_blocking=True)
-    spin = cupy.RawKernel(r"""
-    extern "C" __global__ void spin(int *x, int n, int value, long long cycles) {
-        long long t0 = clock64();
-        while (clock64() - t0 < cycles) {}
-        int i = blockIdx.x * blockDim.x + threadIdx.x;
-        if (i < n) x[i] = value;
-    }""", "spin")
-
-    def produce(value):
-        with cs:
-            x = cupy.empty(N, dtype=cupy.int32)
-            spin((N // 256,), (256,), (x, np.int32(N), np.int32(value), np.int64(2_000_000)))
-        return x
-
+    produce = _cupy_producer(cupy, cs)
     produce(0)
     tracked, untracked = _import_trials(gpu, kernels, produce, lambda: cs)
     race_report(f"cupy-import tracked_wrong={tracked}/{TRIALS} "
                 f"untracked_wrong={untracked}/{TRIALS}")
     assert tracked == 0
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
+
+
+def test_a_torch_tensor_is_borrowed_ordered(gpu, kernels, race_report):
+    torch = _torch()
+    ts = torch.cuda.Stream()
+    produce = _torch_producer(torch, ts)
+    t = produce(0)
+    with torch.cuda.stream(ts):
+        x = nss.from_dlpack(t, stream=gpu.stream())
+    assert nss.block_of(x).borrowed and nss.block_of(x).ptr == t.data_ptr()  # no copy
+    del x, t
+    tracked, untracked = _import_trials(gpu, kernels, produce, lambda: torch.cuda.stream(ts),
+                                        nss.from_dlpack)
+    race_report(f"torch-borrow tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
+    assert tracked == 0
+    assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
+
+
+def test_a_cupy_array_is_borrowed_ordered(gpu, kernels, race_report):
+    cupy = pytest.importorskip("cupy")
+    cs = cupy.cuda.Stream(non_blocking=True)
+    produce = _cupy_producer(cupy, cs)
+    produce(0)
+    tracked, untracked = _import_trials(gpu, kernels, produce, lambda: cs, nss.from_dlpack)
+    race_report(f"cupy-borrow tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
+    assert tracked == 0
+    assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
+
+
+def test_a_cupy_array_is_borrowed_through_its_interface_ordered(gpu, kernels, race_report):
+    cupy = pytest.importorskip("cupy")
+    cs = cupy.cuda.Stream(non_blocking=True)
+    produce = _cupy_producer(cupy, cs)
+    with cs:
+        named = produce(0).__cuda_array_interface__.get("stream")
+    assert named == cs.ptr, f"CuPy's interface names stream {named!r}, not its current one"
+    tracked, untracked = _import_trials(gpu, kernels, produce, lambda: cs,
+                                        nss.from_cuda_array_interface)
+    race_report(f"cupy-cai-borrow tracked_wrong={tracked}/{TRIALS} "
+                f"untracked_wrong={untracked}/{TRIALS}")
+    assert tracked == 0
+    assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
+
+
+def test_a_released_torch_tensor_is_not_reused_under_a_tracked_read(gpu, kernels, race_report):
+    """The borrowed tensor is dropped while a slow tracked kernel still reads
+    it, then PyTorch allocates the same size on the tensor's stream and fills
+    it. After ``empty_cache`` the caching allocator hands that allocation the
+    dropped tensor's memory as soon as it is free: the library must keep the
+    tensor until the kernel is done. Negative control: Numba's own view."""
+    torch = _torch()
+    ts = torch.cuda.Stream()
+    a, b = gpu.stream(), gpu.stream()
+    out = nss.device_array(N, np.int32, stream=b)
+    rt = nss.get_runtime()
+    baseline = None
+    wrong = {True: 0, False: 0}
+    reused = 0
+    for i in range(TRIALS):
+        for borrowed in (True, False):
+            value = (0 if borrowed else 1 << 20) + i + 2
+            gpu.synchronize()
+            torch.cuda.synchronize()
+            rt.reap()                                  # earlier releases let go
+            torch.cuda.empty_cache()
+            if baseline is None:
+                baseline = torch.cuda.memory_allocated()
+            with torch.cuda.stream(ts):
+                t = torch.full((N,), value, dtype=torch.int32, device="cuda")
+                address = t.data_ptr()
+                if borrowed:
+                    x = nss.from_dlpack(t, stream=a)
+                    kernels.slow_copy[GRID, BLOCK, b](x, out, SPINS)
+                    del x
+                else:
+                    view = gpu.as_cuda_array(t, sync=False)
+                    with nss.tracking(False):
+                        kernels.slow_copy[GRID, BLOCK, b](view, out, SPINS)
+                    del view
+                del t
+                t2 = torch.empty((N,), dtype=torch.int32, device="cuda")
+                t2.fill_(-1)                           # on ts, not ordered after b
+            if t2.data_ptr() == address:
+                reused += 1
+                assert not borrowed, "the borrowed tensor's memory was handed out under a use"
+            gpu.synchronize()
+            torch.cuda.synchronize()
+            wrong[borrowed] += not bool((nss.copy_to_host(out, stream=b) == value).all())
+            del t2
+    gpu.synchronize()
+    rt.reap()
+    race_report(f"torch-release borrowed_wrong={wrong[True]}/{TRIALS} "
+                f"numba_view_wrong={wrong[False]}/{TRIALS} reused={reused}/{TRIALS}")
+    assert torch.cuda.memory_allocated() == baseline, "a released tensor was kept"
+    assert wrong[True] == 0
+    assert reused >= 0.7 * TRIALS, "PyTorch did not hand the freed memory out again"
+    assert wrong[False] >= 0.7 * TRIALS, "the race did not show without the keep-alive"
