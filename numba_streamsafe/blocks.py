@@ -25,6 +25,11 @@ def next_generation() -> Generation:
     return next(_generations)
 
 
+#: :func:`next_generation` without its Python frame (the counter's C
+#: ``__next__``), for the allocation hot path.
+next_generation_fast = _generations.__next__
+
+
 class BlockId(NamedTuple):
     """Full identity of a block: address, generation and device ordinal."""
 

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 from numba_streamsafe.numba.target import SIMULATOR
 
 if TYPE_CHECKING or not SIMULATOR:
+    from numba.core import config as _config
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryInfo
     from numba.cuda.cudadrv.driver import MemoryPointer, binding
 else:  # Numba's simulator has no memory managers: stand-ins, so imports work there
     from collections import namedtuple
 
     MemoryInfo = namedtuple("MemoryInfo", ["free", "total"])
-    MemoryPointer = binding = None
+    MemoryPointer = binding = _config = None
 
     class HostOnlyCUDAMemoryManager:
         """Stand-in base under the simulator (which never instantiates plugins)."""
@@ -41,9 +42,9 @@ else:  # Numba's simulator has no memory managers: stand-ins, so imports work th
 from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.errors import StreamSafeError
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.scope import current_stream
+from numba_streamsafe.numba.scope import _local as _scopes
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime
-from numba_streamsafe.streams import default_stream_handle
+from numba_streamsafe.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 
@@ -91,15 +92,20 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         if calls is None or self._generation != _runtime_module.installed_generation:
             resource = self.runtime.resource
             calls = self._resource_calls = (resource.allocate, resource.defer_free)
-        stream = current_stream()
         rt = self._runtime  # current: the calls above were refreshed with it
-        if rt is not None and rt.capture is not None:  # a graph capture holds no allocations
-            rt.check_capture(default_stream_handle() if stream is None
-                             else rt.stream_handle(stream), "numba")
-        if stream is None:
-            block = calls[0](size, default_stream_handle(), "numba")
-        else:
+        stack = _scopes.stack  # current_stream(), inline
+        if stack:
+            stream = stack[-1]
+            if rt.capture is not None:  # type: ignore[union-attr]
+                rt.check_capture(rt.stream_handle(stream), "numba")  # type: ignore[union-attr]
             block = self.runtime.allocate(size, stream, "numba")
+        else:
+            # default_stream_handle(), inline: Numba's configuration is loaded.
+            ptds = _config.CUDA_PER_THREAD_DEFAULT_STREAM  # type: ignore[attr-defined]
+            handle = PER_THREAD_DEFAULT if ptds else LEGACY_DEFAULT
+            if rt.capture is not None:  # type: ignore[union-attr]  # no allocation in a capture
+                rt.check_capture(handle, "numba")  # type: ignore[union-attr]
+            block = calls[0](size, handle, "numba")
         return target.BlockPointer(self.context, block, calls[1])
 
     def get_memory_info(self) -> MemoryInfo:

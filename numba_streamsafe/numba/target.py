@@ -180,53 +180,63 @@ else:
         return get_runtime(device_id(context.device)), context
 
     class _Release:
-        """What ``MemoryPointer.free()`` calls as its finalizer: queues the
-        block's free once (``alive`` until then)."""
+        """``MemoryPointer._finalizer`` of a :class:`BlockPointer`, made when
+        asked for: ``alive`` until the pointer's block is released, and
+        calling it releases the block (what ``MemoryPointer.free()`` uses)."""
 
-        __slots__ = ("block", "defer")
+        __slots__ = ("pointer",)
 
-        def __init__(self, block: Block, defer: Any) -> None:
-            self.block: Block | None = block
-            self.defer = defer
+        def __init__(self, pointer: BlockPointer) -> None:
+            self.pointer = pointer
 
         @property
         def alive(self) -> bool:
-            return self.block is not None
+            return self.pointer._nss_defer is not None
 
         def __call__(self) -> None:
-            block = self.block
-            if block is not None:
-                self.block = None
-                self.defer(block)
+            self.pointer.__del__()
 
     class BlockPointer(MemoryPointer):
         """A Numba ``MemoryPointer`` owning one block.
 
         Dropping the last reference (``__del__``) or ``free()`` queues the
-        block's free on the finalizer-safe path (a ``deque.append``, no lock,
-        no driver call). It replaces the ``weakref.finalize`` a plain
+        block's free once on the finalizer-safe path (a ``deque.append``, no
+        lock, no driver call). It replaces the ``weakref.finalize`` a plain
         ``MemoryPointer`` registers per allocation, which costs more than the
         rest of the plugin's allocation path.
         """
 
         #: What a pointer of :func:`wrap_memory` keeps alive (None for a block's own).
         _nss_keep: Any = None
+        _nss_defer: Any = None
 
         def __init__(self, context: Any, block: Block, defer: Any, ptr: int | None = None
                      ) -> None:
             # MemoryPointer.__init__'s fields, set directly.
             self.context = context
-            start = block.ptr if ptr is None else ptr
-            self.device_pointer = self.handle = _CUdeviceptr(start)
-            self.size = self._cuda_memsize_ = block.ptr + block.nbytes - start
+            if ptr is None:
+                self.device_pointer = self.handle = _CUdeviceptr(block.ptr)
+                self.size = self._cuda_memsize_ = block.nbytes
+            else:
+                self.device_pointer = self.handle = _CUdeviceptr(ptr)
+                self.size = self._cuda_memsize_ = block.ptr + block.nbytes - ptr
             self.is_managed = True
             self.refct = 1
             self._owner = None
-            self._finalizer = _Release(block, defer)
             self._nss_block = block
+            #: Called once with the block when the pointer dies or is freed;
+            #: None afterwards.
+            self._nss_defer = defer
+
+        @property
+        def _finalizer(self) -> _Release:  # type: ignore[override]
+            return _Release(self)
 
         def __del__(self) -> None:
-            self._finalizer()
+            defer = self._nss_defer
+            if defer is not None:
+                self._nss_defer = None
+                defer(self._nss_block)
 
     class TrackedDeviceNDArray(DeviceNDArray):
         """A Numba device array over a library block whose

@@ -23,7 +23,7 @@ from numba_streamsafe.blocks import (
     BlockState,
     check_block,
     check_int,
-    next_generation,
+    next_generation_fast,
     positive_size,
 )
 from numba_streamsafe.errors import DriverError, InvalidArgument, OutOfMemory, StreamSafeError
@@ -52,6 +52,7 @@ _HOT_USES = 64
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
 _WRITE = Access.WRITE
+_next_generation = next_generation_fast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +220,13 @@ class AsyncResource(MemoryResource):
             # Queued frees and the kept block under one lock: the common
             # free-then-allocate cycle of one size makes no driver call.
             with self._lock:
-                if self._deferred_queue:
+                queue = self._deferred_queue
+                if queue:
+                    if (len(queue) == 1 and not self._eager and tracehook.active is None
+                            and not self._deferred.held):
+                        block = self._recycle_locked(queue, nbytes, stream, tag, stream_owner)
+                        if block is not None:
+                            return block
                     self._deferred.drain(self._deallocate_locked)
                 key = (stream, nbytes)
                 ptrs = self._kept_blocks.get(key)
@@ -228,7 +235,7 @@ class AsyncResource(MemoryResource):
                     if not ptrs:
                         del self._kept_blocks[key]
                     self._kept.nbytes -= nbytes
-                    block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
+                    block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
                                   self._table.epoch, _LIVE, stream_owner)
                     try:
                         self._register(block, stream, stream_owner)
@@ -239,6 +246,53 @@ class AsyncResource(MemoryResource):
                     return block
         return self._allocate_new(nbytes, stream, tag, stream_owner)
 
+    def _recycle_locked(self, queue: Any, nbytes: int, stream: int, tag: str,
+                        stream_owner: Any) -> Block | None:
+        """The free-then-allocate cycle of one size on one stream, fused: when
+        the one block queued for freeing (``queue``) has ``nbytes`` on
+        ``stream``, is used on no other stream and would be kept for reuse, it
+        is freed and its address allocated again as a new block (a new
+        generation) in one step, with no driver call and no detour through the
+        kept blocks. The state afterwards is what the free, the keep and the
+        take would leave. None, with the queue as it was, when the block does
+        not qualify. Caller holds the lock, and checked that the queue is
+        not held, that nothing traces and that fences are lazy."""
+        try:
+            old = queue.popleft()
+        except IndexError:  # drained meanwhile by a flush on another thread
+            return None
+        entry = self._live.get(old.ptr)
+        if (queue or entry is None or entry.block is not old or old.nbytes != nbytes
+                or old.stream != stream or entry.reads or old.borrowed
+                or nbytes > self.reuse_bytes
+                or (old.stream_owner is None and stream > MAX_DEFAULT_STREAM)):
+            queue.appendleft(old)
+            return None
+        last = entry.last_write
+        if last.stream != stream:
+            queue.appendleft(old)
+            return None
+        mark = self._open.get(stream)
+        if mark is None or (stream_owner is not None and mark.owner is None):
+            mark = self.marks.current(stream, stream_owner)
+        if mark is not last:
+            # The free's use of its last write ends; the new block's use of
+            # the stream's open mark (its allocation point) begins.
+            mark.refs += 1
+            self.marks.release(last)
+        old.state = _FREED
+        old.stream_owner = None
+        ptr = old.ptr
+        block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
+                      self._table.epoch, _LIVE, stream_owner)
+        # Same address: the table's sorted index and its byte counts stand.
+        self._live[ptr] = Entry(block, mark)
+        self._frees += 1
+        self._freed_bytes += nbytes
+        self._allocations += 1
+        self._allocated_bytes += nbytes
+        return block
+
     def _allocate_new(self, nbytes: int, stream: int, tag: str, stream_owner: Any) -> Block:
         """A block from the driver's pool (``cuMemAllocAsync``), retried once after
         giving memory back when the device is out of it."""
@@ -248,7 +302,7 @@ class AsyncResource(MemoryResource):
             if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
                 raise
             ptr = self._retry_after_oom(nbytes, stream)
-        block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
+        block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
                       self._table.epoch, _LIVE, stream_owner)
         with self._lock:
             live = self._live
@@ -364,7 +418,7 @@ class AsyncResource(MemoryResource):
                     "memory is tracked by one block at a time: use that block's arrays, "
                     "or release them first")
             self.driver.register_foreign(ptr, nbytes, stream)
-            block = Block(ptr, nbytes, self.device, stream, tag, next_generation(),
+            block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
                           self._table.epoch, _LIVE, stream_owner, True, keep)
             mark = self._open.get(stream)
             if mark is None or (stream_owner is not None and mark.owner is None):
@@ -659,7 +713,7 @@ class AsyncResource(MemoryResource):
     def defer_free(self, block: Block) -> None:
         if block.__class__ is not Block:
             check_block(block, "defer_free")
-        self._deferred.push(block)
+        self._deferred_queue.append(block)  # DeferredFrees.push, inline
         if tracehook.active is not None:
             tracehook.active.deferred(self, block)
 

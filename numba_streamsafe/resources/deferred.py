@@ -43,6 +43,11 @@ class DeferredFrees:
         """The queue itself, for a cheap emptiness check on hot paths."""
         return self._queue
 
+    @property
+    def held(self) -> bool:
+        """True while a :meth:`hold` is in force (drains do nothing)."""
+        return self._holds > 0
+
     def __len__(self) -> int:
         return len(self._queue)
 

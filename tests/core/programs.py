@@ -40,6 +40,7 @@ __all__ = [
     "Launch",
     "Free",
     "Realloc",
+    "Renew",
     "HostSync",
     "Reap",
     "Retire",
@@ -126,6 +127,14 @@ class Realloc:
 
 
 @dataclass(frozen=True)
+class Renew:
+    """Free ``buf`` if live, then allocate its size again on its stream: the
+    free-then-allocate cycle of a temporary (nothing when it is freed)."""
+
+    buf: int
+
+
+@dataclass(frozen=True)
 class HostSync:
     """The host synchronises with ``stream``."""
 
@@ -153,7 +162,7 @@ class Reset:
     take the old handles."""
 
 
-Step = Launch | Free | Realloc | HostSync | Reap | Retire | Reset
+Step = Launch | Free | Realloc | Renew | HostSync | Reap | Retire | Reset
 
 
 @dataclass(frozen=True)
@@ -187,10 +196,15 @@ class Run:
     freed_ptrs: set[int] = field(default_factory=set)
     #: Streams created at the handle of a destroyed one.
     recycled: int = 0
+    #: Frees go through the finalizer-safe queue (``defer_free``), run at the
+    #: next allocation, as a dropped Numba array's do.
+    deferred: bool = False
 
 
-def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> Run:
-    """Run ``program`` on a fresh simulated device and return the final state."""
+def execute(program: Program, *, fenced: bool = True, fences: str = "lazy",
+            deferred: bool = False) -> Run:
+    """Run ``program`` on a fresh simulated device and return the final state;
+    with ``deferred``, frees are queued (``defer_free``) rather than run."""
     sim = SimDriver(backing=False)
     res = AsyncResource(sim, fences=fences)
     rt = DeviceRuntime(res)
@@ -202,7 +216,7 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
         res.allocate(n, streams[h], f"buf{i}", stream_owner=owners[h])
         for i, (n, h) in enumerate(zip(program.sizes, program.homes, strict=True))
     ]
-    run = Run(sim, res, rt, streams, blocks, owners)
+    run = Run(sim, res, rt, streams, blocks, owners, deferred=deferred)
     for k, step in enumerate(program.steps):
         if isinstance(step, Launch):
             uses = [(blocks[i], a) for i, a in step.uses if blocks[i] is not None]
@@ -217,6 +231,16 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
             if block.ptr in run.freed_ptrs:
                 run.reused += 1
             blocks[step.buf] = block
+        elif isinstance(step, Renew):
+            old = blocks[step.buf]
+            if old is not None:
+                _free(run, step.buf)
+                home = streams.index(old.stream)
+                block = res.allocate(old.nbytes, old.stream, f"buf{step.buf}@{k}",
+                                     stream_owner=owners[home])
+                if block.ptr in run.freed_ptrs:
+                    run.reused += 1
+                blocks[step.buf] = block
         elif isinstance(step, HostSync):
             sim.stream_synchronize(streams[step.stream])
         elif isinstance(step, Reap):
@@ -233,7 +257,10 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy") -> R
 def _free(run: Run, buf: int) -> None:
     block = run.blocks[buf]
     if block is not None:
-        run.rt.deallocate(block)
+        if run.deferred:
+            run.res.defer_free(block)
+        else:
+            run.rt.deallocate(block)
         run.freed_ptrs.add(block.ptr)
         run.blocks[buf] = None
 
@@ -307,8 +334,10 @@ def random_program(rng: random.Random, *, max_steps: int = 25) -> Program:
     return Program(n_streams, sizes, homes, tuple(steps))
 
 
-def program_strategy(max_steps: int = 25) -> st.SearchStrategy[Program]:
-    """Hypothesis strategy for the programs :func:`random_program` makes."""
+def program_strategy(max_steps: int = 25, *, renew: bool = False
+                     ) -> st.SearchStrategy[Program]:
+    """Hypothesis strategy for the programs :func:`random_program` makes; with
+    ``renew``, :class:`Renew` steps too (as often as launches)."""
 
     @st.composite
     def build(draw: Any) -> Program:
@@ -328,7 +357,8 @@ def program_strategy(max_steps: int = 25) -> st.SearchStrategy[Program]:
         a_sync = st.builds(HostSync, stream)
         step = st.one_of(*[a_launch] * 12, a_free, a_free, *[a_realloc] * 4, a_sync, a_sync,
                          st.just(Reap()), st.just(Reap()), st.builds(Retire, stream),
-                         st.just(Reset()))
+                         st.just(Reset()),
+                         *([st.builds(Renew, buf)] * (12 if renew else 0)))
         steps = draw(st.lists(step, min_size=1, max_size=max_steps))
         return Program(n_streams, tuple(sizes), tuple(homes), tuple(steps))
 
