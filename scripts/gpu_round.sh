@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh tests|bench
+# the GPU machine:  scripts/gpu_round.sh tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
 #   tests: the GPU suite (with the Dask and plain-Numba tests), the examples with inferred
 #          accesses, the traced sort -> join pipeline (JSON + PNG under $OUT), the access
 #          inference's cost against compiling;
@@ -151,6 +151,27 @@ hot)
         done
     done
     grep -E "^=== |same stream|cross stream|ratio|raw|threads|us/" "$OUT/bench.log" | head -80
+    ;;
+alloc)
+    # The allocation path before (.base) and after (this tree), taking turns, ROUNDS
+    # times: alloc_free.py (every manager side by side, ratios per round), then
+    # alloc_parts.py (where one cycle's microseconds go) once per tree.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    for k in $(seq 1 "${ROUNDS:-2}"); do
+        for side in base this; do
+            dir=$PWD; [[ $side == base ]] && dir=$PWD/.base
+            echo "=== $side round $k" >> "$OUT/alloc.log"
+            (cd "$dir" && PYTHONPATH="$SITE:$dir" NSS_BENCH_DIR="$OUT/$side-$k" \
+                python3 benchmarks/alloc_free.py) >> "$OUT/alloc.log" 2>&1
+        done
+    done
+    for side in base this; do
+        dir=$PWD; [[ $side == base ]] && dir=$PWD/.base
+        echo "=== $side parts" >> "$OUT/alloc.log"
+        (cd "$dir" && PYTHONPATH="$SITE:$dir" python3 benchmarks/alloc_parts.py) \
+            >> "$OUT/alloc.log" 2>&1
+    done
+    grep -v -E '^ *$|^\{' "$OUT/alloc.log" | head -80
     ;;
 esac
 cat "$OUT/steps.txt" 2>/dev/null

@@ -262,6 +262,14 @@ def test_a_released_torch_tensor_is_not_reused_under_a_tracked_read(gpu, kernels
     a, b = gpu.stream(), gpu.stream()
     out = nss.device_array(N, np.int32, stream=b)
     rt = nss.get_runtime()
+    # Launch once on a borrowed array first: a launch that makes Numba compile
+    # for new argument types can leave the launching frames, and so the
+    # arguments, alive inside Numba for a while (seen on the H100 after other
+    # test files), which would keep a tensor here that the library released.
+    with torch.cuda.stream(ts):
+        warm = nss.from_dlpack(torch.zeros((N,), dtype=torch.int32, device="cuda"), stream=a)
+        kernels.slow_copy[GRID, BLOCK, b](warm, out, 1)
+        del warm
     baseline = None
     wrong = {True: 0, False: 0}
     reused = 0
@@ -300,7 +308,65 @@ def test_a_released_torch_tensor_is_not_reused_under_a_tracked_read(gpu, kernels
     rt.reap()
     race_report(f"torch-release borrowed_wrong={wrong[True]}/{TRIALS} "
                 f"numba_view_wrong={wrong[False]}/{TRIALS} reused={reused}/{TRIALS}")
-    assert torch.cuda.memory_allocated() == baseline, "a released tensor was kept"
+    assert torch.cuda.memory_allocated() <= baseline, \
+        f"a released tensor was kept: {_holders_of_cuda_tensors(torch)}"
     assert wrong[True] == 0
     assert reused >= 0.7 * TRIALS, "PyTorch did not hand the freed memory out again"
     assert wrong[False] >= 0.7 * TRIALS, "the race did not show without the keep-alive"
+
+
+def _holders_of_cuda_tensors(torch) -> list[str]:
+    """For a failure message: the chain of objects (frames named) that keeps
+    each live CUDA tensor and each borrowed block's lease alive, up to twelve
+    levels, and the tracker's pending releases."""
+    import gc
+
+    mine: set[int] = set()
+
+    def referrers(obj):
+        refs = gc.get_referrers(obj)
+        mine.add(id(refs))
+        found = [r for r in refs if id(r) not in mine]
+        mine.add(id(found))
+        return found
+
+    from numba_streamsafe.numba import imports
+
+    objects = gc.get_objects()
+    mine.add(id(objects))
+    tensors = [o for o in objects if isinstance(o, torch.Tensor) and o.is_cuda]
+    leases = [o for o in objects if isinstance(o, imports._Lease)]
+    mine.add(id(tensors))
+    mine.add(id(leases))
+    del objects
+    out = []
+    both = tensors + leases
+    mine.add(id(both))
+    for tensor in both:
+        path, obj = [], tensor
+        path_prev = tensor
+        for _ in range(12):
+            refs = referrers(obj)
+            if not refs:
+                break
+            obj = refs[0]
+            desc = type(obj).__qualname__
+            if hasattr(obj, "f_code"):
+                desc += f" {obj.f_code.co_name} ({obj.f_code.co_filename}:{obj.f_lineno})"
+            elif isinstance(obj, dict):
+                desc += f" keys={list(obj)[:6]}"
+            elif isinstance(obj, (list, tuple)):
+                desc += f" len={len(obj)} of {[type(v).__qualname__ for v in obj[:4]]}"
+            elif hasattr(obj, "describe"):
+                desc += f" {obj.describe()}"
+            elif hasattr(obj, "__dict__"):
+                desc += f" attrs={[k for k, v in vars(obj).items() if v is path_prev][:3]}"
+            path_prev = obj
+            path.append(f"{desc} (+{len(refs) - 1} more)")
+        name = f"tensor at {tensor.data_ptr():#x}" if isinstance(tensor, torch.Tensor) else \
+            f"lease of {tensor.block.describe()}"
+        out.append(f"{name} <- " + " <- ".join(path))
+    tracker = nss.get_runtime().resource.tracker
+    pending = [(s, n, len(k or ())) for s, (n, _o, k) in tracker._pending.slots.items()]
+    out.append(f"pending {pending} queued {len(tracker._deferred)} borrowed {tracker._borrowed}")
+    return out
