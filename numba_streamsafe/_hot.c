@@ -13,12 +13,18 @@
  *     that does not hold; the Python path then does the launch.
  * pack(codes, args)
  *     The parameter bytes launch() would pass (for tests).
+ * Launcher(kernel, config)
+ *     The base of a configured launch ``kernel[config]``: calling it runs
+ *     launch(kernel._fast, config, args), and the subclass's ``_slow(*args)``
+ *     when that returns False, so a launch the hot path takes runs no
+ *     Python frame of the library.
  *
  * Built against the limited API (abi3), so one build serves every Python >= 3.10.
  */
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <dlfcn.h>
 #include <float.h>
 #include <math.h>
@@ -1197,6 +1203,117 @@ done:
 #undef ST
 }
 
+/* ------------------------------------------------------------ Launcher */
+static PyObject *s_fast_attr, *s_slow;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *kernel;
+    PyObject *config;
+    PyObject *stream;
+} LauncherObject;
+
+static PyObject *launcher_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *kernel, *config;
+    if (kwds != NULL && PyDict_Size(kwds) > 0) {
+        PyErr_SetString(PyExc_TypeError, "Launcher(kernel, config) takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OO!:Launcher", &kernel, &PyTuple_Type, &config)) return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    LauncherObject *self = (LauncherObject *)alloc(type, 0);
+    if (self == NULL) return NULL;
+    Py_INCREF(kernel);
+    self->kernel = kernel;
+    Py_INCREF(config);
+    self->config = config;
+    if (PyTuple_Size(config) > 2) {
+        self->stream = PyTuple_GetItem(config, 2);
+        Py_INCREF(self->stream);
+    } else {
+        self->stream = PyLong_FromLong(0);
+        if (self->stream == NULL) { Py_DECREF(self); return NULL; }
+    }
+    return (PyObject *)self;
+}
+
+static int launcher_traverse(PyObject *o, visitproc visit, void *arg) {
+    LauncherObject *self = (LauncherObject *)o;
+    Py_VISIT(self->kernel);
+    Py_VISIT(self->config);
+    Py_VISIT(self->stream);
+    Py_VISIT(Py_TYPE(o));
+    return 0;
+}
+
+static int launcher_clear(PyObject *o) {
+    LauncherObject *self = (LauncherObject *)o;
+    Py_CLEAR(self->kernel);
+    Py_CLEAR(self->config);
+    Py_CLEAR(self->stream);
+    return 0;
+}
+
+static void launcher_dealloc(PyObject *o) {
+    PyTypeObject *tp = Py_TYPE(o);
+    PyObject_GC_UnTrack(o);
+    launcher_clear(o);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+    tp_free(o);
+    Py_DECREF(tp);
+}
+
+static PyObject *launcher_call(PyObject *o, PyObject *args, PyObject *kwds) {
+    LauncherObject *self = (LauncherObject *)o;
+    if (kwds == NULL || PyDict_Size(kwds) == 0) {
+        PyObject *fast = PyObject_GetAttr(self->kernel, s_fast_attr);
+        if (fast == NULL) return NULL;
+        if (PyTuple_Check(fast)) {
+            PyObject *a[3] = {fast, self->config, args};
+            PyObject *done = hot_launch(NULL, a, 3);
+            Py_DECREF(fast);
+            if (done == NULL) return NULL;
+            int ok = PyObject_IsTrue(done);
+            Py_DECREF(done);
+            if (ok < 0) return NULL;
+            if (ok) Py_RETURN_NONE;
+        } else {
+            Py_DECREF(fast);
+        }
+    }
+    PyObject *slow = PyObject_GetAttr(o, s_slow);
+    if (slow == NULL) return NULL;
+    PyObject *r = PyObject_Call(slow, args, kwds);
+    Py_DECREF(slow);
+    return r;
+}
+
+static PyMemberDef launcher_members[] = {
+    {"kernel", T_OBJECT_EX, offsetof(LauncherObject, kernel), READONLY, "The tracked kernel."},
+    {"config", T_OBJECT_EX, offsetof(LauncherObject, config), READONLY,
+     "(grid, block[, stream[, shmem]])"},
+    {"stream", T_OBJECT_EX, offsetof(LauncherObject, stream), READONLY,
+     "The configuration's stream (0 when it names none)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot launcher_slots[] = {
+    {Py_tp_new, launcher_new},
+    {Py_tp_dealloc, launcher_dealloc},
+    {Py_tp_traverse, launcher_traverse},
+    {Py_tp_clear, launcher_clear},
+    {Py_tp_call, launcher_call},
+    {Py_tp_members, launcher_members},
+    {Py_tp_doc, "Launcher(kernel, config): a configured launch; calling it takes the "
+                "compiled hot path, else the subclass's _slow(*args)."},
+    {0, NULL},
+};
+
+static PyType_Spec launcher_spec = {
+    "numba_streamsafe._hot.Launcher", sizeof(LauncherObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, launcher_slots,
+};
+
 static PyObject *hot_available(PyObject *self, PyObject *unused) {
     /* Whether launch() can reach the driver (libcuda loaded in this process). */
     if (!cu_looked) find_launch();
@@ -1285,6 +1402,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_driver, "driver");
     INTERN(s_pool_acquire, "acquire");
     INTERN(s_book_open, "open");
+    INTERN(s_fast_attr, "_fast");
+    INTERN(s_slow, "_slow");
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     LockType = (PyTypeObject *)PyType_FromSpec(&lock_spec);
@@ -1292,6 +1411,11 @@ PyMODINIT_FUNC PyInit__hot(void) {
     Py_INCREF(LockType);
     if (PyModule_AddObject(m, "Lock", (PyObject *)LockType) < 0) {
         Py_DECREF(LockType); Py_DECREF(m); return NULL;
+    }
+    PyObject *launcher = PyType_FromSpec(&launcher_spec);
+    if (launcher == NULL) { Py_DECREF(m); return NULL; }
+    if (PyModule_AddObject(m, "Launcher", launcher) < 0) {
+        Py_DECREF(launcher); Py_DECREF(m); return NULL;
     }
     return m;
 }

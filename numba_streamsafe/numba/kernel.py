@@ -492,8 +492,9 @@ def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> No
             "occupancy."), stacklevel=4)
 
 
-class _Launch:
-    """One configured launch of a :class:`TrackedKernel`: ``k[grid, block, stream, shmem]``."""
+class _PyLauncher:
+    """The pure-Python base of :class:`_Launch` (without the compiled hot path,
+    whose ``Launcher`` takes its place): calling it runs ``_slow``."""
 
     __slots__ = ("kernel", "config", "stream")
 
@@ -502,16 +503,34 @@ class _Launch:
         self.config = config
         self.stream = config[2] if len(config) > 2 else 0
 
+    def __call__(self, *args: Any) -> None:
+        self._slow(*args)  # type: ignore[attr-defined]
+
+
+#: The compiled ``Launcher`` calls ``_hot.launch(kernel._fast, config, args)``
+#: itself and ``_slow(*args)`` only when that hands the launch back.
+_Launcher: Any = getattr(_hot, "Launcher", None) or _PyLauncher
+
+
+class _Launch(_Launcher):  # type: ignore[misc,valid-type]
+    """One configured launch of a :class:`TrackedKernel`: ``k[grid, block, stream, shmem]``.
+
+    Its fields are ``kernel``, ``config`` and ``stream`` (the configuration's
+    stream, 0 when it names none). Calling it launches: through the compiled
+    hot path when it applies, else :meth:`_slow`.
+    """
+
+    __slots__ = ()
+
     def _numba(self) -> Callable[..., Any]:
         config = self.config
         if len(config) > 2:
             config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
         return self.kernel.dispatcher[config]
 
-    def __call__(self, *args: Any) -> None:
-        fast = self.kernel._fast
-        if fast is not None and _hot.launch(fast, self.config, args):  # type: ignore[union-attr]
-            return
+    def _slow(self, *args: Any) -> None:
+        """The launch on the Python path: direct when the configuration's
+        dimensions are plain, else through Numba."""
         config = self.config
         dims = None
         grid = direct.normalize_dims(config[0])
