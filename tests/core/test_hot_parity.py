@@ -173,3 +173,59 @@ def test_more_buffers_than_the_compiled_path_takes():
     sim.trace_access(b, [(blk.ptr, blk.nbytes, Access.WRITE) for blk in blocks], "writer")
     res.commit(uses, b)
     assert sim.calls["cuStreamWaitEvent"] == 1 and sim.hazards == []
+
+
+# ------------------------------------------------------------------ Launcher
+class _Kernel:
+    """Stands for a TrackedKernel: ``_fast`` is its hot-path state (None: none)."""
+
+    _fast = None
+
+
+class _Recording(hot.Launcher if hot is not None else object):  # type: ignore[misc]
+    __slots__ = ()
+
+    def _slow(self, *args, **kwargs):
+        self.kernel.calls.append((args, kwargs))
+
+
+def test_launcher_fields_and_its_python_fallback():
+    kernel = _Kernel()
+    kernel.calls = []
+    launch = _Recording(kernel, (4, 32))
+    assert (launch.kernel, launch.config, launch.stream) == (kernel, (4, 32), 0)
+    assert _Recording(kernel, (4, 32, "s", 0)).stream == "s"
+    assert launch(1, 2.5) is None
+    launch(x=1)
+    assert kernel.calls == [((1, 2.5), {}), ((), {"x": 1})]
+    with pytest.raises(AttributeError):
+        launch.kernel = None
+    with pytest.raises(TypeError):
+        _Recording(kernel, [4, 32])  # the configuration is a tuple
+
+
+def test_launcher_raises_what_the_slow_path_raises_and_is_collected():
+    import gc
+    import weakref
+
+    class Boom(hot.Launcher):
+        __slots__ = ()
+
+        def _slow(self, *args):
+            raise KeyError(args)
+
+    kernel = _Kernel()
+    launch = Boom(kernel, (1, 1))
+    with pytest.raises(KeyError):
+        launch(7)
+    kernel.launch = launch  # a cycle through the C type's fields
+    alive = weakref.ref(kernel)
+    del kernel, launch
+    gc.collect()
+    assert alive() is None
+
+
+def test_tracked_kernels_launch_through_the_compiled_launcher():
+    from numba_streamsafe.numba import kernel
+
+    assert issubclass(kernel._Launch, hot.Launcher)
