@@ -37,7 +37,7 @@ tests)
         NUMBA_STREAMSAFE_ACCESS=infer run "infer_$ex" python3 "examples/$ex.py" --repeat 3
     done
     run inference_cost python3 benchmarks/inference_cost.py
-    tail -3 "$OUT/gpu_tests.log"
+    tail -n 3 "$OUT/gpu_tests.log"
     grep -h -E "result|runs:" "$OUT"/infer_*.log
     tail -16 "$OUT/inference_cost.log"
     cat "$OUT/race.txt"
@@ -80,7 +80,7 @@ new)
         ipc=0; [[ $mm == *-ipc ]] && ipc=1
         NUMBA_CUDA_MEMORY_MANAGER=${mm%-ipc} NUMBA_STREAMSAFE_IPC=$ipc run "ipc_$mm" \
             python3 -m unittest -v numba.cuda.tests.cudapy.test_ipc
-        tail -3 "$OUT/ipc_$mm.log"
+        tail -n 3 "$OUT/ipc_$mm.log"
     done
     (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay python3 graph_replay.py)
     cat "$OUT/graph_replay.log" "$OUT/race.txt"
@@ -99,7 +99,7 @@ graphs)
     (cd benchmarks && NSS_BENCH_DIR="$OUT" NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
         run graph_replay python3 graph_replay.py)
     (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay_race python3 graph_replay.py --race)
-    tail -3 "$OUT/gpu_graphs.log" "$OUT/gpu_graphs_pure.log"
+    tail -n 3 "$OUT/gpu_graphs.log" "$OUT/gpu_graphs_pure.log"
     grep -h -E "result|runs:" "$OUT"/example_graph*.log
     cat "$OUT/graph_replay.log" "$OUT/graph_replay_race.log" "$OUT/race.txt"
     ;;
@@ -117,11 +117,11 @@ suite)
     export NSS_RACE_REPORT=$OUT/race.txt
     run gpu_suite python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs \
         --deselect tests/gpu/test_multi_gpu.py ${SUITE_ARGS:-}
-    tail -3 "$OUT/gpu_suite.log"
+    tail -n 3 "$OUT/gpu_suite.log"
     if [[ -n ${PURE:-} ]]; then
         NUMBA_STREAMSAFE_PURE_PYTHON=1 run gpu_suite_pure python3 -m pytest -m gpu -q \
             -p no:cacheprovider tests/gpu -rs --deselect tests/gpu/test_multi_gpu.py ${SUITE_ARGS:-}
-        tail -3 "$OUT/gpu_suite_pure.log"
+        tail -n 3 "$OUT/gpu_suite_pure.log"
     fi
     (cd benchmarks && NSS_BENCH_DIR="$OUT" run graph_replay python3 graph_replay.py)
     cat "$OUT/graph_replay.log"
@@ -137,7 +137,7 @@ hot)
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run gpu_hot python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_hot_path.py \
         tests/gpu/test_direct_launch.py tests/gpu/test_races.py ${HOT_TESTS:-} -rs
-    tail -3 "$OUT/gpu_hot.log"; cat "$OUT/race.txt" 2>/dev/null
+    tail -n 3 "$OUT/gpu_hot.log"; cat "$OUT/race.txt" 2>/dev/null
     BENCH=${BENCH:-launch_overhead.py}
     for k in $(seq 1 "${ROUNDS:-2}"); do
         for side in base hot pure; do

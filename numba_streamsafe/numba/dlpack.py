@@ -30,6 +30,7 @@ kDLFloat, kDLComplex and kDLBool (lanes 1); the device is
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, NamedTuple
 
@@ -116,7 +117,9 @@ _live: dict[int, tuple[Any, ...]] = {}
 _live_lock = threading.Lock()
 
 
-def _forget(managed: Any) -> None:
+def _forget(managed: Any, _finalizing: Any = sys.is_finalizing) -> None:
+    if _finalizing():
+        return  # ctypes may be gone: nothing is left to forget at exit
     address = ctypes.cast(managed, ctypes.c_void_p).value
     if address:
         with _live_lock:
@@ -128,8 +131,13 @@ _delete_versioned = _DELETER_VERSIONED(_forget)
 
 
 @_CAPSULE_DESTRUCTOR
-def _capsule_destructor(capsule: Any) -> None:
-    # Not consumed (still carrying its name): the producer releases it.
+def _capsule_destructor(capsule: Any, _finalizing: Any = sys.is_finalizing) -> None:
+    # Not consumed (still carrying its name): the producer releases it. While the
+    # interpreter shuts down (a capsule a borrowed block kept until then),
+    # ctypes' own state may already be torn down: calling into it would crash
+    # the process, and nothing needs releasing any more.
+    if _finalizing():
+        return
     for name, struct in ((_NAME, DLManagedTensor), (_NAME_VERSIONED, DLManagedTensorVersioned)):
         if _raw_is_valid(capsule, name):
             address = _raw_get_pointer(capsule, name)
@@ -137,6 +145,15 @@ def _capsule_destructor(capsule: Any) -> None:
                 struct.from_address(address).deleter(  # type: ignore[attr-defined]
                     ctypes.cast(address, ctypes.POINTER(struct)))
             return
+
+
+# The C code of the capsules this module makes calls these three through their
+# ctypes thunks, possibly while the interpreter shuts down (a capsule that a
+# borrowed array held until then): a thunk freed with this module's globals
+# would crash the process. A reference that is never dropped keeps them.
+for _thunk in (_delete, _delete_versioned, _capsule_destructor):
+    _pyapi.Py_IncRef(ctypes.py_object(_thunk))
+del _thunk
 
 
 def live_exports() -> int:

@@ -731,3 +731,31 @@ def test_import_array_keeps_a_temporary_producer_until_the_copy_is_done(rt, stre
     assert alive() is None                           # freed on p after the copy
     np.testing.assert_array_equal(_host(rt, out, b), 5)
     assert rt.driver.hazards == []
+
+
+_CAPSULES_AT_EXIT = """
+import numpy as np
+from numba_streamsafe.numba import dlpack
+class Holder:
+    pass
+h = Holder()
+h.me = h  # a cycle: collected while the interpreter shuts down
+h.capsules = [dlpack.make_capsule(4096, (8,), (1,), np.dtype(np.float64), 0, h, versioned=v)
+              for v in (False, True)]
+del h
+"""
+
+
+def test_capsules_alive_at_exit_do_not_crash_the_interpreter(child_env, repo_root):
+    """A capsule of this module that lives until the interpreter shuts down
+    (a borrowed array kept to the end) runs its destructor then: the ctypes
+    thunks it calls must still exist (they were freed with the module's
+    globals, and the process died of a segmentation fault)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CAPSULES_AT_EXIT],
+                          cwd=repo_root, env=child_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "Fatal Python error" not in proc.stderr, proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr
