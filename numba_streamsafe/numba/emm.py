@@ -95,10 +95,8 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         rt = self._runtime  # current: the calls above were refreshed with it
         stack = _scopes.stack  # current_stream(), inline
         if stack:
-            stream = stack[-1]
-            if rt.capture is not None:  # type: ignore[union-attr]
-                rt.check_capture(rt.stream_handle(stream), "numba")  # type: ignore[union-attr]
-            block = self.runtime.allocate(size, stream, "numba")
+            # DeviceRuntime.allocate refuses an allocation a graph capture would hold.
+            block = rt.allocate(size, stack[-1], "numba")  # type: ignore[union-attr]
         else:
             # default_stream_handle(), inline: Numba's configuration is loaded.
             ptds = _config.CUDA_PER_THREAD_DEFAULT_STREAM  # type: ignore[attr-defined]

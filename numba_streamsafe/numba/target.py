@@ -194,7 +194,7 @@ else:
             return self.pointer._nss_defer is not None
 
         def __call__(self) -> None:
-            self.pointer.__del__()
+            self.pointer._release()
 
     class BlockPointer(MemoryPointer):
         """A Numba ``MemoryPointer`` owning one block.
@@ -232,11 +232,14 @@ else:
         def _finalizer(self) -> _Release:  # type: ignore[override]
             return _Release(self)
 
-        def __del__(self) -> None:
+        def _release(self) -> None:
+            """Hand the block to its release, once."""
             defer = self._nss_defer
             if defer is not None:
                 self._nss_defer = None
                 defer(self._nss_block)
+
+        __del__ = _release
 
     class TrackedDeviceNDArray(DeviceNDArray):
         """A Numba device array over a library block whose

@@ -52,7 +52,6 @@ _HOT_USES = 64
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
 _WRITE = Access.WRITE
-_next_generation = next_generation_fast
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +234,7 @@ class AsyncResource(MemoryResource):
                     if not ptrs:
                         del self._kept_blocks[key]
                     self._kept.nbytes -= nbytes
-                    block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
+                    block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                                   self._table.epoch, _LIVE, stream_owner)
                     try:
                         self._register(block, stream, stream_owner)
@@ -263,15 +262,12 @@ class AsyncResource(MemoryResource):
             return None
         entry = self._live.get(old.ptr)
         if (queue or entry is None or entry.block is not old or old.nbytes != nbytes
-                or old.stream != stream or entry.reads or old.borrowed
-                or nbytes > self.reuse_bytes
+                or old.stream != stream or entry.reads or entry.last_write.stream != stream
+                or old.borrowed or nbytes > self.reuse_bytes
                 or (old.stream_owner is None and stream > MAX_DEFAULT_STREAM)):
             queue.appendleft(old)
             return None
         last = entry.last_write
-        if last.stream != stream:
-            queue.appendleft(old)
-            return None
         mark = self._open.get(stream)
         if mark is None or (stream_owner is not None and mark.owner is None):
             mark = self.marks.current(stream, stream_owner)
@@ -283,7 +279,7 @@ class AsyncResource(MemoryResource):
         old.state = _FREED
         old.stream_owner = None
         ptr = old.ptr
-        block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
+        block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
         # Same address: the table's sorted index and its byte counts stand.
         self._live[ptr] = Entry(block, mark)
@@ -302,7 +298,7 @@ class AsyncResource(MemoryResource):
             if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
                 raise
             ptr = self._retry_after_oom(nbytes, stream)
-        block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
+        block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
         with self._lock:
             live = self._live
@@ -418,7 +414,7 @@ class AsyncResource(MemoryResource):
                     "memory is tracked by one block at a time: use that block's arrays, "
                     "or release them first")
             self.driver.register_foreign(ptr, nbytes, stream)
-            block = Block(ptr, nbytes, self.device, stream, tag, _next_generation(),
+            block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                           self._table.epoch, _LIVE, stream_owner, True, keep)
             mark = self._open.get(stream)
             if mark is None or (stream_owner is not None and mark.owner is None):

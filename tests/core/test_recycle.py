@@ -19,7 +19,6 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import BlockState
 from numba_streamsafe.errors import UseAfterFree
 from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.resources.async_resource import AsyncResource as _Async
 from numba_streamsafe.runtime import DeviceRuntime
 
 
@@ -42,7 +41,7 @@ def setup():
 def count_recycles(monkeypatch):
     """Counts the cycles the fused path took."""
     taken = []
-    real = _Async._recycle_locked
+    real = AsyncResource._recycle_locked
 
     def counting(self, *args):
         block = real(self, *args)
@@ -50,7 +49,7 @@ def count_recycles(monkeypatch):
             taken.append(block)
         return block
 
-    monkeypatch.setattr(_Async, "_recycle_locked", counting)
+    monkeypatch.setattr(AsyncResource, "_recycle_locked", counting)
     return taken
 
 
@@ -147,7 +146,7 @@ def _outcome(program: P.Program, fenced: bool) -> tuple:
 def test_fused_and_unfused_cycles_run_programs_alike(program, fenced):
     fused, fused_waits, fused_end = _outcome(program, fenced)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_Async, "_recycle_locked", lambda self, *args: None)
+        m.setattr(AsyncResource, "_recycle_locked", lambda self, *args: None)
         unfused, unfused_waits, unfused_end = _outcome(program, fenced)
     assert fused == unfused
     assert fused_end == unfused_end
