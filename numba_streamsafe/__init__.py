@@ -59,6 +59,11 @@ if "numba.cuda" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "0").s
     # when the plugin is selected (numba_streamsafe.numba.sim_plugin). When
     # numba.cuda is not imported yet, the Numba layer does this on import.
     import numba_streamsafe.numba.arrays  # noqa: F401 - routes the simulator's calls
+if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.environ.get(
+        "NUMBA_CUDA_MEMORY_MANAGER", "").strip() == "numba_streamsafe":
+    # The plugin is selected on the simulator, which never loads plugins: its
+    # module routes Numba's calls and turns transparent mode on.
+    import numba_streamsafe.numba.emm  # noqa: F401
 
 _LAZY = {
     "tracked_kernel": "numba_streamsafe.numba.kernel",
@@ -77,6 +82,7 @@ _LAZY = {
     "stream_scope": "numba_streamsafe.numba.scope",
     "current_stream": "numba_streamsafe.numba.scope",
     "tracking": "numba_streamsafe.numba.scope",
+    "transparent": "numba_streamsafe.numba.scope",
     "use_device": "numba_streamsafe.numba.scope",
     "StreamSafeMemoryManager": "numba_streamsafe.numba.emm",
     "_numba_memory_manager": "numba_streamsafe.numba.emm",

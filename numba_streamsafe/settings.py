@@ -21,6 +21,10 @@ variable                                  meaning
                                           kernel ignores its declarations and infers every
                                           parameter's access (to compare a program's
                                           declarations with what its kernels do)
+``NUMBA_STREAMSAFE_TRANSPARENT``          ``0`` (or false/no/off) leaves plain Numba
+                                          launches, copies and fills unordered (on
+                                          Numba's CUDA simulator the checker still sees
+                                          them); on by default with the plugin selected
 ``NUMBA_STREAMSAFE_IPC``                  ``1`` (or true/yes/on): blocks are ``cuMemAlloc``
                                           allocations that CUDA IPC can export, tracked
                                           as any block and freed with ``cuMemFree`` after
@@ -61,6 +65,7 @@ class Settings:
     check_access: bool = True
     access: str = "declared"
     ipc: bool = False
+    transparent: bool = True
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -83,6 +88,8 @@ class Settings:
             not in _OFF,
             access=_choice("NUMBA_STREAMSAFE_ACCESS", "declared", ("declared", "infer")),
             ipc=os.environ.get("NUMBA_STREAMSAFE_IPC", "0").strip().lower() not in _OFF,
+            transparent=os.environ.get("NUMBA_STREAMSAFE_TRANSPARENT", "1").strip().lower()
+            not in _OFF,
         )
 
 

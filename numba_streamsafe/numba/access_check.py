@@ -27,12 +27,13 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.errors import AccessMismatch, AccessWarning, InvalidArgument
 from numba_streamsafe.numba.inference import ParamUse, infer_params
 
-__all__ = ["prepare", "inferred"]
+__all__ = ["prepare", "inferred", "is_array"]
 
 Params = tuple[tuple[str, Access | None], ...]
 
 
-def _is_array(arg: Any) -> bool:
+def is_array(arg: Any) -> bool:
+    """Whether a kernel argument is an array (host, device or foreign)."""
     return (hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__array_interface__")
             or hasattr(arg, "gpu_data"))
 
@@ -93,7 +94,7 @@ def prepare(kernel: str, py_func: Any, params: Params, args: tuple[Any, ...], *,
         return params
     out = []
     for (name, declared), use, arg in zip(params, uses, args, strict=True):
-        if declared is None and _is_array(arg):
+        if declared is None and is_array(arg):
             declared = use.access
         out.append((name, declared))
     return tuple(out)

@@ -27,7 +27,7 @@ from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, Stream
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.policy import launch_policy
-from numba_streamsafe.numba.scope import current_stream
+from numba_streamsafe.numba.scope import current_stream, numba_call
 from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
 from numba_streamsafe.runtime import get_runtime
 
@@ -280,7 +280,7 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     if host.nbytes:
         fenced(rt, handle, single(block, Access.WRITE, "to", copy=True),
                f"copy to device ({tag})",
-               _strict(rt), owner, to.copy_to_device, host, target.numba_stream(stream),
+               _strict(rt), owner, numba_call, to.copy_to_device, host, target.numba_stream(stream),
                tracking=_tracking(rt))
     return to
 
@@ -354,7 +354,7 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
 
     return fenced(rt, handle, single(block, Access.READ, "array", copy=True), "copy to host",
                   _strict(rt),
-                  owner, array.copy_to_host, out, target.numba_stream(stream),
+                  owner, numba_call, array.copy_to_host, out, target.numba_stream(stream),
                   tracking=_tracking(rt))
 
 
@@ -441,7 +441,7 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
                    rt.driver.copy_async, target.pointer_of(dst), target.pointer_of(src), nbytes,
                    handle, tracking=_tracking(rt))
         return
-    fenced(rt, handle, uses, "device copy", _strict(rt), owner, dst.copy_to_device, src,
+    fenced(rt, handle, uses, "device copy", _strict(rt), owner, numba_call, dst.copy_to_device, src,
            target.numba_stream(stream), tracking=_tracking(rt))
 
 
@@ -463,7 +463,7 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     handle, owner = rt.stream_ref(stream)
 
     fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
-           owner, target.memset, array, int(value), target.numba_stream(stream),
+           owner, numba_call, target.memset, array, int(value), target.numba_stream(stream),
            tracking=_tracking(rt))
 
 

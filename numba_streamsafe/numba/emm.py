@@ -41,7 +41,8 @@ else:  # Numba's simulator has no memory managers: stand-ins, so imports work th
 
 from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.errors import StreamSafeError
-from numba_streamsafe.numba import target
+from numba_streamsafe.numba import sim_plugin, target
+from numba_streamsafe.numba import transparent as _transparent
 from numba_streamsafe.numba.scope import _local as _scopes
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime
 from numba_streamsafe.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
@@ -59,8 +60,14 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     :class:`numba.cuda.HostOnlyCUDAMemoryManager`.
     """
 
+    #: Marks the plugin for the simulator's ``set_memory_manager`` stand-in.
+    _nss_plugin = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Numba makes one per context once the plugin is selected: from then on
+        # its own launches, copies and fills are ordered (transparent mode).
+        _transparent.install()
         self._runtime: DeviceRuntime | None = None
         #: The runtime's resource methods, bound once: (allocate, defer_free).
         self._resource_calls: tuple[Any, Any] | None = None
@@ -156,3 +163,8 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
 
 #: Read by Numba when ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``.
 _numba_memory_manager = StreamSafeMemoryManager
+
+if SIMULATOR:
+    # The simulator makes no plugin: transparent mode comes with the routing of
+    # its allocation calls (selected by the environment or set_memory_manager).
+    sim_plugin.add_companion(_transparent.install, _transparent.uninstall)

@@ -20,7 +20,7 @@ from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import access_check, arrays, direct, target
 from numba_streamsafe.numba.policy import launch_policy
-from numba_streamsafe.numba.scope import stream_scope
+from numba_streamsafe.numba.scope import numba_call, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
 from numba_streamsafe.runtime import sole_runtime
 from numba_streamsafe.settings import settings
@@ -121,9 +121,13 @@ class TrackedKernel:
         #: The inferred access per parameter, read when a checking driver needs it.
         self._inferred: dict[str, Access | None] | None = None
         if signature is None:
-            self.dispatcher = cuda.jit(**jit_options)(func)
+            self._bind(cuda.jit(**jit_options)(func))
         else:
-            self.dispatcher = cuda.jit(signature, **jit_options)(func)
+            self._bind(cuda.jit(signature, **jit_options)(func))
+
+    def _bind(self, dispatcher: Any) -> None:
+        """Launch through Numba's ``dispatcher``, with empty launch caches."""
+        self.dispatcher = dispatcher
         #: Direct-launch plans of device 0 per tuple of argument types (or
         #: UNSUPPORTED); those of other devices (a plan holds one device's
         #: loaded function) in ``_device_plans``.
@@ -364,7 +368,7 @@ class TrackedKernel:
         handle, owner = rt.stream_ref(stream)
         strict = self._strict(rt)
         policy = launch_policy(rt)
-        tracking = policy.tracking
+        tracking = self._tracking(policy)
         if dims is not None and not host and policy.direct_launch:
             plan = self._plan(rt, args)
             if plan is not None:
@@ -379,14 +383,24 @@ class TrackedKernel:
                                                   not uses.untracked and not uses.producers):
                         self._after_direct(rt, plan, args, handle, owner)
                     return
+        # Numba's launch path: the copies and launches Numba makes inside it
+        # (auto-transfers, a forall's specialised launch) are this launch's.
         launch = numba_launch()
         if host:
             with stream_scope(stream):
-                fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args,
+                fenced(rt, handle, uses, self.__name__, strict, owner, numba_call, launch, *args,
                        tracking=tracking)
         else:
-            fenced(rt, handle, uses, self.__name__, strict, owner, launch, *args,
+            fenced(rt, handle, uses, self.__name__, strict, owner, numba_call, launch, *args,
                    tracking=tracking)
+
+    def _tracking(self, policy: Any) -> bool:
+        """Whether this launch is fenced (else only shown to a checking driver)."""
+        return policy.tracking  # type: ignore[no-any-return]
+
+    def _configure(self, config: tuple[Any, ...]) -> Any:
+        """Numba's configured launch of the dispatcher (``dispatcher[config]``)."""
+        return self.dispatcher[config]
 
 
     # ------------------------------------------------------ compiled hot path
@@ -526,7 +540,7 @@ class _Launch(_Launcher):  # type: ignore[misc,valid-type]
         config = self.config
         if len(config) > 2:
             config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
-        return self.kernel.dispatcher[config]
+        return self.kernel._configure(config)
 
     def _slow(self, *args: Any) -> None:
         """The launch on the Python path: direct when the configuration's

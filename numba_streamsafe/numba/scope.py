@@ -8,7 +8,15 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope"]
+__all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
+           "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]
+
+#: Values of the per-thread transparent-mode flag (:func:`transparent`):
+#: Numba's own operations are fenced (FENCE), left unordered but still shown
+#: to a checking driver (OBSERVE: ``transparent(False)``), or passed through
+#: untouched because an operation the library fences already made them
+#: (INSIDE: :func:`numba_call`).
+FENCE, OBSERVE, INSIDE = 2, 1, 0
 
 
 class _Scopes(threading.local):
@@ -18,6 +26,9 @@ class _Scopes(threading.local):
     def __init__(self) -> None:
         self.stack: list[Any] = []
         self.device: int | None = None
+        #: How Numba's own launches, copies and fills on this thread are
+        #: handled: FENCE, OBSERVE or INSIDE (see :func:`transparent`).
+        self.transparent = FENCE
 
 
 # Every thread finds its own (initially empty) stack here, so the lookup made on
@@ -45,6 +56,50 @@ def stream_scope(stream: Any) -> Iterator[Any]:
         yield stream
     finally:
         stack.pop()
+
+
+@contextlib.contextmanager
+def transparent(enabled: bool) -> Iterator[None]:
+    """Turn transparent mode on or off for Numba's own operations on this thread
+    inside the block.
+
+    With the plugin selected, transparent mode (on unless
+    ``NUMBA_STREAMSAFE_TRANSPARENT=0``) fences every plain ``cuda.jit`` launch
+    and every copy and fill Numba makes on the library's memory, as tracked
+    kernels and copies are fenced. ``transparent(False)`` leaves the plain
+    Numba work inside the block unordered, as it is without the library: the
+    program then orders it itself (events, synchronisation). On Numba's CUDA
+    simulator the checker still sees that work, so its races are reported.
+    Tracked kernels and the library's copies are fenced either way (see
+    :func:`tracking` to switch those off).
+
+    Examples
+    --------
+    >>> with transparent(False):                 # doctest: +SKIP
+    ...     legacy_stage[grid, block, s](x)      # ordered by hand below
+    ...     done.record(s)
+    """
+    local = _local
+    old = local.transparent
+    local.transparent = FENCE if enabled else OBSERVE
+    try:
+        yield
+    finally:
+        local.transparent = old
+
+
+def numba_call(work: Any, *args: Any) -> Any:
+    """``work(*args)`` with transparent mode off on this thread: a call into
+    Numba made inside an operation the library fences already (a tracked copy's
+    ``copy_to_device``, a launch through Numba's path), whose own copies and
+    launches are that operation's and are not fenced a second time."""
+    local = _local
+    old = local.transparent
+    local.transparent = INSIDE
+    try:
+        return work(*args)
+    finally:
+        local.transparent = old
 
 
 def current_stream() -> Any:

@@ -78,16 +78,31 @@ _PATCHES = {"device_array": _device_array, "device_array_like": _device_array_li
             "to_device": _to_device}
 
 
+#: ``(install, uninstall)`` of what comes with the routing (transparent mode),
+#: given by the plugin's module (:func:`add_companion`).
+_companions: list[tuple[Any, Any]] = []
+
+
+def add_companion(install_it: Any, uninstall_it: Any) -> None:
+    """Install ``install_it()`` with the routing (now, if it is installed) and
+    ``uninstall_it()`` with its removal."""
+    _companions.append((install_it, uninstall_it))
+    if _original:
+        install_it()
+
+
 def install() -> None:
-    """Route the simulator's allocation calls through the library (idempotent)."""
+    """Route the simulator's allocation calls through the library, with its
+    companions (idempotent)."""
     from numba import cuda
 
     with _lock:
-        if _original:
-            return
-        for name in _NAMES:
-            _original[name] = getattr(cuda, name)
-            setattr(cuda, name, _PATCHES[name])
+        if not _original:
+            for name in _NAMES:
+                _original[name] = getattr(cuda, name)
+                setattr(cuda, name, _PATCHES[name])
+    for install_it, _ in _companions:
+        install_it()
 
 
 def uninstall() -> None:
@@ -98,6 +113,8 @@ def uninstall() -> None:
         for name, fn in _original.items():
             setattr(cuda, name, fn)
         _original.clear()
+    for _, uninstall_it in _companions:
+        uninstall_it()
 
 
 def shim_set_memory_manager() -> None:
@@ -110,9 +127,7 @@ def shim_set_memory_manager() -> None:
         return
 
     def set_memory_manager(mm_plugin: Any) -> None:
-        from numba_streamsafe.numba.emm import StreamSafeMemoryManager
-
-        if isinstance(mm_plugin, type) and issubclass(mm_plugin, StreamSafeMemoryManager):
+        if isinstance(mm_plugin, type) and getattr(mm_plugin, "_nss_plugin", False):
             install()
         else:
             uninstall()

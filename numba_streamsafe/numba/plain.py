@@ -1,0 +1,120 @@
+"""Plain ``cuda.jit`` kernels launched under the launch protocol.
+
+A :class:`PlainKernel` stands beside one of Numba's dispatchers (a
+``CUDADispatcher`` on a GPU, a ``FakeCUDAKernel`` under Numba's CUDA
+simulator) when transparent mode is on (:mod:`numba_streamsafe.numba.transparent`).
+It is a :class:`~numba_streamsafe.numba.kernel.TrackedKernel` whose accesses
+all come from the kernel's IR (:mod:`numba_streamsafe.numba.inference`:
+over-approximate, never under) and which refuses nothing a plain launch
+accepts: foreign arrays are ordered after the stream their interface names
+(or not at all), host arrays go through Numba's own transfers, and a launch
+Numba itself would refuse is handed to Numba to refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from numba_streamsafe.access import Access
+from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.access_check import is_array
+from numba_streamsafe.numba.inference import infer_params
+from numba_streamsafe.numba.kernel import TrackedKernel
+from numba_streamsafe.numba.scope import FENCE, _local
+from numba_streamsafe.protocol import Uses
+
+__all__ = ["PlainKernel"]
+
+
+class PlainKernel(TrackedKernel):
+    """A plain Numba kernel whose launches are fenced with inferred accesses.
+
+    Parameters
+    ----------
+    dispatcher : numba.cuda.dispatcher.CUDADispatcher or the simulator's kernel
+        The kernel as ``cuda.jit`` made it; launches still compile through it.
+    configure : callable
+        Numba's own ``dispatcher[config]`` (the unhooked ``__getitem__``):
+        the launch path for what the direct launch does not cover.
+    fence : bool
+        Whether launches are fenced (transparent mode's setting); when False
+        they are only shown to a checking driver.
+
+    Raises
+    ------
+    InvalidArgument
+        The kernel takes parameters other than positional ones (``*args``):
+        transparent mode leaves such a kernel to Numba.
+    """
+
+    def __init__(self, dispatcher: Any, configure: Callable[[Any, Any], Any],
+                 fence: bool = True) -> None:
+        func = dispatcher.py_func
+        self.py_func = func
+        self.__name__ = getattr(func, "__name__", "kernel")
+        self.__doc__ = func.__doc__
+        self.mode = RecorderMode.PERMISSIVE
+        self.allow_foreign = True
+        self.infer = True
+        self.check_access = False
+        self.params = tuple((name, None) for name, _ in self._parse_access(func, {}))
+        self._access_ready = False
+        self._inferred = None
+        #: Every parameter's inferred access, whatever its first argument was.
+        self._every: dict[str, Access | None] = {}
+        self._numba_configure = configure
+        self._fence = fence
+        self._bind(dispatcher)
+
+    def __repr__(self) -> str:
+        return f"<plain kernel {self.__name__} (transparent mode)>"
+
+    def _prepare_access(self, args: tuple[Any, ...]) -> None:
+        """First launch: every parameter's access from the kernel's IR; where the
+        IR cannot be read, every array is taken as read and written."""
+        try:
+            every = {u.name: u.access for u in infer_params(self.py_func)}
+        except Exception:
+            every = {name: Access.READ_WRITE for name, _ in self.params}
+        self._every = every
+        self._inferred = every
+        self.params = tuple((name, every.get(name) if is_array(arg) else None)
+                            for (name, _), arg in zip(self.params, args, strict=True))
+        self._access_ready = True
+
+    def _launch(self, stream: Any, args: tuple[Any, ...],
+                dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
+                numba_launch: Callable[[], Callable[..., Any]]) -> None:
+        if len(args) != len(self.params):
+            numba_launch()(*args)  # Numba refuses it with its own error
+            return
+        super()._launch(stream, args, dims, numba_launch)
+
+    def _resolve(self, rt: Any, uses: Uses, name: str, access: Access | None, arg: Any
+                 ) -> bool:
+        """The use of an argument that is not an array over one of the library's
+        blocks with an access: ordered where it can be, refused never."""
+        kind, block, producer = target.resolve(rt, arg)
+        if kind != target.DEVICE:
+            return kind == target.HOST  # host arrays: Numba's transfers, on the launch stream
+        if access is None:  # a parameter that was no array at the first launch
+            access = self._every.get(name)
+            if access is None:
+                return False
+        if block is None:
+            if producer is not None:
+                uses.add_producer(producer)
+            return False
+        uses.add(block, access, name)
+        return False
+
+    def _upload_host(self, args: tuple[Any, ...], stream: Any) -> tuple[tuple[Any, ...], bool]:
+        return args, False  # Numba transfers host arrays, as a plain launch does
+
+    def _tracking(self, policy: Any) -> bool:
+        return bool(policy.tracking and self._fence and _local.transparent == FENCE)
+
+    def _configure(self, config: tuple[Any, ...]) -> Any:
+        return self._numba_configure(self.dispatcher, config)

@@ -1,0 +1,405 @@
+"""Transparent mode: an unmodified Numba program, ordered and checked.
+
+With the plugin selected (``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``, or
+``numba.cuda.set_memory_manager``), every device array Numba makes is a block
+of the library. :func:`install` hooks the few places all of Numba's work on
+those arrays goes through, so plain Numba code gets the launch protocol too:
+
+* **launches**: ``dispatcher[grid, block, stream, shmem]`` of a ``cuda.jit``
+  kernel (``CUDADispatcher.__getitem__``; ``forall``, CUDA ufuncs, gufuncs and
+  ``cuda.reduce`` launch through it) gives a configured launch of the
+  kernel's :class:`~numba_streamsafe.numba.plain.PlainKernel`: accesses
+  inferred from the kernel, fenced like a tracked launch, launched directly
+  (and on the compiled path) where a tracked launch would be;
+* **copies and fills**: numba-cuda's driver-level ``host_to_device``,
+  ``device_to_host``, ``device_to_device``, ``device_memset`` and
+  ``MemoryPointer.memset``, which ``copy_to_host``, ``copy_to_device``,
+  ``cuda.to_device``, indexing and assignment all reach: fenced when they
+  touch a block of the library (writes of the destination, reads of the
+  source), passed through otherwise;
+* **on Numba's CUDA simulator**: the simulator's kernels and array copies,
+  and its streams' and events' synchronisation (``Stream.synchronize``,
+  ``cuda.synchronize``, ``Event.record`` / ``wait`` / ``synchronize``, the
+  default streams), which the simulated driver's checker then sees.
+
+Frees need no hook: a block's free waits for every use recorded on it, and
+plain uses are recorded now.
+
+What stays outside: raw pointers and kernels that receive them (a
+``CPointer`` argument), foreign memory not imported
+(:func:`~numba_streamsafe.from_dlpack`), and work queued by other libraries.
+``NUMBA_STREAMSAFE_TRANSPARENT=0`` leaves plain Numba unordered (on a GPU no
+hook is installed; on the simulator the checker still sees the work);
+:func:`~numba_streamsafe.transparent` does the same for part of a program.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from numba_streamsafe.access import Access
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.kernel import _Launch
+from numba_streamsafe.numba.plain import PlainKernel
+from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.scope import FENCE, INSIDE, _local, numba_call
+from numba_streamsafe.protocol import CopyUses, fenced
+from numba_streamsafe.runtime import sole_runtime
+from numba_streamsafe.settings import settings
+from numba_streamsafe.streams import default_stream_handle
+
+__all__ = ["install", "uninstall", "installed", "fencing"]
+
+_lock = threading.Lock()
+#: (owner, name) -> the attribute replaced, for :func:`uninstall`.
+_saved: dict[tuple[Any, str], Any] = {}
+#: Whether the hooks fence (the setting), or only show work to a checking driver.
+_fence = True
+
+
+def installed() -> bool:
+    """Whether Numba's operations are hooked in this process."""
+    return bool(_saved)
+
+
+def fencing() -> bool:
+    """Whether transparent mode orders plain Numba work on this thread now."""
+    return bool(_saved) and _fence and _local.transparent == FENCE
+
+
+def install() -> None:
+    """Hook Numba's launches, copies and fills (and, on the simulator, its
+    synchronisation) per ``NUMBA_STREAMSAFE_TRANSPARENT``; idempotent.
+
+    On a GPU with the setting off nothing is hooked; on the simulator the
+    hooks then show the work to the checker without ordering it.
+    """
+    global _fence
+    with _lock:
+        if _saved:
+            return
+        _fence = settings().transparent
+        if target.SIMULATOR:
+            _install_simulator()
+        elif _fence:
+            _install_gpu()
+
+
+def uninstall() -> None:
+    """Give Numba its own functions back."""
+    with _lock:
+        for (owner, name), value in _saved.items():
+            setattr(owner, name, value)
+        _saved.clear()
+
+
+def _replace(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    _saved[(owner, name)] = original
+    setattr(owner, name, make(original))
+
+
+# ------------------------------------------------------------------ launches
+def _plain_kernel(dispatcher: Any, configure: Callable[[Any, Any], Any]) -> Any:
+    """The dispatcher's :class:`PlainKernel`, made on first use; False for a
+    device function or a kernel transparent mode leaves to Numba."""
+    kernel = dispatcher.__dict__.get("_nss_plain")
+    if kernel is None:
+        try:
+            kernel = PlainKernel(dispatcher, configure, _fence)
+        except Exception:  # *args kernels: Numba launches them, unordered
+            kernel = False
+        kernel = dispatcher.__dict__.setdefault("_nss_plain", kernel)
+    return kernel
+
+
+def _launch_hook(original: Callable[[Any, Any], Any], is_device: Callable[[Any], bool]
+                 ) -> Callable[[Any, Any], Any]:
+    def __getitem__(self: Any, config: Any) -> Any:
+        kernel = self.__dict__.get("_nss_plain")
+        if kernel is None:
+            kernel = False if is_device(self) else _plain_kernel(self, original)
+        mode = _local.transparent
+        # OBSERVE on a GPU: no checker to show the launch to, so Numba's own path
+        # (the compiled launch path knows nothing of the thread's mode).
+        if (kernel is False or mode == INSIDE or (mode != FENCE and not target.SIMULATOR)
+                or type(config) is not tuple or not 2 <= len(config) <= 4):
+            return original(self, config)
+        return _Launch(kernel, config)
+
+    __getitem__.__doc__ = original.__doc__
+    return __getitem__
+
+
+# -------------------------------------------------------------- copies (GPU)
+class _NumbaUses(CopyUses):
+    """The uses of one of Numba's copies or fills, with the runtime they were
+    resolved on."""
+
+    __slots__ = ("rt",)
+
+
+def _block_of(rt: Any, obj: Any) -> Any:
+    """The block behind a Numba device object (an array, a pointer or a view
+    of one), or None for memory the library does not track."""
+    memory = getattr(obj, "gpu_data", obj)
+    if memory is None:
+        return None
+    block = getattr(getattr(memory, "owner", None), "_nss_block", None)
+    if block is None:
+        ptr = getattr(memory, "device_pointer_value", None)
+        if ptr:
+            block = rt.find(int(ptr))
+    return block
+
+
+def _stream_ref(rt: Any, stream: Any) -> tuple[int, Any]:
+    """``(handle, owner)`` of a stream as Numba's calls take it (0: the default stream)."""
+    if not stream:
+        return default_stream_handle(), None
+    return rt.stream_ref(stream)  # type: ignore[no-any-return]
+
+
+def _fence_numba(label: str, stream: Any, uses: _NumbaUses, work: Callable[..., Any],
+                 *args: Any) -> Any:
+    """Run one of Numba's copies or fills on ``stream`` as an ordered operation."""
+    rt = uses.rt
+    handle, owner = _stream_ref(rt, stream)
+    tracking = _fence and _local.transparent == FENCE and launch_policy(rt).tracking
+    return fenced(rt, handle, uses, label, False, owner, numba_call, work, *args,
+                  tracking=tracking)
+
+
+def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
+    """The uses of a copy's device operands, or None when none is the library's
+    (or transparent mode passes the work through)."""
+    if _local.transparent == INSIDE:
+        return None
+    rt = sole_runtime() or target.launch_runtime()
+    uses = _NumbaUses()
+    for obj, access, name in pairs:
+        block = _block_of(rt, obj)
+        if block is not None:
+            uses.add(block, access, name)
+    if not uses.blocks:
+        return None
+    uses.rt = rt
+    return uses
+
+
+def _copy_hook(original: Callable[..., Any], label: str, dst: Access | None,
+               src: Access | None) -> Callable[..., Any]:
+    def copy(dst_obj: Any, src_obj: Any, size: int, stream: Any = 0) -> Any:
+        pairs = []
+        if dst is not None:
+            pairs.append((dst_obj, dst, "dst"))
+        if src is not None:
+            pairs.append((src_obj, src, "src"))
+        uses = _uses(tuple(pairs)) if size else None
+        if uses is None:
+            return original(dst_obj, src_obj, size, stream)
+        return _fence_numba(label, stream, uses, original, dst_obj, src_obj, size, stream)
+
+    copy.__name__ = original.__name__
+    copy.__doc__ = original.__doc__
+    return copy
+
+
+def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def memset(self: Any, byte: int, count: int | None = None, stream: Any = 0) -> Any:
+        uses = _uses(((self, Access.WRITE, "dst"),))
+        if uses is None:
+            return original(self, byte, count, stream)
+        return _fence_numba("memset (Numba)", stream, uses, original, self, byte, count, stream)
+
+    memset.__doc__ = original.__doc__
+    return memset
+
+
+def _install_gpu() -> None:
+    from numba.cuda.cudadrv import driver as numba_driver
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    def is_device(dispatcher: Any) -> bool:
+        return bool(dispatcher.targetoptions.get("device"))
+
+    _replace(CUDADispatcher, "__getitem__", lambda f: _launch_hook(f, is_device))
+    for name, label, dst, src in (
+            ("host_to_device", "copy to device (Numba)", Access.WRITE, None),
+            ("device_to_host", "copy to host (Numba)", None, Access.READ),
+            ("device_to_device", "device copy (Numba)", Access.WRITE, Access.READ),
+            ("device_memset", "memset (Numba)", Access.WRITE, None)):
+        _replace(numba_driver, name,
+                 lambda f, label=label, dst=dst, src=src: _copy_hook(f, label, dst, src))
+    _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
+
+
+# ---------------------------------------------------------------- simulator
+def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...], sync: bool,
+            work: Callable[..., Any], *args: Any) -> Any:
+    """One of the simulator's array operations, shown to the checker (and
+    ordered, in transparent mode); ``sync``: the host waits for it, as for
+    Numba's copies on the default stream."""
+    if _local.transparent == INSIDE or isinstance(threading.current_thread(), _KernelThread):
+        return work(*args)  # inside a fenced operation, or a kernel's own element access
+    rt = target.launch_runtime()
+    uses = _NumbaUses()
+    for obj, access, name in pairs:
+        if isinstance(obj, _SimArray):
+            _, block, _ = target.resolve(rt, obj)
+            if block is not None:
+                uses.add(block, access, name)
+    if not uses.blocks:
+        return work(*args)
+    uses.rt = rt
+    result = _fence_numba(label, stream, uses, work, *args)
+    if sync:
+        rt.driver.stream_synchronize(_stream_ref(rt, stream)[0])
+    return result
+
+
+_SimArray: Any = None
+#: The simulator's thread type that runs a kernel's blocks.
+_KernelThread: Any = None
+
+
+def _value(value: Any) -> Any:
+    return value
+
+
+def _install_sim_arrays() -> None:
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+    from numba.cuda.simulator.kernel import BlockThread
+
+    global _SimArray, _KernelThread
+    _SimArray, _KernelThread = FakeCUDAArray, BlockThread
+
+    def copy_to_host(original: Any) -> Any:
+        def hook(self: Any, ary: Any = None, stream: Any = 0) -> Any:
+            return _sim_op("copy to host (Numba)", stream, ((self, Access.READ, "array"),),
+                           not stream, original, self, ary, stream)
+        return hook
+
+    def copy_to_device(original: Any) -> Any:
+        def hook(self: Any, ary: Any, stream: Any = 0) -> Any:
+            device = isinstance(ary, FakeCUDAArray)
+            return _sim_op("device copy (Numba)" if device else "copy to device (Numba)",
+                           stream, ((self, Access.WRITE, "dst"), (ary, Access.READ, "src")),
+                           not stream and not device, original, self, ary, stream)
+        return hook
+
+    def getitem(original: Any) -> Any:
+        def hook(self: Any, idx: Any) -> Any:
+            value = original(self, idx)
+            if isinstance(value, FakeCUDAArray) or isinstance(threading.current_thread(),
+                                                             BlockThread):
+                return value  # a view (no access), or a kernel's own element read
+            # An element: Numba copies it to the host on the array's stream.
+            return _sim_op("element read (Numba)", self.stream, ((self, Access.READ, "array"),),
+                           not self.stream, _value, value)
+        return hook
+
+    def setitem(original: Any) -> Any:
+        def hook(self: Any, idx: Any, value: Any) -> Any:
+            return _sim_op("assignment (Numba)", self.stream,
+                           ((self, Access.WRITE, "array"), (value, Access.READ, "value")),
+                           not self.stream, original, self, idx, value)
+        return hook
+
+    for name, make in (("copy_to_host", copy_to_host), ("copy_to_device", copy_to_device),
+                       ("__getitem__", getitem), ("__setitem__", setitem)):
+        _replace(FakeCUDAArray, name, make)
+
+
+def _sim_handle(stream: Any) -> tuple[Any, int]:
+    rt = target.launch_runtime()
+    return rt, _stream_ref(rt, stream)[0]
+
+
+def _sim_event(rt: Any, event: Any) -> int:
+    """The simulated driver's event behind a simulator ``Event``, made on first use."""
+    mine = event.__dict__.get("_nss_event")
+    if mine is None or mine[0] is not rt.driver:
+        driver = rt.driver
+        handle = driver.event_create()
+        weakref.finalize(event, _destroy_event, driver, handle)
+        mine = event.__dict__["_nss_event"] = (driver, handle)
+    return mine[1]  # type: ignore[no-any-return]
+
+
+def _destroy_event(driver: Any, handle: int) -> None:
+    try:
+        driver.event_destroy(handle)
+    except Exception:  # the driver was reset or replaced: nothing to give back
+        pass
+
+
+def _install_sim_sync() -> None:
+    from numba import cuda
+    from numba.cuda.simulator import api
+
+    stream_type = api.stream
+
+    def synchronize_stream(original: Any) -> Any:
+        def synchronize(self: Any) -> None:
+            rt, handle = _sim_handle(self)
+            rt.driver.stream_synchronize(handle)
+        return synchronize
+
+    def synchronize_device(original: Any) -> Any:
+        def synchronize() -> None:
+            target.launch_runtime().driver.synchronize()
+        synchronize.__doc__ = original.__doc__
+        return synchronize
+
+    class _DefaultStream(stream_type):  # type: ignore[misc, valid-type]
+        """A default stream of the simulator, known by its CUDA handle."""
+
+        def __init__(self, handle: int) -> None:
+            self.handle = handle
+
+    legacy, per_thread = _DefaultStream(0), _DefaultStream(2)
+
+    def default_stream() -> Any:
+        return per_thread if default_stream_handle() else legacy
+
+    def record(original: Any) -> Any:
+        def hook(self: Any, stream: Any = 0) -> None:
+            rt, handle = _sim_handle(stream)
+            rt.driver.event_record(_sim_event(rt, self), handle)
+        return hook
+
+    def wait(original: Any) -> Any:
+        def hook(self: Any, stream: Any = 0) -> None:
+            rt, handle = _sim_handle(stream)
+            rt.driver.stream_wait_event(handle, _sim_event(rt, self))
+        return hook
+
+    def event_synchronize(original: Any) -> Any:
+        def hook(self: Any) -> None:
+            rt = target.launch_runtime()
+            rt.driver.event_synchronize(_sim_event(rt, self))
+        return hook
+
+    _replace(stream_type, "synchronize", synchronize_stream)
+    for module in (api, cuda):
+        _replace(module, "synchronize", synchronize_device)
+        _replace(module, "default_stream", lambda f: default_stream)
+        _replace(module, "legacy_default_stream", lambda f: lambda: legacy)
+        _replace(module, "per_thread_default_stream", lambda f: lambda: per_thread)
+    for name, make in (("record", record), ("wait", wait), ("synchronize", event_synchronize)):
+        _replace(api.Event, name, make)
+
+
+def _install_simulator() -> None:
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    def is_device(kernel: Any) -> bool:
+        return bool(kernel._device)
+
+    _replace(FakeCUDAKernel, "__getitem__", lambda f: _launch_hook(f, is_device))
+    _install_sim_arrays()
+    _install_sim_sync()
