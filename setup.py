@@ -4,9 +4,32 @@ Everything else is in pyproject.toml. The extension is optional: where it
 cannot be built, the package installs and runs its pure-Python path.
 """
 
+import os
+import shutil
+
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+#: Loads the plugin under Numba's CUDA simulator, which never imports memory
+#: managers itself, when the environment selects both (_numba_streamsafe_autoload.py).
+PTH = "numba_streamsafe_sim.pth"
+
+
+class BuildPyWithPth(build_py):
+    """build_py that also puts the simulator's start-up hook at the top of the
+    installed tree (a ``.pth`` file runs its import line at interpreter start)."""
+
+    def run(self) -> None:
+        super().run()
+        shutil.copyfile(PTH, os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
+
 
 setup(
+    cmdclass={"build_py": BuildPyWithPth},
+    py_modules=["_numba_streamsafe_autoload"],
     ext_modules=[
         Extension(
             "numba_streamsafe._hot",

@@ -385,7 +385,7 @@ class TrackedKernel:
                     return
         # Numba's launch path: the copies and launches Numba makes inside it
         # (auto-transfers, a forall's specialised launch) are this launch's.
-        launch = numba_launch()
+        launch = numba_call(numba_launch)
         if host:
             with stream_scope(stream):
                 fenced(rt, handle, uses, self.__name__, strict, owner, numba_call, launch, *args,

@@ -1,0 +1,99 @@
+"""A three-stream pipeline written against plain Numba: no import of numba_streamsafe.
+
+Run it as it is, then with the library's plugin selected::
+
+    python examples/plain_numba_pipeline.py                  # races on a GPU
+    NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe python examples/plain_numba_pipeline.py
+
+With the plugin selected, transparent mode orders every launch and copy of
+Numba's on the library's memory, so the result is right; without it the
+stages race. With no GPU it runs on Numba's CUDA simulator (the plugin is
+loaded by ``numba.cuda``'s import there, or by the test that runs this file),
+where the library's checker reports each race with the kernel, the argument,
+the stream and this file's line.
+
+The stages:
+
+1. the keys are uploaded on stream ``up``, and stream ``a`` waits for the
+   upload through a Numba event (ordered by hand, correctly);
+2. on ``a``, a slow kernel writes ``scaled`` from the keys;
+3. on ``b``, a kernel reads ``scaled`` into ``squared``: nothing orders it
+   after stage 2 (the bug the library removes);
+4. on ``a``, ``scaled`` is overwritten for the next round: nothing orders it
+   after stage 3's read;
+5. ``squared`` is copied back on ``b``, and ``b`` is synchronised; then
+   ``scaled`` is dropped, and its memory may be handed out again at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+from numba import config, cuda
+
+SIMULATOR = bool(config.ENABLE_CUDASIM)
+
+
+@cuda.jit
+def scale(keys, out, factor, spins):
+    i = cuda.grid(1)
+    if i < out.size:
+        if spins > 0:
+            cuda.nanosleep(spins)  # a slow producer: the race shows on a GPU
+        out[i] = keys[i] * factor
+
+
+@cuda.jit
+def square(src, dst):
+    i = cuda.grid(1)
+    if i < src.size:
+        dst[i] = src[i] * src[i]
+
+
+def run(n: int, spins: int, block: int = 128) -> bool:
+    """One round of the pipeline; True when its result is right."""
+    grid = (n + block - 1) // block
+    up, a, b = cuda.stream(), cuda.stream(), cuda.stream()
+    host = np.arange(n, dtype=np.int64)
+    keys = cuda.to_device(host, stream=up)
+    uploaded = cuda.event()
+    uploaded.record(up)
+    uploaded.wait(a)                                     # stage 1: ordered by hand
+    scaled = cuda.device_array(n, dtype=np.int64)
+    squared = cuda.device_array(n, dtype=np.int64)
+    scale[grid, block, a](keys, scaled, 3, spins)        # stage 2
+    square[grid, block, b](scaled, squared)              # stage 3: needs stage 2 (no event)
+    scale[grid, block, a](keys, scaled, -1, 0)           # stage 4: needs stage 3's read
+    out = squared.copy_to_host(stream=b)                 # stage 5
+    b.synchronize()
+    del scaled                                           # freed after b's read
+    a.synchronize()
+    return bool((out == (3 * host) ** 2).all())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=256 if SIMULATOR else 1 << 16)
+    parser.add_argument("--repeat", type=int, default=3 if SIMULATOR else 20)
+    parser.add_argument("--spins", type=int, default=0 if SIMULATOR else 1_000_000,
+                        help="nanoseconds each thread of stage 2 sleeps (GPU)")
+    args = parser.parse_args(argv)
+    lib = sys.modules.get("numba_streamsafe")  # loaded by the plugin's selection, if any
+    where = "Numba's CUDA simulator" if SIMULATOR else "the GPU"
+    print(f"plain Numba pipeline on {where}; plugin {'loaded' if lib else 'not loaded'}")
+    scale[1, 32](cuda.to_device(np.zeros(32, np.int64)), cuda.device_array(32, np.int64), 1, 0)
+    cuda.synchronize()                                   # compiled before timing the race
+    wrong = sum(not run(args.n, args.spins) for _ in range(args.repeat))
+    print(f"result: {args.repeat - wrong}/{args.repeat} rounds right")
+    if lib is not None and SIMULATOR:
+        found = lib.hazards()
+        print(f"hazards: {len(found)}")
+        if found:
+            print(f"first: {found[0]}")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
