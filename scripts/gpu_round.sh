@@ -103,6 +103,18 @@ graphs)
     grep -h -E "result|runs:" "$OUT"/example_graph*.log
     cat "$OUT/graph_replay.log" "$OUT/graph_replay_race.log" "$OUT/race.txt"
     ;;
+transparent)
+    # Transparent mode: its GPU races (plain Numba, 0 wrong on, >= 70 % off), the plain-Numba
+    # example without and with the plugin, the plain-launch cost side by side.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    run gpu_transparent python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider -rs \
+        tests/gpu/test_transparent_gpu.py tests/gpu/test_plain_numba_gpu.py ${EXTRA_TESTS:-}
+    (cd benchmarks && NSS_BENCH_DIR="$OUT" run plain_launch python3 -X faulthandler \
+        plain_launch.py)
+    tail -n 15 "$OUT/gpu_transparent.log"
+    cat "$OUT/plain_launch.log" "$OUT/race.txt"
+    ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the
     # difference (scripts/suite_diff.py). NSS_SUITE_ENV adds variables to the plugin's run.

@@ -1,0 +1,249 @@
+"""Races written in plain Numba, run by ``test_transparent_gpu.py`` in a child
+interpreter with ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe`` (the plugin
+must be selected before Numba makes its context).
+
+Each case provokes one hazard ``TRIALS`` times with transparent mode on and,
+interleaved, with it off (``numba_streamsafe.transparent(False)``: Numba's
+own launch and copy paths, unordered). A slow plain kernel sleeps before it
+touches memory, so an unordered operation on the other stream gets there
+first. Prints one line per case: ``CASE name on_wrong off_wrong trials``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import numpy as np
+from numba import cuda, int32, vectorize
+
+import numba_streamsafe as nss
+from numba_streamsafe import Read, Write, tracked_kernel
+
+TRIALS = int(os.environ.get("NSS_RACE_TRIALS", "100"))
+N = 1 << 16
+GRID, BLOCK = 256, 256
+SLEEP_NS = 1000
+
+
+@cuda.jit
+def slow_fill(out, value, spins):
+    for _ in range(spins):
+        cuda.nanosleep(SLEEP_NS)
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = value
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def slow_copy(src, dst, spins):
+    for _ in range(spins):
+        cuda.nanosleep(SLEEP_NS)
+    i = cuda.grid(1)
+    while i < src.size:
+        dst[i] = src[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def copy(src, dst):
+    i = cuda.grid(1)
+    while i < src.size:
+        dst[i] = src[i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def fill(out, value):
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = value
+        i += cuda.gridsize(1)
+
+
+@tracked_kernel
+def tracked_slow_fill(out: Write, value, spins):
+    for _ in range(spins):
+        cuda.nanosleep(SLEEP_NS)
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = value
+        i += cuda.gridsize(1)
+
+
+@tracked_kernel
+def tracked_copy(src: Read, dst: Write):
+    i = cuda.grid(1)
+    while i < src.size:
+        dst[i] = src[i]
+        i += cuda.gridsize(1)
+
+
+@vectorize([int32(int32)], target="cuda")
+def plus_one(v):
+    return v + 1
+
+
+total = cuda.reduce(lambda p, q: p + q)
+
+
+class Cases:
+    """The streams and the calibrated sleep; one method per hazard, each
+    returning True when the result is wrong."""
+
+    def __init__(self) -> None:
+        self.a, self.b = cuda.stream(), cuda.stream()
+        self.spins = 1000
+
+    def fresh(self, value: int = 0) -> object:
+        """A new array on the plugin's memory, filled with ``value`` and idle."""
+        x = cuda.device_array(N, dtype=np.int32)
+        fill[GRID, BLOCK, 0](x, value)
+        cuda.synchronize()
+        return x
+
+    def done(self) -> None:
+        self.a.synchronize()
+        self.b.synchronize()
+
+    # --- the cases of the transparent-mode issue's table
+    def tracked_write_numba_copy_to_host(self, v: int) -> bool:
+        x = self.fresh()
+        tracked_slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        h = x.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def plain_read_free_reuse(self, v: int) -> bool:
+        with nss.stream_scope(self.a):
+            x = cuda.device_array(N, dtype=np.int32)
+        fill[GRID, BLOCK, self.a](x, v)
+        self.a.synchronize()
+        y = self.fresh()
+        slow_copy[GRID, BLOCK, self.b](x, y, self.spins)
+        del x
+        with nss.stream_scope(self.a):
+            z = cuda.device_array(N, dtype=np.int32)  # the same address, reused on a
+        fill[GRID, BLOCK, self.a](z, -1)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def plain_write_plain_read(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        copy[GRID, BLOCK, self.b](x, y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    # --- the other launches
+    def forall_write_plain_read(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill.forall(N, 256, self.a)(x, v, self.spins)
+        copy[GRID, BLOCK, self.b](x, y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def ufunc_read(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        plus_one(x, out=y, stream=self.b)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v + 1).any())
+
+    def reduce_read(self, v: int) -> bool:
+        x = self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        got = total(x, stream=self.b)
+        self.done()
+        return int(got) != v * N
+
+    # --- Numba's copies and fills
+    def device_copy(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        y.copy_to_device(x, stream=self.b)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def upload_over_slow_read(self, v: int) -> bool:
+        x, y = self.fresh(v), self.fresh()
+        slow_copy[GRID, BLOCK, self.a](x, y, self.spins)
+        cuda.to_device(np.full(N, -1, np.int32), stream=self.b, to=x)
+        h = y.copy_to_host(stream=self.a)
+        self.done()
+        return bool((h != v).any())
+
+    def setitem_after_write(self, v: int) -> bool:
+        x = self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, -1, self.spins)
+        x.setitem(slice(None), v, stream=self.b)
+        self.done()
+        return bool((x.copy_to_host() != v).any())
+
+    def memset_after_write(self, v: int) -> bool:
+        from numba.cuda.cudadrv import driver
+
+        x = self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        driver.device_memset(x, 0, x.nbytes, stream=self.b)
+        self.done()
+        return bool((x.copy_to_host() != 0).any())
+
+    def pinned_copy_to_host(self, v: int) -> bool:
+        x = self.fresh()
+        out = cuda.pinned_array(N, dtype=np.int32)
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        x.copy_to_host(out, stream=self.b)
+        self.done()
+        return bool((out != v).any())
+
+
+NAMES = ["tracked_write_numba_copy_to_host", "plain_read_free_reuse", "plain_write_plain_read",
+         "forall_write_plain_read", "ufunc_read", "reduce_read", "device_copy",
+         "upload_over_slow_read", "setitem_after_write", "memset_after_write",
+         "pinned_copy_to_host"]
+
+
+def calibrate(cases: Cases) -> float:
+    """Lengthen the sleep until a slow kernel lasts at least 1 ms."""
+    x = cuda.device_array(N, dtype=np.int32)
+    while True:
+        start, end = cuda.event(), cuda.event()
+        start.record(cases.a)
+        slow_fill[GRID, BLOCK, cases.a](x, 1, cases.spins)
+        end.record(cases.a)
+        end.synchronize()
+        ms = cuda.event_elapsed_time(start, end)
+        if ms >= 1.0 or cases.spins >= 64_000:
+            return ms
+        cases.spins *= 2
+
+
+def main(names: list[str]) -> None:
+    cases = Cases()
+    for name in names:  # compile everything once, ordered
+        getattr(cases, name)(1)
+    ms = calibrate(cases)
+    print(f"SPINS {cases.spins} slow_ms={ms:.2f}", flush=True)
+    for name in names:
+        case = getattr(cases, name)
+        wrong = {True: 0, False: 0}
+        for i in range(TRIALS):
+            for on in (True, False):
+                with nss.transparent(on):
+                    wrong[on] += case(i % 50 + 2)
+                gc.collect()
+        cuda.synchronize()
+        print(f"CASE {name} {wrong[True]} {wrong[False]} {TRIALS}", flush=True)
+    print("OUTSTANDING", nss.get_runtime(0).bytes_outstanding(), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or NAMES)
