@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spins", type=int, default=0 if SIMULATOR else 1_000_000,
                         help="nanoseconds each thread of stage 2 sleeps (GPU)")
     args = parser.parse_args(argv)
+    scale[1, 32](cuda.to_device(np.zeros(32, np.int64)), cuda.device_array(32, np.int64), 1, 0)
+    cuda.synchronize()                                   # compiled before timing the race
     lib = sys.modules.get("numba_streamsafe")  # loaded by the plugin's selection, if any
     where = "Numba's CUDA simulator" if SIMULATOR else "the GPU"
     print(f"plain Numba pipeline on {where}; plugin {'loaded' if lib else 'not loaded'}")
-    scale[1, 32](cuda.to_device(np.zeros(32, np.int64)), cuda.device_array(32, np.int64), 1, 0)
-    cuda.synchronize()                                   # compiled before timing the race
     wrong = sum(not run(args.n, args.spins) for _ in range(args.repeat))
     print(f"result: {args.repeat - wrong}/{args.repeat} rounds right")
     if lib is not None and SIMULATOR:

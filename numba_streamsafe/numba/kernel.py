@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import os
 import reprlib
+import sys
 import typing
 import warnings
 from collections.abc import Callable, Mapping
@@ -488,6 +490,19 @@ def _is(a: Any, b: Any) -> bool:
     return a is b
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning raised here that names the user's line:
+    the first caller outside this package."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return level
+
+
 def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
     """Numba's low-occupancy warning for a direct launch: once per kernel and
     grid, when Numba's settings ask for it (Numba warns once per configuration)."""
@@ -503,7 +518,7 @@ def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> No
         kernel._warned_grids.add(grid)
         warnings.warn(NumbaPerformanceWarning(
             f"Grid size {size} will likely result in GPU under-utilization due to low "
-            "occupancy."), stacklevel=4)
+            "occupancy."), stacklevel=_user_stacklevel())
 
 
 class _PyLauncher:

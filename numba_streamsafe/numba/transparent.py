@@ -190,18 +190,19 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
     return uses
 
 
-def _copy_hook(original: Callable[..., Any], label: str, dst: Access | None,
-               src: Access | None) -> Callable[..., Any]:
-    def copy(dst_obj: Any, src_obj: Any, size: int, stream: Any = 0) -> Any:
+def _copy_hook(original: Callable[..., Any], label: str, write_dst: bool, read_src: bool
+               ) -> Callable[..., Any]:
+    # Numba calls these with keywords too: the parameters keep Numba's names.
+    def copy(dst: Any, src: Any, size: int, stream: Any = 0) -> Any:
         pairs = []
-        if dst is not None:
-            pairs.append((dst_obj, dst, "dst"))
-        if src is not None:
-            pairs.append((src_obj, src, "src"))
+        if write_dst:
+            pairs.append((dst, Access.WRITE, "dst"))
+        if read_src:
+            pairs.append((src, Access.READ, "src"))
         uses = _uses(tuple(pairs)) if size else None
         if uses is None:
-            return original(dst_obj, src_obj, size, stream)
-        return _fence_numba(label, stream, uses, original, dst_obj, src_obj, size, stream)
+            return original(dst, src, size, stream)
+        return _fence_numba(label, stream, uses, original, dst, src, size, stream)
 
     copy.__name__ = original.__name__
     copy.__doc__ = original.__doc__
@@ -227,13 +228,13 @@ def _install_gpu() -> None:
         return bool(dispatcher.targetoptions.get("device"))
 
     _replace(CUDADispatcher, "__getitem__", lambda f: _launch_hook(f, is_device))
-    for name, label, dst, src in (
-            ("host_to_device", "copy to device (Numba)", Access.WRITE, None),
-            ("device_to_host", "copy to host (Numba)", None, Access.READ),
-            ("device_to_device", "device copy (Numba)", Access.WRITE, Access.READ),
-            ("device_memset", "memset (Numba)", Access.WRITE, None)):
-        _replace(numba_driver, name,
-                 lambda f, label=label, dst=dst, src=src: _copy_hook(f, label, dst, src))
+    for name, label, write_dst, read_src in (
+            ("host_to_device", "copy to device (Numba)", True, False),
+            ("device_to_host", "copy to host (Numba)", False, True),
+            ("device_to_device", "device copy (Numba)", True, True),
+            ("device_memset", "memset (Numba)", True, False)):
+        _replace(numba_driver, name, lambda f, label=label, w=write_dst, r=read_src:
+                 _copy_hook(f, label, w, r))
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
 
 
