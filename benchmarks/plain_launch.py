@@ -23,9 +23,8 @@ import time
 
 os.environ.setdefault("NUMBA_CUDA_MEMORY_MANAGER", "numba_streamsafe")
 
-from _harness import SIMULATOR, cuda, device_name, write_result  # noqa: E402
-
 import numpy as np  # noqa: E402
+from _harness import SIMULATOR, cuda, device_name, write_result  # noqa: E402
 
 import numba_streamsafe as nss  # noqa: E402
 from numba_streamsafe import Read, Write, tracked_kernel  # noqa: E402

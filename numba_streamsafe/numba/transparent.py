@@ -35,6 +35,7 @@ hook is installed; on the simulator the checker still sees the work);
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -141,6 +142,10 @@ class _NumbaUses(CopyUses):
 
     __slots__ = ("rt",)
 
+    def __init__(self, rt: Any) -> None:
+        super().__init__()
+        self.rt = rt
+
 
 def _block_of(rt: Any, obj: Any) -> Any:
     """The block behind a Numba device object (an array, a pointer or a view
@@ -179,14 +184,13 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
     if _local.transparent == INSIDE:
         return None
     rt = sole_runtime() or target.launch_runtime()
-    uses = _NumbaUses()
+    uses = _NumbaUses(rt)
     for obj, access, name in pairs:
         block = _block_of(rt, obj)
         if block is not None:
             uses.add(block, access, name)
     if not uses.blocks:
         return None
-    uses.rt = rt
     return uses
 
 
@@ -207,6 +211,11 @@ def _copy_hook(original: Callable[..., Any], label: str, write_dst: bool, read_s
     copy.__name__ = original.__name__
     copy.__doc__ = original.__doc__
     return copy
+
+
+def _copy_hook_of(original: Callable[..., Any], *, label: str, write_dst: bool,
+                  read_src: bool) -> Callable[..., Any]:
+    return _copy_hook(original, label, write_dst, read_src)
 
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -233,8 +242,8 @@ def _install_gpu() -> None:
             ("device_to_host", "copy to host (Numba)", False, True),
             ("device_to_device", "device copy (Numba)", True, True),
             ("device_memset", "memset (Numba)", True, False)):
-        _replace(numba_driver, name, lambda f, label=label, w=write_dst, r=read_src:
-                 _copy_hook(f, label, w, r))
+        _replace(numba_driver, name, functools.partial(_copy_hook_of, label=label,
+                                                       write_dst=write_dst, read_src=read_src))
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
 
 
@@ -247,7 +256,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
     if _local.transparent == INSIDE or isinstance(threading.current_thread(), _KernelThread):
         return work(*args)  # inside a fenced operation, or a kernel's own element access
     rt = target.launch_runtime()
-    uses = _NumbaUses()
+    uses = _NumbaUses(rt)
     for obj, access, name in pairs:
         if isinstance(obj, _SimArray):
             _, block, _ = target.resolve(rt, obj)
@@ -255,7 +264,6 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
                 uses.add(block, access, name)
     if not uses.blocks:
         return work(*args)
-    uses.rt = rt
     result = _fence_numba(label, stream, uses, work, *args)
     if sync:
         rt.driver.stream_synchronize(_stream_ref(rt, stream)[0])
@@ -338,25 +346,47 @@ def _destroy_event(driver: Any, handle: int) -> None:
         pass
 
 
+def _stream_synchronize(original: Any) -> Any:
+    def synchronize(self: Any) -> None:
+        rt, handle = _sim_handle(self)
+        rt.driver.stream_synchronize(handle)
+    synchronize.__doc__ = original.__doc__
+    return synchronize
+
+
+def _device_synchronize(original: Any) -> Any:
+    def synchronize() -> None:
+        target.launch_runtime().driver.synchronize()
+    synchronize.__doc__ = original.__doc__
+    return synchronize
+
+
+def _event_record(original: Any) -> Any:
+    def record(self: Any, stream: Any = 0) -> None:
+        rt, handle = _sim_handle(stream)
+        rt.driver.event_record(_sim_event(rt, self), handle)
+    return record
+
+
+def _event_wait(original: Any) -> Any:
+    def wait(self: Any, stream: Any = 0) -> None:
+        rt, handle = _sim_handle(stream)
+        rt.driver.stream_wait_event(handle, _sim_event(rt, self))
+    return wait
+
+
+def _event_synchronize(original: Any) -> Any:
+    def synchronize(self: Any) -> None:
+        rt = target.launch_runtime()
+        rt.driver.event_synchronize(_sim_event(rt, self))  # type: ignore[attr-defined]
+    return synchronize
+
+
 def _install_sim_sync() -> None:
     from numba import cuda
     from numba.cuda.simulator import api
 
-    stream_type = api.stream
-
-    def synchronize_stream(original: Any) -> Any:
-        def synchronize(self: Any) -> None:
-            rt, handle = _sim_handle(self)
-            rt.driver.stream_synchronize(handle)
-        return synchronize
-
-    def synchronize_device(original: Any) -> Any:
-        def synchronize() -> None:
-            target.launch_runtime().driver.synchronize()
-        synchronize.__doc__ = original.__doc__
-        return synchronize
-
-    class _DefaultStream(stream_type):  # type: ignore[misc, valid-type]
+    class _DefaultStream(api.stream):  # type: ignore[misc, name-defined]
         """A default stream of the simulator, known by its CUDA handle."""
 
         def __init__(self, handle: int) -> None:
@@ -367,31 +397,14 @@ def _install_sim_sync() -> None:
     def default_stream() -> Any:
         return per_thread if default_stream_handle() else legacy
 
-    def record(original: Any) -> Any:
-        def hook(self: Any, stream: Any = 0) -> None:
-            rt, handle = _sim_handle(stream)
-            rt.driver.event_record(_sim_event(rt, self), handle)
-        return hook
-
-    def wait(original: Any) -> Any:
-        def hook(self: Any, stream: Any = 0) -> None:
-            rt, handle = _sim_handle(stream)
-            rt.driver.stream_wait_event(handle, _sim_event(rt, self))
-        return hook
-
-    def event_synchronize(original: Any) -> Any:
-        def hook(self: Any) -> None:
-            rt = target.launch_runtime()
-            rt.driver.event_synchronize(_sim_event(rt, self))
-        return hook
-
-    _replace(stream_type, "synchronize", synchronize_stream)
+    _replace(api.stream, "synchronize", _stream_synchronize)
     for module in (api, cuda):
-        _replace(module, "synchronize", synchronize_device)
+        _replace(module, "synchronize", _device_synchronize)
         _replace(module, "default_stream", lambda f: default_stream)
         _replace(module, "legacy_default_stream", lambda f: lambda: legacy)
         _replace(module, "per_thread_default_stream", lambda f: lambda: per_thread)
-    for name, make in (("record", record), ("wait", wait), ("synchronize", event_synchronize)):
+    for name, make in (("record", _event_record), ("wait", _event_wait),
+                       ("synchronize", _event_synchronize)):
         _replace(api.Event, name, make)
 
 

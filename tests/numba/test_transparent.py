@@ -1,0 +1,340 @@
+"""Transparent mode on Numba's CUDA simulator: plain Numba code on the
+plugin's memory, ordered by the library and checked by the simulated driver.
+
+Each race is shown twice: with transparent mode on (no hazard) and inside
+``nss.transparent(False)`` (the negative control: the checker reports it,
+naming the kernel or copy, the argument, the stream and this file's line).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from numba import cuda
+
+import numba_streamsafe as nss
+from numba_streamsafe import Read, Write, tracked_kernel
+from numba_streamsafe.numba import emm, sim_plugin, transparent  # noqa: F401 - emm: companion
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 64
+HERE = os.path.basename(__file__)
+
+
+@cuda.jit
+def fill(out, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
+
+
+@cuda.jit
+def copy(src, dst):
+    i = cuda.grid(1)
+    if i < src.size:
+        dst[i] = src[i]
+
+
+@cuda.jit
+def add_one(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1
+
+
+@tracked_kernel
+def tracked_fill(out: Write, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
+
+
+@tracked_kernel
+def tracked_copy(src: Read, dst: Write):
+    i = cuda.grid(1)
+    if i < src.size:
+        dst[i] = src[i]
+
+
+@pytest.fixture
+def plain(rt):
+    """The plugin selected on the simulator for one test: Numba's allocation calls
+    routed to the library and transparent mode installed."""
+    assert not sim_plugin.installed()
+    sim_plugin.install()
+    assert transparent.installed()
+    try:
+        yield rt
+    finally:
+        sim_plugin.uninstall()
+    assert not transparent.installed()
+
+
+def _hazards(rt):
+    return list(rt.driver.hazards)
+
+
+def _on_and_off(rt, program):
+    """Run ``program()`` with transparent mode on, then off; the hazards of each."""
+    program()
+    on = _hazards(rt)
+    rt.driver.hazards.clear()
+    with nss.transparent(False):
+        program()
+    off = _hazards(rt)
+    rt.driver.hazards.clear()
+    return on, off
+
+
+def test_plain_kernels_across_streams_are_ordered(plain, streams):
+    a, b = streams
+
+    def program():
+        x = cuda.device_array(N, dtype=np.int64)
+        y = cuda.device_array(N, dtype=np.int64)
+        fill[1, N, a](x, 7)
+        copy[1, N, b](x, y)              # reads what a wrote
+        out = y.copy_to_host(stream=b)
+        b.synchronize()
+        assert (out == 7).all()
+
+    on, off = _on_and_off(plain, program)
+    assert on == []
+    text = "\n".join(str(h) for h in off)
+    assert "'fill' argument 'out'" in text and "'copy' argument 'src'" in text
+    assert HERE in text  # the user's line, not the library's
+
+
+def test_numba_copy_to_host_after_a_tracked_write_is_ordered(plain, streams):
+    a, b = streams
+
+    def program():
+        x = cuda.device_array(N, dtype=np.int64)
+        tracked_fill[1, N, a](x, 3)
+        out = x.copy_to_host(stream=b)
+        b.synchronize()
+        assert (out == 3).all()
+
+    on, off = _on_and_off(plain, program)
+    assert on == []
+    assert any("copy to host (Numba)" in str(h) for h in off)
+
+
+def test_a_free_after_a_plain_read_on_another_stream_waits_for_it(plain, streams):
+    a, b = streams
+
+    def program():
+        with nss.stream_scope(a):
+            x = cuda.device_array(N, dtype=np.int64)
+        fill[1, N, a](x, 1)
+        y = cuda.device_array(N, dtype=np.int64)
+        copy[1, N, b](x, y)              # a read of x on b
+        del x
+        with nss.stream_scope(a):
+            z = cuda.device_array(N, dtype=np.int64)  # reuses x's memory on a
+        fill[1, N, a](z, -1)
+        plain.driver.synchronize()
+
+    on, off = _on_and_off(plain, program)
+    assert on == []
+    assert any("'copy' argument 'src'" in str(h) for h in off)
+
+
+def test_numbas_events_and_synchronize_are_seen_by_the_checker(plain, streams):
+    """Ordered by Numba alone (transparent mode off): no false race. Without
+    the event, the race is reported with names and this file's lines."""
+    a, b = streams
+
+    def program(with_event: bool):
+        x = cuda.device_array(N, dtype=np.int64)
+        y = cuda.device_array(N, dtype=np.int64)
+        a.synchronize()                  # x's allocation (default stream) is ordered ...
+        cuda.synchronize()               # ... before both streams by the host
+        fill[1, N, a](x, 5)
+        if with_event:
+            done = cuda.event()
+            done.record(a)
+            done.wait(b)
+        copy[1, N, b](x, y)
+        b.synchronize()
+        out = y.copy_to_host()           # default stream, after the host's wait for b
+        assert (out == 5).all()
+
+    with nss.transparent(False):
+        program(True)
+        assert _hazards(plain) == []
+        program(False)
+    text = "\n".join(str(h) for h in _hazards(plain))
+    assert "read-after-write" in text and "'fill' argument 'out'" in text
+    assert "'copy' argument 'src'" in text and HERE in text
+
+
+def test_the_default_streams_are_the_default_handles(plain):
+    assert plain.stream_handle(cuda.default_stream()) in (0, 2)
+    assert plain.stream_handle(cuda.legacy_default_stream()) == 0
+    assert plain.stream_handle(cuda.per_thread_default_stream()) == 2
+
+
+@pytest.mark.parametrize("operation", ["copy_to_device", "device_copy", "setitem", "getitem",
+                                       "forall", "host_argument"])
+def test_numbas_copies_and_launches_are_ordered(plain, streams, operation):
+    a, b = streams
+
+    def program():
+        x = cuda.device_array(N, dtype=np.int64)
+        y = cuda.device_array(N, dtype=np.int64)
+        fill[1, N, a](x, 2)
+        if operation == "copy_to_device":
+            x.copy_to_device(np.full(N, 9, np.int64), stream=b)   # write after a's write
+            expect = 9
+        elif operation == "device_copy":
+            y.copy_to_device(x, stream=b)                         # read after a's write
+            x = y
+            expect = 2
+        elif operation == "setitem":
+            x.bind(b)[:] = 4                                      # on b, after a's write
+            expect = 4
+        elif operation == "getitem":
+            assert x.bind(b)[3] == 2                              # an element read on b
+            expect = 2
+        elif operation == "forall":
+            add_one.forall(N, 32, b)(x)                           # read-write on b
+            expect = 3
+        else:
+            host = np.zeros(N, np.int64)
+            copy[1, N, b](x, host)                                # Numba transfers host
+            assert (host == 2).all()
+            expect = 2
+        b.synchronize()
+        plain.driver.synchronize()
+        assert (x.copy_to_host() == expect).all()
+
+    on, off = _on_and_off(plain, program)
+    assert on == []
+    assert off, f"{operation}: the negative control showed no race"
+
+
+def test_a_device_function_and_a_varargs_kernel_are_left_to_numba(plain):
+    @cuda.jit(device=True)
+    def twice(v):
+        return 2 * v
+
+    @cuda.jit
+    def use(x):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] = twice(i)
+
+    x = cuda.device_array(N, dtype=np.int64)
+    use[1, N](x)
+    assert (x.copy_to_host() == 2 * np.arange(N)).all()
+    assert use.__dict__["_nss_plain"].__class__.__name__ == "PlainKernel"
+    assert "_nss_plain" not in twice.__dict__
+
+
+def test_tracked_kernels_are_fenced_once(plain, streams):
+    """A tracked launch that goes through Numba's path is not fenced again by
+    transparent mode (one trace entry, one operation)."""
+    a, _ = streams
+    x = cuda.device_array(N, dtype=np.int64)
+    with nss.trace() as t:
+        tracked_fill[1, N, a](x, 1)
+        nss.copy_to_host(x, stream=a)
+    assert [(op.kind, op.label) for op in t.ops] == [("launch", "tracked_fill"),
+                                                     ("copy", "copy to host")]
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "to_host", "upload"]),
+                         st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
+               min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_random_plain_programs_have_no_hazard_and_the_sequential_result(plain, ops):
+    """Random plain-Numba programs over three streams and three arrays: in
+    transparent mode no hazard, and every value as if run in program order."""
+    streams = [cuda.stream() for _ in range(3)]
+    arrays = [cuda.to_device(np.zeros(N, np.int64)) for _ in range(3)]
+    model = [np.zeros(N, np.int64) for _ in range(3)]
+    plain.driver.hazards.clear()
+    for step, (kind, s, i, j) in enumerate(ops):
+        stream = streams[s]
+        if kind == "fill":
+            fill[1, N, stream](arrays[i], step)
+            model[i][:] = step
+        elif kind == "copy" and i != j:
+            copy[1, N, stream](arrays[i], arrays[j])
+            model[j][:] = model[i]
+        elif kind == "add":
+            add_one[1, N, stream](arrays[i])
+            model[i] += 1
+        elif kind == "to_host":
+            out = arrays[i].copy_to_host(stream=stream)
+            stream.synchronize()
+            assert (out == model[i]).all()
+        elif kind == "upload":
+            arrays[i].copy_to_device(np.full(N, -step, np.int64), stream=stream)
+            model[i][:] = -step
+    plain.driver.synchronize()
+    for got, want in zip(arrays, model, strict=True):
+        assert (got.copy_to_host() == want).all()
+    assert _hazards(plain) == []
+
+
+def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_STREAMSAFE")}
+    full.update(NUMBA_ENABLE_CUDASIM="1", **env)
+    full["PYTHONPATH"] = os.pathsep.join([str(ROOT), full.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+EXAMPLE = """
+    import runpy, sys
+    import numba_streamsafe  # what the start-up hook does in an installed copy
+    sys.argv = ["plain_numba_pipeline.py"]
+    try:
+        runpy.run_path("examples/plain_numba_pipeline.py", run_name="__main__")
+    except SystemExit as exc:
+        print("EXIT", exc.code)
+"""
+
+
+def test_the_plain_numba_example_has_hazards_with_the_mode_off_and_none_with_it_on():
+    on = _child(EXAMPLE, NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe")
+    off = _child(EXAMPLE, NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe",
+                 NUMBA_STREAMSAFE_TRANSPARENT="0")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr[-2000:] + off.stderr[-2000:]
+    assert "plugin loaded" in on.stdout and "hazards: 0" in on.stdout, on.stdout
+    assert "hazards: 0" not in off.stdout, off.stdout
+    with_names = _child(EXAMPLE.replace('print("EXIT", exc.code)', '''print("EXIT", exc.code)
+    print("\\n".join(str(h) for h in numba_streamsafe.hazards()))'''),
+                        NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe",
+                        NUMBA_STREAMSAFE_TRANSPARENT="0")
+    assert "'scale' argument 'out'" in with_names.stdout
+    assert "'square' argument 'src'" in with_names.stdout
+    assert "plain_numba_pipeline.py:" in with_names.stdout
+
+
+def test_the_start_up_hook_loads_the_plugin_only_when_both_variables_select_it():
+    code = """
+        import sys
+        import _numba_streamsafe_autoload
+        print("before", "numba_streamsafe" in sys.modules)
+        from numba import cuda
+        print("after", "numba_streamsafe" in sys.modules)
+    """
+    selected = _child(code, NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe")
+    assert "before False" in selected.stdout and "after True" in selected.stdout, selected.stderr
+    plain_numba = _child(code)
+    assert "after False" in plain_numba.stdout, plain_numba.stderr
