@@ -127,6 +127,10 @@ class TrackedKernel:
         else:
             self._bind(cuda.jit(signature, **jit_options)(func))
 
+    #: Whether a direct launch gives Numba's low-occupancy warning (a plain
+    #: kernel's configuration gave it already).
+    _warns = True
+
     def _bind(self, dispatcher: Any) -> None:
         """Launch through Numba's ``dispatcher``, with empty launch caches."""
         self.dispatcher = dispatcher
@@ -377,7 +381,7 @@ class TrackedKernel:
                 params = plan.pack(args)
                 if params is not None:
                     grid, block, shmem = dims
-                    if grid[0] * grid[1] * grid[2] < 128:
+                    if grid[0] * grid[1] * grid[2] < 128 and self._warns:
                         _warn_low_occupancy(self, grid)
                     fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                            plan.function, grid, block, shmem, handle, params, tracking=tracking)
@@ -463,7 +467,8 @@ class TrackedKernel:
             return None
         from numba.cuda.core import config as numba_config
 
-        no_warn = not (getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+        no_warn = not (self._warns
+                       and getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
                        and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
         accesses = tuple(-1 if access is None else int(access) for _, access in self.params)
         scalars = (direct.types.int64, direct.types.float64, direct.types.boolean,

@@ -49,6 +49,8 @@ class PlainKernel(TrackedKernel):
         transparent mode leaves such a kernel to Numba.
     """
 
+    _warns = False  # Numba's configuration warns (GPU); the simulator does not
+
     def __init__(self, dispatcher: Any, configure: Callable[[Any, Any], Any],
                  fence: bool = True) -> None:
         func = dispatcher.py_func

@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from numba_streamsafe.access import Access
+from numba_streamsafe.errors import DriverError
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.kernel import _Launch
 from numba_streamsafe.numba.plain import PlainKernel
@@ -229,14 +230,73 @@ def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return memset
 
 
+def _configured(config: Any) -> Any:
+    """The tracked-launch equivalent of one of Numba's configured launches, or
+    False when transparent mode leaves the kernel to Numba."""
+    dispatcher = config.dispatcher
+    if dispatcher.targetoptions.get("device"):
+        return False
+    kernel = _plain_kernel(dispatcher, _numba_configure)
+    if kernel is False:
+        return False
+    stream = config.__dict__.get("_nss_stream", config.stream)
+    return _Launch(kernel, (config.griddim, config.blockdim, stream, config.sharedmem))
+
+
+def _numba_configure(dispatcher: Any, config: tuple[Any, ...]) -> Any:
+    """Numba's own configured launch, called by Numba's path (no hook on it)."""
+    launch = dispatcher.configure(*config)
+    return functools.partial(_saved[(type(launch), "__call__")], launch)
+
+
+def _config_init_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, dispatcher: Any, griddim: Any, blockdim: Any, stream: Any,
+                 sharedmem: Any) -> None:
+        original(self, dispatcher, griddim, blockdim, stream, sharedmem)
+        self._nss_stream = stream  # the user's stream object: kept alive by the launch's uses
+
+    return __init__
+
+
+def _config_call_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self: Any, *args: Any) -> Any:
+        launch = self.__dict__.get("_nss_launch")
+        if launch is None:
+            launch = self._nss_launch = _configured(self)
+        if launch is False or _local.transparent != FENCE or self.pre_launch_callbacks:
+            return original(self, *args)
+        try:
+            return launch(*args)
+        except DriverError as exc:
+            if exc.call != "cuLaunchKernel":
+                raise
+            # The direct launch was refused and nothing ran: Numba's path raises
+            # Numba's own error for it (as a plain launch does).
+            return original(self, *args)
+
+    __call__.__doc__ = original.__doc__
+    return __call__
+
+
+def _config_getstate_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __getstate__(self: Any) -> Any:
+        state = original(self)
+        state.pop("_nss_launch", None)
+        state.pop("_nss_stream", None)
+        return state
+
+    return __getstate__
+
+
 def _install_gpu() -> None:
     from numba.cuda.cudadrv import driver as numba_driver
-    from numba.cuda.dispatcher import CUDADispatcher
+    from numba.cuda.dispatcher import _LaunchConfiguration
 
-    def is_device(dispatcher: Any) -> bool:
-        return bool(dispatcher.targetoptions.get("device"))
-
-    _replace(CUDADispatcher, "__getitem__", lambda f: _launch_hook(f, is_device))
+    # Numba configures the launch (dimensions checked, its warnings, callbacks, the
+    # thread's launch arguments); the call runs it as a tracked launch.
+    _replace(_LaunchConfiguration, "__init__", _config_init_hook)
+    _replace(_LaunchConfiguration, "__call__", _config_call_hook)
+    _replace(_LaunchConfiguration, "__getstate__", _config_getstate_hook)
     for name, label, write_dst, read_src in (
             ("host_to_device", "copy to device (Numba)", True, False),
             ("device_to_host", "copy to host (Numba)", False, True),
