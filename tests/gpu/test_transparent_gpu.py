@@ -40,7 +40,8 @@ def race_lines(gpu, child_env):
 
 
 CASES = ["tracked_write_numba_copy_to_host", "plain_read_free_reuse", "plain_write_plain_read",
-         "forall_write_plain_read", "ufunc_read", "reduce_read", "device_copy",
+         "forall_write_plain_read", "ufunc_read", "reduce_read", "gufunc_read",
+         "eager_kernel_device_function", "device_copy",
          "upload_over_slow_read", "setitem_after_write", "memset_after_write",
          "pinned_copy_to_host"]
 
@@ -48,6 +49,8 @@ CASES = ["tracked_write_numba_copy_to_host", "plain_read_free_reuse", "plain_wri
 @pytest.mark.parametrize("case", CASES)
 def test_plain_numba_race_is_ordered_in_transparent_mode(race_lines, race_report, case):
     lines, out = race_lines
+    errors = [line for line in out.splitlines() if line.startswith(f"ERROR {case} ")]
+    assert not errors, errors
     assert case in lines, out[-3000:]
     on, off, trials = (int(v) for v in lines[case])
     race_report(f"transparent-{case} on_wrong={on}/{trials} off_wrong={off}/{trials}")

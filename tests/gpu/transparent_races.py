@@ -16,7 +16,7 @@ import os
 import sys
 
 import numpy as np
-from numba import cuda, int32, vectorize
+from numba import cuda, guvectorize, int32, vectorize
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
@@ -87,6 +87,35 @@ def plus_one(v):
 
 
 total = cuda.reduce(lambda p, q: p + q)
+
+
+@guvectorize(["void(int32[:], int32[:])"], "(n)->(n)", target="cuda")
+def row_copy(src, dst):
+    for i in range(src.shape[0]):
+        dst[i] = src[i]
+
+
+@cuda.jit("void(int32[:], int32, int64)")
+def eager_slow_fill(out, value, spins):
+    for _ in range(spins):
+        cuda.nanosleep(SLEEP_NS)
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = value
+        i += cuda.gridsize(1)
+
+
+@cuda.jit(device=True)
+def put(arr, i, value):
+    arr[i] = value
+
+
+@cuda.jit
+def copy_via_device_function(src, dst):
+    i = cuda.grid(1)
+    while i < src.size:
+        put(dst, i, src[i])
+        i += cuda.gridsize(1)
 
 
 class Cases:
@@ -163,6 +192,22 @@ class Cases:
         self.done()
         return int(got) != v * N
 
+    def gufunc_read(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        row_copy(x.reshape(256, N // 256), y.reshape(256, N // 256), stream=self.b)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def eager_kernel_device_function(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        eager_slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        copy_via_device_function[GRID, BLOCK, self.b](x, y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
     # --- Numba's copies and fills
     def device_copy(self, v: int) -> bool:
         x, y = self.fresh(), self.fresh()
@@ -206,7 +251,8 @@ class Cases:
 
 
 NAMES = ["tracked_write_numba_copy_to_host", "plain_read_free_reuse", "plain_write_plain_read",
-         "forall_write_plain_read", "ufunc_read", "reduce_read", "device_copy",
+         "forall_write_plain_read", "ufunc_read", "reduce_read", "gufunc_read",
+         "eager_kernel_device_function", "device_copy",
          "upload_over_slow_read", "setitem_after_write", "memset_after_write",
          "pinned_copy_to_host"]
 
@@ -228,8 +274,14 @@ def calibrate(cases: Cases) -> float:
 
 def main(names: list[str]) -> None:
     cases = Cases()
+    working = []
     for name in names:  # compile everything once, ordered
-        getattr(cases, name)(1)
+        try:
+            getattr(cases, name)(1)
+            working.append(name)
+        except Exception as exc:  # reported as this case's failure; the others still run
+            print(f"ERROR {name} {type(exc).__name__}: {exc}", flush=True)
+    names = working
     ms = calibrate(cases)
     print(f"SPINS {cases.spins} slow_ms={ms:.2f}", flush=True)
     for name in names:

@@ -338,3 +338,44 @@ def test_the_start_up_hook_loads_the_plugin_only_when_both_variables_select_it()
     assert "before False" in selected.stdout and "after True" in selected.stdout, selected.stderr
     plain_numba = _child(code)
     assert "after False" in plain_numba.stdout, plain_numba.stderr
+
+
+@cuda.jit("void(int64[:], int64)")
+def eager_fill(out, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
+
+
+@cuda.jit(device=True)
+def store(arr, i, value):
+    arr[i] = value
+
+
+@cuda.jit
+def copy_through_device_function(src, dst):
+    i = cuda.grid(1)
+    if i < src.size:
+        store(dst, i, src[i])
+
+
+def test_eager_kernels_and_device_functions_are_covered(plain, streams):
+    """A kernel compiled from a signature writes on a; a kernel that writes its
+    argument only through a device function reads it on b, then a rewrites it."""
+    a, b = streams
+
+    def program():
+        x = cuda.device_array(N, dtype=np.int64)
+        y = cuda.device_array(N, dtype=np.int64)
+        plain.driver.synchronize()
+        eager_fill[1, N, a](x, 6)
+        copy_through_device_function[1, N, b](x, y)    # y written inside store()
+        eager_fill[1, N, a](y, 1)                      # after b's write of y
+        plain.driver.synchronize()
+        assert (y.copy_to_host() == 1).all()
+
+    on, off = _on_and_off(plain, program)
+    assert on == []
+    text = "\n".join(str(h) for h in off)
+    assert "'eager_fill' argument 'out'" in text
+    assert "'copy_through_device_function' argument 'dst'" in text
