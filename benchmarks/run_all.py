@@ -35,6 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     quick = ["--launches", "4", "--rounds", "1"] if args.quick else []
     run("launch_overhead.py", *quick)
+    run("plain_launch.py", *quick)
     run("alloc_free.py", *(["--cycles", "4", "--rounds", "1"] if args.quick else []))
     tiny = ["--n", "256", "--rounds", "1"] if args.quick else []
     run("pipeline.py", *tiny)
@@ -45,6 +46,7 @@ def main() -> int:
     run("graph_replay.py", "--race", *(["--trials", "2"] if args.quick else []))
 
     launch = load("launch_overhead")["results"]
+    plain = load("plain_launch")["results"]
     alloc = load("alloc_free")["ratio"]
     rmm = alloc.get("rmm.allocators.numba")
     pipe = load("pipeline")
@@ -63,6 +65,11 @@ def main() -> int:
         ("8 threads: launches/s tracked / raw", launch.get("threads", {}).get("ratio"),
          ">=", 0.5),
     ]
+    for scenario in ("same stream", "cross stream"):
+        rows.append((f"plain launch, transparent / Numba path, {scenario}",
+                     plain[scenario]["transparent_over_numba"], "<=", 0.3))
+        rows.append((f"plain launch, transparent / tracked, {scenario}",
+                     plain[scenario]["transparent_over_tracked"], "<=", 1.2))
     for size in ("4KiB", "64MiB"):
         rows.append((f"alloc+free {size}: ours / Numba default", alloc["default"][size],
                      "<=", 0.5))
