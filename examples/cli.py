@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ class Report:
     checks: dict[str, bool] = field(default_factory=dict)
     seconds: float = 0.0
     hazards: int = 0
+    first_race: str | None = None
 
     @property
     def correct(self) -> bool:
@@ -39,6 +41,8 @@ class Report:
             print(f"  {check}: {'ok' if ok else 'WRONG'}")
         if target.SIMULATOR:
             print(f"  hazards seen by the simulated driver: {self.hazards}")
+            if self.first_race:
+                print(f"  first race: {self.first_race}")
         print(f"  time: {self.seconds * 1e3:.1f} ms")
         verdict = "correct" if self.correct and self.hazards == 0 else "RACE SHOWN"
         if self.tracking and not (self.correct and self.hazards == 0):
@@ -74,6 +78,12 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
     parser.add_argument("--plot", metavar="FILE", default=None,
                         help="record the last run and draw its timeline (PNG; needs matplotlib)")
     args = parser.parse_args()
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot draws with matplotlib, which is not installed: pip install "
+                         "matplotlib (or the package's 'plot' extra), or leave out --plot")
     if args.n is None:
         args.n = sim_n if target.SIMULATOR else default_gpu_n
     if args.n < min_n:
@@ -89,6 +99,19 @@ def parse_args(description: str, default_gpu_n: int = 1 << 24, sim_n: int = 1 <<
     return args
 
 
+#: Keys above which Numba's CUDA simulator (one Python thread per GPU thread) takes minutes.
+SIMULATOR_LARGE_N = 1 << 16
+
+
+def simulator_warning(n: int) -> str | None:
+    """What to tell a user who asks the simulator for ``n`` keys, if it is slow."""
+    if n <= SIMULATOR_LARGE_N:
+        return None
+    return (f"--n {n} is large for Numba's CUDA simulator, which runs every GPU thread as a "
+            f"Python thread: expect minutes (at most {SIMULATOR_LARGE_N} runs in seconds); "
+            "progress follows")
+
+
 def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
              min_n: int = 1, max_n: int | None = None,
              graph: Callable[[int, int, bool, int], Report] | None = None) -> int:
@@ -101,6 +124,10 @@ def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
     args = parse_args(description, min_n=min_n, max_n=max_n, graph=graph is not None)
     if graph is not None and args.graph:
         run = graph
+    slow = simulator_warning(args.n) if target.SIMULATOR else None
+    if slow:
+        print(slow, file=sys.stderr, flush=True)
+        run = _with_progress(run, args.repeat)
     reports = [run(args.n, args.streams, not args.no_tracking, args.seed)
                for _ in range(args.repeat - 1)]
     if args.trace or args.plot:
@@ -118,6 +145,23 @@ def run_main(run: Callable[[int, int, bool, int], Report], description: str, *,
               + f" (each: {' '.join(f'{r.seconds * 1e3:.1f}' for r in reports)})")
     ok = all(r.correct and r.hazards == 0 for r in reports)
     return 0 if (args.no_tracking or ok) else 1
+
+
+def _with_progress(run: Callable[[int, int, bool, int], Report], total: int
+                   ) -> Callable[[int, int, bool, int], Report]:
+    """``run``, announcing each run and its time on standard error."""
+    count = [0]
+
+    def announced(n: int, streams: int, tracking: bool, seed: int) -> Report:
+        count[0] += 1
+        print(f"run {count[0]}/{total} started ...", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        report = run(n, streams, tracking, seed)
+        print(f"run {count[0]}/{total} done in {time.perf_counter() - start:.1f} s",
+              file=sys.stderr, flush=True)
+        return report
+
+    return announced
 
 
 def _traced(run: Callable[[int, int, bool, int], Report], args: argparse.Namespace) -> Report:

@@ -17,7 +17,12 @@ from cli import Report, Timer, run_main
 from data import MAX_JOIN_N, HostBatches, expected_probe, make_relations
 from kernels_join import ROW, build_table, hash_probe
 from numba import cuda
-from target import hazards_now, host_sync, launch_shape  # the GPU, or the simulator without one
+from target import (  # the GPU, or the simulator without one
+    hazards_now,
+    host_sync,
+    launch_shape,
+    race_text,
+)
 
 import numba_streamsafe as nss
 
@@ -71,6 +76,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
     report.checks["join equals the NumPy join"] = bool(
         np.array_equal(np.concatenate(batches.results), expected))
     report.hazards = hazards_now() - before
+    report.first_race = race_text(before)
     return report
 
 

@@ -23,7 +23,12 @@ from kernels_sort import (
     next_pow2,
 )
 from numba import cuda
-from target import hazards_now, host_sync, launch_shape  # the GPU, or the simulator without one
+from target import (  # the GPU, or the simulator without one
+    hazards_now,
+    host_sync,
+    launch_shape,
+    race_text,
+)
 
 import numba_streamsafe as nss
 
@@ -84,6 +89,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int) -> Report:
     report = Report("multi-stream sort", n, tracking, seconds=t.seconds)
     report.checks["sorted output equals numpy.sort"] = bool(np.array_equal(got, np.sort(keys)))
     report.hazards = hazards_now() - before
+    report.first_race = race_text(before)
     return report
 
 

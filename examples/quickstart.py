@@ -7,7 +7,12 @@ thread as a Python thread. Its checker then reports any two accesses to the
 same bytes that nothing orders: there are none.
 """
 
-import target  # noqa: I001  (not in the snippet: the GPU, or the simulator without one)
+# ruff: noqa: E402, I001  (the command line is read before the snippet's imports)
+import argparse
+
+argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+
+import target  # not in the snippet: the GPU, or the simulator without one
 
 # ---- the README's "Usage" snippet, from here ----
 import numpy as np

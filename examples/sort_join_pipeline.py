@@ -34,7 +34,12 @@ from data import MAX_JOIN_N, HostBatches, expected_rank, make_relations, pinned_
 from kernels_join import ROW, build_table, count_matches, hash_probe
 from kernels_sort import PAD, bitonic_sort, copy_into, fill, merge_runs, next_pow2
 from numba import cuda
-from target import hazards_now, host_sync, launch_shape  # the GPU, or the simulator without one
+from target import (  # the GPU, or the simulator without one
+    hazards_now,
+    host_sync,
+    launch_shape,
+    race_text,
+)
 
 import numba_streamsafe as nss
 
@@ -193,6 +198,7 @@ def run(n: int, nstreams: int, tracking: bool, seed: int, graph: bool = False) -
         np.array_equal(got, expected))
     report.checks["match count equals NumPy's"] = int(count[0]) == int((expected >= 0).sum())
     report.hazards = hazards_now() - before
+    report.first_race = race_text(before)
     return report
 
 

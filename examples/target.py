@@ -53,6 +53,12 @@ def host_sync(stream: Any) -> None:
         stream.synchronize()
 
 
+def race_text(index: int) -> str | None:
+    """The simulated driver's report of the race numbered ``index`` (None if none)."""
+    found = list(getattr(nss.get_runtime().driver, "hazards", ()))
+    return str(found[index]) if index < len(found) else None
+
+
 def hazards_now() -> int:
     """How many races the simulated driver has seen so far (0 on a GPU, which has no checker)."""
     return len(getattr(nss.get_runtime().driver, "hazards", ()))

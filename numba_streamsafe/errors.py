@@ -16,6 +16,7 @@ __all__ = [
     "StreamMisuse",
     "InvalidArgument",
     "InvalidArgumentType",
+    "InvalidLaunchConfig",
     "UseAfterFree",
     "StaleContext",
     "OutOfBounds",
@@ -95,6 +96,12 @@ class StreamMisuse(StreamSafeError):
 
 class InvalidArgument(StreamSafeError, ValueError):
     """An argument has a value the call cannot accept (for example 0 bytes)."""
+
+
+class InvalidLaunchConfig(InvalidArgument):
+    """A launch configuration CUDA refuses (block or grid dimensions, dynamic
+    shared memory); the message names the limit and the value. Raised before
+    anything is queued, on the simulator and on a GPU alike."""
 
 
 class InvalidArgumentType(InvalidArgument, TypeError):

@@ -64,8 +64,13 @@ def memory_stats(device: int | None = None) -> dict[str, int]:
     what they mean in ``torch.cuda.memory_stats()``; the others are this
     library's. A resource that does not track (``NUMBA_STREAMSAFE_RESOURCE=direct``)
     reports zeros for the waits, events and same-stream uses.
+
+    Frees queued by arrays dropped since the last allocation are carried out
+    first, so the bytes of an array that is gone no longer count as allocated
+    (unless ``defer_cleanup`` holds them).
     """
     rt = _runtime(device)
+    rt.flush()
     tracker = rt.resource.tracker
     counters = getattr(tracker, "counters", None)
     if counters is not None:

@@ -30,6 +30,7 @@ from numba_streamsafe.resources import (
 from numba_streamsafe.resources.marks import retired_stream_id
 from numba_streamsafe.settings import settings
 from numba_streamsafe.streams import (
+    MAX_DEFAULT_STREAM,
     StreamRef,
     default_stream_handle,
     is_default_stream,
@@ -106,6 +107,8 @@ class DeviceRuntime:
         self.mode = RecorderMode(mode)
         #: The driver's destroyed stream handles, refused as ints.
         self._destroyed: set[int] = self.driver.destroyed_streams
+        #: Bare integer handles found to name a live stream (:meth:`stream_handle`).
+        self._checked_handles: set[int] = set()
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stream_lock = threading.Lock()
         #: True while runtimes of other devices are installed beside this one:
@@ -192,9 +195,16 @@ class DeviceRuntime:
                 if stream.__class__ is int:
                     raise StreamMisuse(
                         f"stream {handle:#x} was destroyed (destroy_stream); its handle names "
-                        "no stream any more. Pass a live stream"
+                        "no stream any more. Pass a live stream, e.g. one from "
+                        "numba.cuda.stream()"
                     )
                 destroyed.discard(handle)  # a live stream object has that address now
+            elif stream.__class__ is int and handle > MAX_DEFAULT_STREAM and \
+                    handle not in self._checked_handles:
+                # A bare handle is checked once: one never created is refused here,
+                # not by whichever driver call meets it first.
+                self.driver.check_stream(handle)
+                self._checked_handles.add(handle)
             return handle
         with self._stream_lock:
             handle = self._stream_objects.get(stream)
@@ -238,6 +248,7 @@ class DeviceRuntime:
         with self.driver.activate():
             self.resource.retire_stream(handle, self.driver.destroy_stream)
         self._keys.pop(handle, None)  # other devices' uses by it keep its old key
+        self._checked_handles.discard(handle)
 
     def order_after_stream(self, stream: int, producer: int) -> None:
         """Make ``stream`` wait for everything queued so far on ``producer``."""
@@ -409,6 +420,7 @@ class DeviceRuntime:
         :class:`~numba_streamsafe.errors.StaleContext`; their finalizers do nothing.
         """
         self.resource.reset_context()
+        self._checked_handles.clear()
         self._keys.clear()  # the streams are gone; new ones may get their handles
 
     def stats(self) -> RuntimeStats:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from numba_streamsafe._driver.limits import LaunchLimits
+
 __all__ = ["Driver", "CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_INVALID_HANDLE"]
 
 #: ``CUresult`` values the library reacts to.
@@ -53,6 +55,11 @@ class Driver(Protocol):
                       block: tuple[int, int, int], shmem: int, stream: int, params: Any) -> None:
         """Queue one kernel on ``stream`` (``cuLaunchKernel``); only when
         :attr:`supports_direct_launch` is True."""
+        ...
+
+    def launch_limits(self) -> LaunchLimits:
+        """The device's limits on one launch (threads per block, block and grid
+        dimensions, dynamic shared memory)."""
         ...
 
     def alloc_async(self, nbytes: int, stream: int) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
+from numba_streamsafe._driver.limits import LaunchLimits, check_launch
 from numba_streamsafe.errors import DriverError, StreamMisuse
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
@@ -367,9 +368,36 @@ class CudaDriver:
         err = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                            shared_mem, stream, params, 0)[0]
         if err:
-            self._retry_in_context("cuLaunchKernel", err, self._launch, function, grid[0],
-                                   grid[1], grid[2], block[0], block[1], block[2], shared_mem,
-                                   stream, params, 0)
+            try:
+                self._retry_in_context("cuLaunchKernel", err, self._launch, function, grid[0],
+                                       grid[1], grid[2], block[0], block[1], block[2],
+                                       shared_mem, stream, params, 0)
+            except DriverError:
+                # A configuration the device refuses gets the error the Numba layer
+                # gives before a launch (the same on the simulator).
+                check_launch(grid, block, shared_mem, self.launch_limits())
+                raise
+
+    def launch_limits(self) -> LaunchLimits:
+        """The device's limits on one launch, read once."""
+        limits = self.__dict__.get("_limits")
+        if limits is None:
+            attr = self._drv.CUdevice_attribute
+
+            def get(name: str) -> int:
+                value = self._drv.cuDeviceGetAttribute(getattr(attr, name), self._dev)
+                return int(self._check("cuDeviceGetAttribute", value))
+
+            limits = self._limits = LaunchLimits(
+                max_threads_per_block=get("CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK"),
+                max_block_dim=tuple(get(f"CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_{a}")  # type: ignore[arg-type]
+                                    for a in "XYZ"),
+                max_grid_dim=tuple(get(f"CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_{a}")  # type: ignore[arg-type]
+                                   for a in "XYZ"),
+                max_shared_memory_per_block=get(
+                    "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK"),
+            )
+        return limits  # type: ignore[no-any-return]
 
     # ---------------------------------------------------------------- streams
     def _destroyed(self, call: str, stream: int) -> DriverError:
@@ -426,7 +454,8 @@ class CudaDriver:
         if err:
             raise StreamMisuse(
                 f"stream {stream:#x} is not a usable stream on device {self.device} "
-                f"(cuStreamGetCtx returned error {int(err)}); pass a live stream"
+                f"(cuStreamGetCtx returned error {int(err)}): it was never created, or was "
+                "destroyed. Pass a live stream, e.g. one from numba.cuda.stream()"
             )
         if int(ctx) != int(self._ctx):
             raise StreamMisuse(

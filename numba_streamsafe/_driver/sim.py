@@ -59,6 +59,7 @@ from numba_streamsafe._driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
 )
+from numba_streamsafe._driver.limits import SIMULATED, LaunchLimits
 from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse
 
@@ -395,6 +396,10 @@ class SimDriver:
         raise StreamMisuse("the simulated driver cannot launch compiled kernels; launch through "
                            "Numba's CUDA simulator")
 
+    def launch_limits(self) -> LaunchLimits:
+        """The limits of every CUDA GPU of compute capability 5 and up."""
+        return SIMULATED
+
     def _stream(self, stream: int, call: str) -> _Stream:
         try:
             return self._streams[stream]
@@ -405,8 +410,9 @@ class SimDriver:
     def check_stream(self, stream: int) -> None:
         if stream not in self._streams:
             raise StreamMisuse(
-                f"stream {stream:#x} is not a stream of simulated device {self.device}; "
-                "create it with SimDriver.create_stream() or pass an existing stream"
+                f"stream {stream:#x} is not a stream of simulated device {self.device}: it "
+                "was never created, or was destroyed. Pass a live stream, e.g. one from "
+                "numba.cuda.stream()"
             )
 
     def _enqueue(self, stream: int, label: str, call: str) -> _Op:

@@ -20,6 +20,8 @@ verified.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any
 
@@ -27,9 +29,22 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.errors import AccessMismatch, AccessWarning, InvalidArgument
 from numba_streamsafe.numba.inference import ParamUse, infer_params
 
-__all__ = ["prepare", "inferred", "is_array"]
+__all__ = ["prepare", "inferred", "is_array", "user_stacklevel"]
 
 Params = tuple[tuple[str, Access | None], ...]
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning raised by the caller name the
+    user's line: the first frame outside this package."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        level += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return level
 
 
 def is_array(arg: Any) -> bool:
@@ -48,13 +63,14 @@ def _check(kernel: str, params: Params, uses: tuple[ParamUse, ...]) -> None:
             warnings.warn(
                 f"kernel {kernel!r}: cannot verify that parameter {name!r} (declared Read) is "
                 f"not written: it is {use.why} at {use.where}. Declare it ReadWrite if that "
-                "call writes it", AccessWarning, stacklevel=4)
+                "call writes it", AccessWarning, stacklevel=user_stacklevel())
         elif declared & Access.WRITE and not use.written:
+            why = "" if use.read else (" (the kernel does not touch it; an array parameter "
+                                       "still needs an access in strict mode)")
             warnings.warn(
                 f"kernel {kernel!r} never writes parameter {name!r}, declared "
                 f"{'ReadWrite' if declared is Access.READ_WRITE else 'Write'}: declare it "
-                f"{'Read' if use.read else 'nothing (it is not used)'} to spare waits",
-                AccessWarning, stacklevel=4)
+                f"Read{why} to spare waits", AccessWarning, stacklevel=user_stacklevel())
 
 
 def inferred(py_func: Any) -> dict[str, Access | None]:
@@ -86,7 +102,7 @@ def prepare(kernel: str, py_func: Any, params: Params, args: tuple[Any, ...], *,
                 f"kernel {kernel!r}: access='infer' cannot read the kernel's IR ({exc}); "
                 "declare its parameters' accesses instead") from exc
         warnings.warn(f"kernel {kernel!r}: its declared accesses are not checked: the IR "
-                      f"could not be read ({exc})", AccessWarning, stacklevel=3)
+                      f"could not be read ({exc})", AccessWarning, stacklevel=user_stacklevel())
         return params
     if check:
         _check(kernel, params, uses)

@@ -316,7 +316,10 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     Parameters
     ----------
     array : device array
-        Any view with no negative stride.
+        Any view. A view with negative strides (``x[::-1]``) is copied as NumPy
+        would copy it: the axes turned round on the device, turned back on the
+        host (the result is then a view with those strides; with ``out`` the
+        copy waits for ``stream`` before filling it).
     out : numpy.ndarray, optional
         Writeable, of ``array``'s dtype, shape and layout (dimensions of
         extent 1 aside): ``np.empty(array.shape, array.dtype)`` for a C-order
@@ -331,7 +334,7 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     Raises
     ------
     InvalidArgument
-        ``array`` is not a device array or has negative strides, or ``out``
+        ``array`` is not a device array, or ``out``
         does not fit it (:class:`~numba_streamsafe.errors.InvalidArgumentType`
         when it is no NumPy array or of another dtype); nothing is queued.
     """
@@ -343,11 +346,17 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     shape, strides, dtype = _geometry(array)
     _check_dtype(dtype, "copy_to_host: the array's dtype")
     if any(s < 0 for s in strides):
-        raise InvalidArgument(
-            f"copy_to_host cannot copy a view with negative strides {strides} (Numba's "
-            "device-to-host copy does not support them); copy the array it views and "
-            "reverse the result on the host"
-        )
+        # Numba's copy takes no negative stride: copy the view with those axes
+        # turned round, and turn them back on the host (NumPy's result).
+        if out is not None:
+            _check_out(out, shape, tuple(abs(s) for s in strides), dtype, reversed_ok=True)
+        turn = tuple(slice(None, None, -1) if s < 0 else slice(None) for s in strides)
+        host = copy_to_host(array[turn], stream=stream)[turn]
+        if out is None:
+            return host  # a view of the copy's buffer: filled once the stream gets there
+        rt.driver.stream_synchronize(rt.stream_handle(stream))  # out is filled from the buffer
+        out[...] = host
+        return out
     if out is not None:
         _check_out(out, shape, strides, dtype)
     handle, owner = rt.stream_ref(stream)
@@ -359,7 +368,7 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
 
 
 def _check_out(out: Any, shape: tuple[int, ...], strides: tuple[int, ...],
-               dtype: np.dtype) -> None:
+               dtype: np.dtype, reversed_ok: bool = False) -> None:
     """Refuse an ``out`` Numba's device-to-host copy would refuse, or could not write."""
     order = _order_name(shape, strides, dtype.itemsize)
     if order == "strided":
@@ -377,7 +386,8 @@ def _check_out(out: Any, shape: tuple[int, ...], strides: tuple[int, ...],
         raise InvalidArgument(f"out has shape {out.shape}, the array {shape}; {advice}")
     if not out.flags.writeable:
         raise InvalidArgument(f"out is not writeable (a read-only view?); {advice}")
-    if out.size and _squeezed(out.shape, out.strides) != _squeezed(shape, strides):
+    if out.size and not reversed_ok and \
+            _squeezed(out.shape, out.strides) != _squeezed(shape, strides):
         raise InvalidArgument(
             f"out has another memory layout than the array (strides {out.strides}, the "
             f"array's {strides}) and the copy moves the bytes as they lie; {advice}"

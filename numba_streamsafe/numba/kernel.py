@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import os
 import reprlib
-import sys
 import typing
 import warnings
 from collections.abc import Callable, Mapping
@@ -16,8 +14,14 @@ from numba import cuda
 
 from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe import tracehook
+from numba_streamsafe._driver.limits import check_launch
 from numba_streamsafe.access import Access, as_access
-from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.errors import (
+    InvalidArgument,
+    InvalidArgumentType,
+    InvalidLaunchConfig,
+    StreamMisuse,
+)
 from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import access_check, arrays, direct, target
@@ -130,6 +134,20 @@ class TrackedKernel:
     #: Whether a direct launch gives Numba's low-occupancy warning (a plain
     #: kernel's configuration gave it already).
     _warns = True
+    #: Whether a launch configuration is checked against the device's limits
+    #: before the launch (:class:`~numba_streamsafe.errors.InvalidLaunchConfig`).
+    _checks_config = True
+
+    def _check_config(self, grid: Any, block: Any, shmem: Any
+                      ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """``(grid, block, shmem)`` normalised, if the launch device accepts them."""
+        rt = sole_runtime()
+        if rt is None:
+            rt = target.launch_runtime()
+        try:
+            return check_launch(grid, block, shmem, rt.driver.launch_limits())
+        except InvalidLaunchConfig as exc:
+            raise InvalidLaunchConfig(f"kernel {self.__name__!r}: {exc}") from None
 
     def _bind(self, dispatcher: Any) -> None:
         """Launch through Numba's ``dispatcher``, with empty launch caches."""
@@ -156,9 +174,11 @@ class TrackedKernel:
         names = list(sig.parameters)
         unknown = set(overrides) - set(names)
         if unknown:
+            example = ", ".join(f"{n!r}: 'r'" for n in names[:2])
             raise InvalidArgument(
                 f"{func.__name__}: access given for {sorted(unknown)}, which are not parameters "
-                f"of the kernel ({', '.join(names)})"
+                f"of the kernel ({', '.join(names)}). Name parameters of the kernel, e.g. "
+                f"access={{{example}}} ('r', 'w' or 'rw'), or annotate them in its signature"
             )
         params = []
         for name, p in sig.parameters.items():
@@ -495,19 +515,6 @@ def _is(a: Any, b: Any) -> bool:
     return a is b
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` of a warning raised here that names the user's line:
-    the first caller outside this package."""
-    level, frame = 2, sys._getframe(2)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
-        level += 1
-        frame = frame.f_back  # type: ignore[assignment]
-    return level
-
-
 def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
     """Numba's low-occupancy warning for a direct launch: once per kernel and
     grid, when Numba's settings ask for it (Numba warns once per configuration)."""
@@ -523,7 +530,7 @@ def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> No
         kernel._warned_grids.add(grid)
         warnings.warn(NumbaPerformanceWarning(
             f"Grid size {size} will likely result in GPU under-utilization due to low "
-            "occupancy."), stacklevel=_user_stacklevel())
+            "occupancy."), stacklevel=access_check.user_stacklevel())
 
 
 class _PyLauncher:
@@ -566,14 +573,18 @@ class _Launch(_Launcher):  # type: ignore[misc,valid-type]
         """The launch on the Python path: direct when the configuration's
         dimensions are plain, else through Numba."""
         config = self.config
-        dims = None
-        grid = direct.normalize_dims(config[0])
-        if grid is not None:
-            block = direct.normalize_dims(config[1])
-            shmem = config[3] if len(config) > 3 else 0
-            if block is not None and type(shmem) is int:
-                dims = (grid, block, shmem)
-        self.kernel._launch(self.stream, args, dims, self._numba)
+        kernel = self.kernel
+        shmem = config[3] if len(config) > 3 else 0
+        if kernel._checks_config:  # what CUDA refuses, refused here, before anything is queued
+            dims = kernel._check_config(config[0], config[1], shmem)
+        else:
+            dims = None
+            grid = direct.normalize_dims(config[0])
+            if grid is not None:
+                block = direct.normalize_dims(config[1])
+                if block is not None and type(shmem) is int:
+                    dims = (grid, block, shmem)
+        kernel._launch(self.stream, args, dims, self._numba)
 
 
 class _ForAll:
@@ -599,7 +610,7 @@ class _ForAll:
         # With no threads per block given Numba asks the occupancy calculator.
         if (type(tpb) is int and tpb > 0 and type(ntasks) is int and ntasks > 0
                 and type(self.sharedmem) is int):
-            dims = (((ntasks + tpb - 1) // tpb, 1, 1), (tpb, 1, 1), self.sharedmem)
+            dims = self.kernel._check_config((ntasks + tpb - 1) // tpb, tpb, self.sharedmem)
         self.kernel._launch(self.stream, args, dims, self._numba)
 
 

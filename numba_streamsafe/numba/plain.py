@@ -50,6 +50,9 @@ class PlainKernel(TrackedKernel):
     """
 
     _warns = False  # Numba's configuration warns (GPU); the simulator does not
+    #: On a GPU Numba checks the configuration and the driver refuses the rest,
+    #: with Numba's errors; Numba's simulator checks nothing, so the library does.
+    _checks_config = target.SIMULATOR
 
     def __init__(self, dispatcher: Any, configure: Callable[[Any, Any], Any],
                  fence: bool = True) -> None:

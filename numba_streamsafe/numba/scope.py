@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from numba_streamsafe.errors import InvalidArgument
+
 __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
            "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]
 
@@ -50,6 +52,12 @@ def stream_scope(stream: Any) -> Iterator[Any]:
     >>> with stream_scope(s):            # doctest: +SKIP
     ...     tmp = cuda.device_array(n)   # allocated on s, freed on s
     """
+    if stream.__class__ is int and stream > 2:
+        # A bare handle is checked now: one never created is refused here.
+        from numba_streamsafe.runtime import get_runtime, sole_runtime
+
+        rt = sole_runtime()
+        (rt if rt is not None else get_runtime(_local.device or 0)).stream_handle(stream)
     stack = _local.stack
     stack.append(stream)
     try:
@@ -134,8 +142,21 @@ def use_device(device: int) -> Iterator[int]:
     from numba import config
     from numba.cuda import gpus
 
-    from numba_streamsafe.runtime import get_runtime
+    from numba_streamsafe.runtime import get_runtime, installed_devices
 
+    if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+        # Numba's simulator has one device; more exist once their runtimes are installed.
+        known = sorted({0, *installed_devices()})
+        where = ("install a runtime over a simulated driver of that ordinal first "
+                 "(set_runtime(DeviceRuntime(AsyncResource(SimDriver(device=d, system=...))), d))")
+    else:
+        known = list(range(len(gpus)))
+        where = "use one of those ordinals"
+    if isinstance(device, bool) or not isinstance(device, int) or device not in known:
+        raise InvalidArgument(
+            f"use_device({device!r}): there is no device {device!r}; this process has "
+            f"{len(known)} device{'s' if len(known) != 1 else ''} ({', '.join(map(str, known))}). "
+            f"{where.capitalize()}")
     get_runtime(device)
     old = _local.device
     _local.device = device

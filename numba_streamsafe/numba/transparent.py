@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from numba_streamsafe.access import Access
-from numba_streamsafe.errors import DriverError
+from numba_streamsafe.errors import DriverError, InvalidLaunchConfig
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.kernel import _Launch
 from numba_streamsafe.numba.plain import PlainKernel
@@ -267,6 +267,8 @@ def _config_call_hook(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args)
         try:
             return launch(*args)
+        except InvalidLaunchConfig:
+            return original(self, *args)  # Numba's path raises Numba's error for it
         except DriverError as exc:
             if exc.call != "cuLaunchKernel":
                 raise

@@ -26,7 +26,7 @@ LAYERS = {
     "protocol": 4, "recorder": 4, "memstats": 4, "races": 4, "tracing": 5, "trace_export": 5,
     "graphs": 5,
     "numba": 5,
-    "__init__": 6, "dask": 6,
+    "__init__": 6, "dask": 6, "__main__": 6,
 }
 
 

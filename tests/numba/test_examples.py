@@ -264,3 +264,36 @@ def test_upload_stream_waits_only_for_the_allocations_it_fills():
         "print('upload stream free')\n"
     )
     _run_code(code, "upload stream free")
+
+
+def test_quickstart_help_prints_usage_and_runs_nothing():
+    proc = _run("examples/quickstart.py", "--help", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout and "result" not in proc.stdout
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; sys.argv = ['sort_join_pipeline.py', "
+            f"'--plot', r'{tmp_path / 'x.png'}']; import runpy; "
+            "sys.path.insert(0, 'examples'); "
+            "runpy.run_path('examples/sort_join_pipeline.py', run_name='__main__')")
+    proc = _run("-c", code, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "matplotlib" in proc.stderr and "result" not in proc.stdout
+
+
+def test_no_tracking_prints_the_first_race():
+    proc = _run("examples/hash_join.py", "--no-tracking", timeout=300)
+    assert "first race:" in proc.stdout, proc.stdout
+    assert "is not ordered before" in proc.stdout
+
+
+def test_a_large_n_on_the_simulator_is_announced_and_shows_progress():
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import cli
+    finally:
+        sys.path.pop(0)
+    assert cli.simulator_warning(1_000_000) is not None
+    assert "1000000" in cli.simulator_warning(1_000_000)
+    assert cli.simulator_warning(512) is None

@@ -56,7 +56,40 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 
+#: Compiles one trivial kernel to PTX; fails where NVVM cannot be found.
+PROBE = ("from numba import cuda\n"
+         "cuda.compile_ptx(lambda x: None, 'void(int32)', cc=(9, 0))\n")
+_NO_NVVM = ("NVVM (CUDA's compiler library) cannot be found, so kernels cannot compile to PTX "
+            "on this machine: install the package's 'cpu' extra (pip install -e '.[cpu]') or "
+            "the CUDA toolkit")
+
+
+def nvvm_missing(probe: subprocess.CompletedProcess[str]) -> str | None:
+    """Why PTX tests must skip, from the probe's result (None: NVVM works)."""
+    if probe.returncode == 0:
+        return None
+    text = probe.stderr
+    if "NVVM" in text or "nvvm" in text or "libNVVM" in text:
+        return _NO_NVVM
+    return None  # another failure: let the test fail and show it
+
+
+_probe_result: list[str | None] = []
+
+
+def skip_without_nvvm(child_env, repo_root) -> None:
+    """Skip the calling test where NVVM is not installed (probed once per session)."""
+    if not _probe_result:
+        probe = subprocess.run([sys.executable, "-c", PROBE], cwd=repo_root,
+                               env=child_env(NUMBA_ENABLE_CUDASIM="0"), capture_output=True,
+                               text=True, timeout=300)
+        _probe_result.append(nvvm_missing(probe))
+    if _probe_result[0] is not None:
+        pytest.skip(_probe_result[0])
+
+
 def compile_kernels(child_env, repo_root, target: str, extra: dict | None = None) -> dict:
+    skip_without_nvvm(child_env, repo_root)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, target, json.dumps(extra or {})],
                           cwd=repo_root, env=child_env(NUMBA_ENABLE_CUDASIM="0"),
                           capture_output=True, text=True, timeout=600)
@@ -89,3 +122,13 @@ def test_string_annotated_kernels_compile(child_env, repo_root):
     }
     results = compile_kernels(child_env, repo_root, str(HERE / "future_annotated.py"), signatures)
     assert_compiled(results, signatures)
+
+
+def test_a_machine_without_nvvm_skips_the_ptx_tests_with_advice():
+    """The probe's verdict: NVVM missing (as numba-cuda reports it) skips, with
+    the install to make; success, or any other failure, does not skip."""
+    missing = subprocess.CompletedProcess([], 1, "", "numba.cuda.cudadrv.error.NvvmSupportError: "
+                                          "libNVVM cannot be found. Do `conda install cudatoolkit`")
+    assert "'cpu' extra" in nvvm_missing(missing)
+    assert nvvm_missing(subprocess.CompletedProcess([], 0, "", "")) is None
+    assert nvvm_missing(subprocess.CompletedProcess([], 1, "", "SyntaxError: x")) is None
