@@ -40,6 +40,10 @@ def _bindings() -> Any:
     return driver
 
 
+#: No stream handle the driver makes lies below this address.
+_LOWEST_HANDLE = 1 << 16
+
+
 class CudaDriver:
     """Driver backend for one CUDA device.
 
@@ -445,6 +449,15 @@ class CudaDriver:
             raise StreamMisuse(
                 f"stream {stream:#x} was destroyed; its handle names no stream any more "
                 "(the driver would crash on it). Pass a live stream"
+            )
+        if stream < _LOWEST_HANDLE or stream % 8:
+            # The driver does not check a handle: cuStreamGetCtx on one it never
+            # made crashes the process. A handle is the address of the driver's
+            # stream object, so a small or unaligned number is none.
+            raise StreamMisuse(
+                f"stream {stream:#x} is not a stream CUDA made (a stream handle is the "
+                "address of the driver's stream object): it was never created. Pass a live "
+                "stream, e.g. one from numba.cuda.stream()"
             )
         pushed = self._push()
         try:
