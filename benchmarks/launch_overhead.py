@@ -74,10 +74,12 @@ class RawLaunch:
         cuda.current_context()  # this thread's context current, as Numba's launches make it
         handle = self.rt.stream_handle(stream)
         launch, f, params = self.launch_kernel, self.function, self.params
+        keep = self  # the parameter buffers ``params`` points into live as long as ``go``
 
         def go() -> None:
             launch(f, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
 
+        go.keep = keep  # type: ignore[attr-defined]
         return go
 
 

@@ -297,3 +297,22 @@ def test_a_large_n_on_the_simulator_is_announced_and_shows_progress():
     assert cli.simulator_warning(1_000_000) is not None
     assert "1000000" in cli.simulator_warning(1_000_000)
     assert cli.simulator_warning(512) is None
+
+
+def test_run_all_survives_a_benchmark_that_dies(tmp_path, monkeypatch):
+    """A benchmark that crashes is named with how it ended; the rows it would have
+    filled are marked as not run, and the other benchmarks' figures still print."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run_all
+    finally:
+        sys.path.pop(0)
+    dies = tmp_path / "dies.py"
+    dies.write_text("import os\nos.abort()\n")
+    monkeypatch.setattr(run_all, "FAILED", [])
+    run_all.run(str(dies))
+    assert run_all.FAILED == [(str(dies), "killed by signal 6")]
+    monkeypatch.setenv("NSS_BENCH_DIR", str(tmp_path))
+    assert run_all.load("launch_overhead") == {}
+    assert run_all.at({}, "same stream", "ratio") is None
+    assert run_all.at({"a": {"b": 1.5}}, "a", "b") == 1.5
