@@ -25,7 +25,9 @@ from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.numba import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba import target
+from numba_streamsafe.numba.exports import order_export
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import current_stream, numba_call
 from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
@@ -498,29 +500,6 @@ def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
     if named is None:
         desc = dict(desc, stream=1)  # the legacy default stream, which was ordered
     return desc
-
-
-def order_export(block: Block, handle: int, what: str) -> None:
-    """Make the consumer's stream ``handle`` wait for every known use of
-    ``block`` and record the export there as a read-write use (the array
-    interface's and DLPack's exports; nothing with tracking off).
-
-    The consumer's stream is known by its handle only: its mark's event is
-    recorded at once, while the stream surely exists (its owner may destroy
-    it at any time, and a late record on a destroyed stream would fail).
-    """
-    rt = target.runtime()
-    if block.device != rt.device:
-        rt = get_runtime(block.device)
-    if not _tracking(rt):
-        return
-    uses = single(block, Access.READ_WRITE, what)
-    with rt.activate():
-        preflight(rt, handle, uses, False)
-        commit(rt, handle, uses)
-        seal = getattr(rt.resource.tracker, "seal_open", None)
-        if seal is not None:
-            seal(handle)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType
-from numba_streamsafe.numba import arrays, target
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.exports import order_export
 
 __all__ = ["export_dlpack", "dlpack_device", "make_capsule", "read_capsule", "DLView",
            "KDL_CUDA", "FLAG_READ_ONLY"]
@@ -253,7 +254,7 @@ def export_dlpack(array: Any, *, stream: Any = None, max_version: Any = None,
         strides.append(s // itemsize)
     handle = _consumer_handle(stream)
     if handle is not None:
-        arrays.order_export(block, handle, "DLPack export")
+        order_export(block, handle, "DLPack export")
     data = target.pointer_of(array) if array.size else block.ptr
     return make_capsule(data, tuple(array.shape), tuple(strides), dtype, block.device, array,
                         versioned)
@@ -357,3 +358,7 @@ def read_capsule(capsule: Any, what: str = "from_dlpack") -> DLView:
     ptr = (tensor.data or 0) + tensor.byte_offset
     return DLView(ptr, shape, strides, dtype,
                   (int(tensor.device.device_type), int(tensor.device.device_id)), readonly)
+
+
+# The library's device arrays export through this module (their __dlpack__).
+target.dlpack_methods = (export_dlpack, dlpack_device)

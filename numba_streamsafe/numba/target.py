@@ -8,7 +8,6 @@ turning a user's stream into the object Numba wants.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import weakref
 from typing import Any
 
@@ -259,11 +258,11 @@ else:
             """A DLPack capsule of the array, ``stream`` (DLPack's stream
             protocol) ordered after its known uses
             (:func:`numba_streamsafe.numba.dlpack.export_dlpack`)."""
-            return _dlpack().export_dlpack(self, stream=stream, max_version=max_version,
+            return dlpack_methods[0](self, stream=stream, max_version=max_version,
                                            dl_device=dl_device, copy=copy)
 
         def __dlpack_device__(self) -> tuple[int, int]:
-            return _dlpack().dlpack_device(self)  # type: ignore[no-any-return]
+            return dlpack_methods[1](self)  # type: ignore[no-any-return]
 
     def make_array(rt: DeviceRuntime, block: Block, shape: tuple[int, ...],
                    strides: tuple[int, ...], dtype: np.dtype, stream: Any,
@@ -328,10 +327,10 @@ _MISSING = object()
 export_hook: Any = None
 
 
-def _dlpack() -> Any:
-    """:mod:`numba_streamsafe.numba.dlpack`, imported on first use (it builds on
-    the arrays module, which builds on this one)."""
-    return importlib.import_module("numba_streamsafe.numba.dlpack")
+#: ``(export_dlpack, dlpack_device)`` of :mod:`numba_streamsafe.numba.dlpack`, set
+#: when it loads (the array module loads it, and every array of the library is
+#: made after that): the arrays' ``__dlpack__`` and ``__dlpack_device__``.
+dlpack_methods: Any = None
 
 
 def _resolve_interface(rt: DeviceRuntime, arg: Any) -> Resolved:

@@ -69,12 +69,24 @@ def _imports(path: Path, module: str, known: set[str]) -> set[str]:
                 parts = parts[: len(parts) - node.level + 1]
                 base = ".".join([*parts, base] if base else parts)
             names = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+            # importlib.import_module("pkg.mod") and __import__("pkg.mod") are imports too.
+            names = [node.args[0].value]
         for name in names:
             while name and name not in known:
                 name = name.rpartition(".")[0]
             if name and name != module:
                 found.add(name)
     return found
+
+
+def _is_dynamic_import(node: ast.Call) -> bool:
+    """``importlib.import_module("...")`` or ``__import__("...")`` with a literal name."""
+    func = node.func
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
+    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and \
+        isinstance(node.args[0].value, str)
 
 
 def _part(module: str) -> str:
@@ -127,3 +139,9 @@ def test_the_checker_sees_imports(tmp_path):
                        + "\n\ndef late():\n    from numba_streamsafe.runtime import get_runtime\n")
     found = _imports(planted, "numba_streamsafe.resources.base", set(_modules()))
     assert "numba_streamsafe.runtime" in found
+    hidden = tmp_path / "hidden.py"
+    hidden.write_text("import importlib\n\ndef late():\n"
+                      "    return importlib.import_module('numba_streamsafe.runtime')\n"
+                      "def later():\n    return __import__('numba_streamsafe.protocol')\n")
+    found = _imports(hidden, "numba_streamsafe.resources.hidden", set(_modules()))
+    assert {"numba_streamsafe.runtime", "numba_streamsafe.protocol"} <= found
