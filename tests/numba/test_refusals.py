@@ -5,6 +5,7 @@ statistics after ``del``, the report of ``python -m numba_streamsafe``)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -167,10 +168,15 @@ def test_python_m_numba_streamsafe_reports_versions_path_and_settings(child_env,
 
 @pytest.mark.slow
 def test_an_install_without_a_compiler_says_the_compiled_path_is_missing(repo_root, tmp_path):
+    # A copy of the sources with nothing built: no extension left over to reuse.
+    src = tmp_path / "src"
+    shutil.copytree(repo_root, src, ignore=shutil.ignore_patterns(
+        "build", ".venv*", ".git", "*.so", "__pycache__", ".whl*", ".before", ".nox",
+        ".hypothesis", ".*_cache", "bench-results", "gpu-out", "*.egg-info"))
     env = {**os.environ, "CC": "/bin/false"}
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
-                           "--isolated", str(repo_root),
-                           "-w", str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--isolated",
+                           str(src), "-w", str(tmp_path / "wheels")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "compiled hot path (numba_streamsafe/_hot.c) could not be built" in proc.stdout
+    assert "compiled hot path (numba_streamsafe/_hot.c) could not be built" in (proc.stdout
+                                                                                 + proc.stderr)
