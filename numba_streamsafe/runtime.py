@@ -185,8 +185,8 @@ class DeviceRuntime:
         """The driver handle of ``stream`` (see :func:`numba_streamsafe.streams.stream_handle`).
 
         Stream objects that carry no handle (those of Numba's CUDA simulator)
-        get a stream of this runtime's driver, created on first sight and kept
-        for the object's lifetime.
+        get a blocking stream of this runtime's driver (as ``numba.cuda.stream()``
+        makes on a GPU), created on first sight and kept for the object's lifetime.
         """
         handle = stream_handle(stream)
         if handle is not None:
@@ -209,7 +209,8 @@ class DeviceRuntime:
         with self._stream_lock:
             handle = self._stream_objects.get(stream)
             if handle is None:
-                handle = self.driver.create_stream()
+                # Numba's cuda.stream() makes blocking streams: so does its stand-in here.
+                handle = self.driver.create_stream(blocking=True)
                 self._stream_objects[stream] = handle
         return handle
 

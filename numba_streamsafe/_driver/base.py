@@ -38,8 +38,10 @@ class Driver(Protocol):
     #: Handles of streams this driver destroyed and has not handed out again.
     destroyed_streams: set[int]
 
-    def create_stream(self) -> int:
-        """Create a non-blocking stream and return its handle (``cuStreamCreate``).
+    def create_stream(self, blocking: bool = False) -> int:
+        """Create a stream and return its handle (``cuStreamCreate``): non-blocking,
+        or, with ``blocking``, one that the legacy default stream and it wait for
+        each other's earlier work on (as ``numba.cuda.stream()`` makes them).
         The handle of a destroyed stream may be handed out again."""
         ...
 

@@ -430,8 +430,9 @@ class CudaDriver:
     def synchronize(self) -> None:
         self._call("cuCtxSynchronize", self._drv.cuCtxSynchronize)
 
-    def create_stream(self) -> int:
-        flags = self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+    def create_stream(self, blocking: bool = False) -> int:
+        flags = (self._drv.CUstream_flags.CU_STREAM_DEFAULT if blocking
+                 else self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
         handle = int(self._call("cuStreamCreate", self._drv.cuStreamCreate, flags))
         self.destroyed_streams.discard(handle)  # a new stream at a destroyed one's address
         return handle

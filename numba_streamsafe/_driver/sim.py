@@ -170,12 +170,14 @@ class _Op:
 
 
 class _Stream:
-    __slots__ = ("handle", "serial", "clock")
+    __slots__ = ("handle", "serial", "clock", "blocking")
 
-    def __init__(self, handle: int, serial: int) -> None:
+    def __init__(self, handle: int, serial: int, blocking: bool = False) -> None:
         self.handle = handle
         self.serial = serial
         self.clock: dict[int, int] = {}
+        #: Whether it and the legacy default stream wait for each other's work.
+        self.blocking = blocking
 
 
 class _Chunk:
@@ -284,7 +286,7 @@ class SimDriver:
         self._serials = system.serials
         self._streams: dict[int, _Stream] = {
             LEGACY_STREAM: _Stream(LEGACY_STREAM, next(self._serials)),
-            PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM, next(self._serials)),
+            PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM, next(self._serials), blocking=True),
         }
         #: Serial -> stream, for the live streams.
         self._by_serial: dict[int, _Stream] = {s.serial: s for s in self._streams.values()}
@@ -336,8 +338,13 @@ class SimDriver:
                 raise DriverError(call, code, "injected failure")
 
     # ----------------------------------------------------------------- streams
-    def create_stream(self) -> int:
-        """Create a stream and return its handle (a destroyed one's, when recycling)."""
+    def create_stream(self, blocking: bool = False) -> int:
+        """Create a stream and return its handle (a destroyed one's, when recycling).
+
+        A ``blocking`` stream (what ``numba.cuda.stream()`` makes on a GPU) and
+        the legacy default stream wait for each other's earlier work, as CUDA
+        orders them; a non-blocking one (the default, as the CUDA driver's)
+        is ordered with the legacy stream by nothing."""
         with self._lock:
             self._enter("cuStreamCreate")
             if self._free_handles:
@@ -345,7 +352,7 @@ class SimDriver:
                 self.destroyed_streams.discard(handle)
             else:
                 handle = self.system.take_handles()
-            stream = _Stream(handle, next(self._serials))
+            stream = _Stream(handle, next(self._serials), blocking)
             self._streams[handle] = stream
             self._by_serial[stream.serial] = stream
             self.streams_created += 1
@@ -423,6 +430,14 @@ class SimDriver:
         for k, v in self._host_clock.items():
             if clock.get(k, 0) < v:
                 clock[k] = v
+        # The legacy default stream and the blocking streams wait for each
+        # other's earlier work (CUDA's implicit synchronisation).
+        if stream == LEGACY_STREAM:
+            for other in self._streams.values():
+                if other.blocking:
+                    _join(clock, other.clock)
+        elif s.blocking:
+            _join(clock, self._streams[LEGACY_STREAM].clock)
         serial = s.serial
         seq = clock.get(serial, 0) + 1
         clock[serial] = seq
@@ -1121,6 +1136,13 @@ class SimDriver:
         if self.hazards:
             shown = "\n  ".join(str(h) for h in self.hazards[:10])
             raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")
+
+
+def _join(clock: dict[int, int], other: dict[int, int]) -> None:
+    """``clock`` after ``other``: the newest of each entry."""
+    for k, v in other.items():
+        if clock.get(k, 0) < v:
+            clock[k] = v
 
 
 def tell_watchers(system: SimSystem) -> None:
