@@ -60,6 +60,13 @@ from numba_streamsafe._driver.base import (
     CUDA_ERROR_OUT_OF_MEMORY,
 )
 from numba_streamsafe._driver.limits import SIMULATED, LaunchLimits
+from numba_streamsafe._driver.sim_capture import (  # noqa: F401 - the capture errors, re-exported
+    CUDA_ERROR_ILLEGAL_STATE,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+    Captures,
+)
 from numba_streamsafe.access import Access
 from numba_streamsafe.errors import DriverError, StreamMisuse
 
@@ -71,32 +78,6 @@ LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
 _MIN_CHUNK = 256
 _ALIGN = 256
-#: ``CUDA_ERROR_ILLEGAL_STATE`` and the stream-capture errors.
-CUDA_ERROR_ILLEGAL_STATE = 401
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
-CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
-CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
-
-
-@dataclass
-class _Capture:
-    """A stream being captured: the work recorded so far, the capturing thread,
-    and why the capture was invalidated (None while it is valid)."""
-
-    ops: list[tuple[Any, ...]]
-    thread: int
-    invalid: str | None = None
-
-
-@dataclass(eq=False)
-class _SimGraph:
-    """A captured graph of the simulated driver (or its executable): the stream
-    it was captured on and the work recorded, in stream order."""
-
-    stream: int
-    ops: tuple[tuple[Any, ...], ...]
-    executable: bool = False
-    destroyed: bool = False
 
 
 #: ``CUDA_ERROR_INVALID_DEVICE``: a peer that is no device of the system.
@@ -316,10 +297,8 @@ class SimDriver:
         self.calls: collections.Counter[str] = collections.Counter()
         self.events_created = 0
         self.events_destroyed = 0
-        #: Streams being captured -> their capture (:meth:`begin_capture`).
-        self._captures: dict[int, _Capture] = {}
-        #: Graphs and executables made and not yet destroyed.
-        self.live_graphs = 0
+        #: The captures under way and the live graphs (:meth:`begin_capture`).
+        self.captures = Captures()
 
     # ------------------------------------------------------------------ faults
     def inject_failure(self, call: str, code: int = CUDA_ERROR_INVALID_VALUE, *, skip: int = 0,
@@ -382,7 +361,7 @@ class SimDriver:
         back to the system. Handles of the destroyed streams may be reused.
         Captures under way end (their work is lost)."""
         with self._lock:
-            self._captures.clear()
+            self.captures.clear()
             for handle in [h for h in self._streams if h not in (LEGACY_STREAM,
                                                                  PER_THREAD_STREAM)]:
                 self.destroy_stream(handle)
@@ -423,8 +402,8 @@ class SimDriver:
             )
 
     def _enqueue(self, stream: int, label: str, call: str) -> _Op:
-        if self._captures:
-            self._outside_capture(stream, call)
+        if self.captures:
+            self.captures.refuse_outside(stream, call)
         s = self._stream(stream, call)
         clock = s.clock
         for k, v in self._host_clock.items():
@@ -458,8 +437,8 @@ class SimDriver:
     def stream_synchronize(self, stream: int) -> None:
         with self._lock:
             self._enter("cuStreamSynchronize")
-            if self._captures:
-                self._outside_capture(stream, "cuStreamSynchronize")
+            if self.captures:
+                self.captures.refuse_outside(stream, "cuStreamSynchronize")
             s = self._stream(stream, "cuStreamSynchronize")
             self._join_host(s.clock)
 
@@ -468,8 +447,8 @@ class SimDriver:
         the model completes work only when the host observes it."""
         with self._lock:
             self._enter("cuStreamQuery")
-            if self._captures:
-                self._outside_capture(stream, "cuStreamQuery")
+            if self.captures:
+                self.captures.refuse_outside(stream, "cuStreamQuery")
             clock = self._stream(stream, "cuStreamQuery").clock
             host = self._host_clock
             return all(host.get(k, 0) >= v for k, v in clock.items())
@@ -479,8 +458,8 @@ class SimDriver:
         destroyed ones included."""
         with self._lock:
             self._enter("cuCtxSynchronize")
-            if self._captures:
-                self._outside_capture(None, "cuCtxSynchronize")
+            if self.captures:
+                self.captures.refuse_outside(None, "cuCtxSynchronize")
             self._join_device()
 
     def _join_device(self) -> None:
@@ -533,8 +512,8 @@ class SimDriver:
                                   f"event {event:#x} belongs to device "
                                   f"{self.system.event_devices[event]}, stream {stream:#x} to "
                                   f"device {self.device}")
-            if self._captures:
-                self._outside_capture(stream, "cuEventRecord")
+            if self.captures:
+                self.captures.refuse_outside(stream, "cuEventRecord")
             s = self._stream(stream, "cuEventRecord")
             self._events[event] = dict(s.clock)
 
@@ -560,8 +539,8 @@ class SimDriver:
         with self._lock:
             self._enter("cuStreamWaitEvent")
             clock = self._event(event, "cuStreamWaitEvent")
-            if self._captures:
-                self._outside_capture(stream, "cuStreamWaitEvent")
+            if self.captures:
+                self.captures.refuse_outside(stream, "cuStreamWaitEvent")
             s = self._stream(stream, "cuStreamWaitEvent")
             if clock:
                 mine = s.clock
@@ -587,28 +566,21 @@ class SimDriver:
         wait, a synchronise or query of the capturing stream other than through
         :meth:`capture_work` (the library never queues any), work on or a
         synchronise of the legacy default stream (an implicit dependency on the
-        capture), and a device-wide synchronise from the capturing thread.
+        capture), and a device-wide synchronise from the capturing thread
+        (:class:`~numba_streamsafe._driver.sim_capture.Captures`).
         """
         with self._lock:
             self._enter("cuStreamBeginCapture")
-            if stream <= PER_THREAD_STREAM:
-                raise DriverError("cuStreamBeginCapture", CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-                                  f"stream {stream:#x} is a default stream")
-            self._stream(stream, "cuStreamBeginCapture")
-            if stream in self._captures:
-                raise DriverError("cuStreamBeginCapture", CUDA_ERROR_ILLEGAL_STATE,
-                                  f"stream {stream:#x} is already capturing")
-            self._captures[stream] = _Capture([], threading.get_ident())
+            default = stream <= PER_THREAD_STREAM
+            if not default:
+                self._stream(stream, "cuStreamBeginCapture")
+            self.captures.begin(stream, default)
 
     def capture_work(self, stream: int, work: Any, args: tuple[Any, ...],
                      accesses: list[tuple[int, int, Any]], label: str, copy: bool) -> Any:
         """Record ``work(*args)`` and what it touches, to run at every replay."""
         with self._lock:
-            capture = self._captures.get(stream)
-            if capture is None:
-                raise DriverError("capture", CUDA_ERROR_ILLEGAL_STATE,
-                                  f"stream {stream:#x} is not capturing")
-            capture.ops.append((work, args, list(accesses), label, copy))
+            self.captures.record(stream, (work, args, list(accesses), label, copy))
         return None
 
     def end_capture(self, stream: int) -> Any:
@@ -622,51 +594,17 @@ class SimDriver:
         """
         with self._lock:
             self._enter("cuStreamEndCapture")
-            capture = self._captures.pop(stream, None)
-            if capture is None:
-                raise DriverError("cuStreamEndCapture", CUDA_ERROR_ILLEGAL_STATE,
-                                  f"stream {stream:#x} is not capturing")
-            if capture.invalid is not None:
-                raise DriverError("cuStreamEndCapture", CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                                  f"the capture of stream {stream:#x} was invalidated: "
-                                  f"{capture.invalid}")
-            self.live_graphs += 1
-            return _SimGraph(stream, tuple(capture.ops))
+            return self.captures.end(stream)
 
-    def _outside_capture(self, stream: int | None, call: str) -> None:
-        """Refuse ``call`` on ``stream`` (None: the whole device) where CUDA refuses
-        it during a capture (see :meth:`begin_capture`), invalidating the
-        captures it concerns."""
-        if stream is not None and stream in self._captures:
-            hit = [self._captures[stream]]
-            code = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-            why = (f"{call} on stream {stream:#x} while it is captured, outside the capture "
-                   "(nothing but captured work may be queued on a capturing stream)")
-        elif stream is None or stream in (LEGACY_STREAM, 1):
-            # The legacy stream depends on every blocking stream, from any thread;
-            # a device-wide synchronise is unsafe for the capturing thread only.
-            me = threading.get_ident()
-            hit = [c for c in self._captures.values() if stream is not None or c.thread == me]
-            if not hit:
-                return
-            code = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-            what = "the legacy default stream" if stream is not None else "the whole device"
-            why = f"{call} on {what} would depend on a stream being captured"
-        else:
-            return
-        for capture in hit:
-            if capture.invalid is None:
-                capture.invalid = why
-        raise DriverError(call, code, why)
+    @property
+    def live_graphs(self) -> int:
+        """Graphs and executables made and not yet destroyed."""
+        return self.captures.live_graphs
 
     def graph_instantiate(self, graph: Any) -> Any:
         with self._lock:
             self._enter("cuGraphInstantiate")
-            if graph.executable or graph.destroyed:
-                raise DriverError("cuGraphInstantiate", CUDA_ERROR_INVALID_HANDLE,
-                                  "not a live graph")
-            self.live_graphs += 1
-            return _SimGraph(graph.stream, graph.ops, executable=True)
+            return self.captures.instantiate(graph)
 
     def graph_launch(self, graph_exec: Any, stream: int) -> None:
         """Replay the recorded work in order on ``stream`` (``cuGraphLaunch``):
@@ -676,11 +614,9 @@ class SimDriver:
         is ordered with that stream by nothing)."""
         with self._lock:
             self._enter("cuGraphLaunch")
-            if not graph_exec.executable or graph_exec.destroyed:
-                raise DriverError("cuGraphLaunch", CUDA_ERROR_INVALID_HANDLE,
-                                  "not a live executable graph")
-            if self._captures:
-                self._outside_capture(stream, "cuGraphLaunch")
+            self.captures.check_launch(graph_exec)
+            if self.captures:
+                self.captures.refuse_outside(stream, "cuGraphLaunch")
             self._stream(stream, "cuGraphLaunch")
         for work, args, accesses, label, copy in graph_exec.ops:
             work(*args)
@@ -691,13 +627,7 @@ class SimDriver:
         flight completes (the model's replays complete when queued)."""
         with self._lock:
             self._enter("cuGraphDestroy")
-            for g in (graph, graph_exec):
-                if g is not None:
-                    if g.destroyed:
-                        raise DriverError("cuGraphDestroy", CUDA_ERROR_INVALID_HANDLE,
-                                          "the graph was destroyed already")
-                    g.destroyed = True
-                    self.live_graphs -= 1
+            self.captures.destroy(graph, graph_exec)
 
     # -------------------------------------------------------------- devices
     def activate(self) -> AbstractContextManager[None]:
