@@ -406,9 +406,7 @@ class SimDriver:
             self.captures.refuse_outside(stream, call)
         s = self._stream(stream, call)
         clock = s.clock
-        for k, v in self._host_clock.items():
-            if clock.get(k, 0) < v:
-                clock[k] = v
+        _join(clock, self._host_clock)
         # The legacy default stream and the blocking streams wait for each
         # other's earlier work (CUDA's implicit synchronisation).
         if stream == LEGACY_STREAM:
@@ -470,10 +468,7 @@ class SimDriver:
         self._retired = []
 
     def _join_host(self, clock: dict[int, int]) -> None:
-        host = self._host_clock
-        for k, v in clock.items():
-            if host.get(k, 0) < v:
-                host[k] = v
+        _join(self._host_clock, clock)
 
     # ------------------------------------------------------------------ events
     def event_create(self) -> int:
@@ -543,10 +538,7 @@ class SimDriver:
                 self.captures.refuse_outside(stream, "cuStreamWaitEvent")
             s = self._stream(stream, "cuStreamWaitEvent")
             if clock:
-                mine = s.clock
-                for k, v in clock.items():
-                    if mine.get(k, 0) < v:
-                        mine[k] = v
+                _join(s.clock, clock)
 
     @property
     def live_events(self) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
 from numba_streamsafe.errors import DriverError
+from numba_streamsafe.streams import CU_STREAM_LEGACY, LEGACY_DEFAULT
 
 __all__ = ["Captures", "SimGraph", "CUDA_ERROR_ILLEGAL_STATE",
            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
@@ -24,9 +25,6 @@ CUDA_ERROR_ILLEGAL_STATE = 401
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
 CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
 CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
-
-#: The legacy default stream's handles (0, and ``CU_STREAM_LEGACY``).
-_LEGACY = (0, 1)
 
 
 @dataclass
@@ -112,7 +110,7 @@ class Captures:
             code = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
             why = (f"{call} on stream {stream:#x} while it is captured, outside the capture "
                    "(nothing but captured work may be queued on a capturing stream)")
-        elif stream is None or stream in _LEGACY:
+        elif stream is None or stream in (LEGACY_DEFAULT, CU_STREAM_LEGACY):
             me = threading.get_ident()
             hit = [c for c in active.values() if stream is not None or c.thread == me]
             if not hit:

@@ -141,9 +141,7 @@ class TrackedKernel:
     def _check_config(self, grid: Any, block: Any, shmem: Any
                       ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
         """``(grid, block, shmem)`` normalised, if the launch device accepts them."""
-        rt = sole_runtime()
-        if rt is None:
-            rt = target.launch_runtime()
+        rt = target.launch_runtime()
         try:
             return check_launch(grid, block, shmem, rt.driver.launch_limits())
         except InvalidLaunchConfig as exc:

@@ -42,18 +42,17 @@ from collections.abc import Callable
 from typing import Any
 
 from numba_streamsafe.access import Access
-from numba_streamsafe.errors import DriverError, InvalidLaunchConfig
+from numba_streamsafe.errors import DriverError, InvalidArgument, InvalidLaunchConfig
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.kernel import _Launch
 from numba_streamsafe.numba.plain import PlainKernel
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, _local, numba_call
 from numba_streamsafe.protocol import CopyUses, fenced
-from numba_streamsafe.runtime import sole_runtime
 from numba_streamsafe.settings import settings
 from numba_streamsafe.streams import default_stream_handle
 
-__all__ = ["install", "uninstall", "installed", "fencing"]
+__all__ = ["install", "uninstall", "installed"]
 
 _lock = threading.Lock()
 #: (owner, name) -> the attribute replaced, for :func:`uninstall`.
@@ -65,11 +64,6 @@ _fence = True
 def installed() -> bool:
     """Whether Numba's operations are hooked in this process."""
     return bool(_saved)
-
-
-def fencing() -> bool:
-    """Whether transparent mode orders plain Numba work on this thread now."""
-    return bool(_saved) and _fence and _local.transparent == FENCE
 
 
 def install() -> None:
@@ -112,7 +106,7 @@ def _plain_kernel(dispatcher: Any, configure: Callable[[Any, Any], Any]) -> Any:
     if kernel is None:
         try:
             kernel = PlainKernel(dispatcher, configure, _fence)
-        except Exception:  # *args kernels: Numba launches them, unordered
+        except InvalidArgument:  # *args kernels: Numba launches them, unordered
             kernel = False
         kernel = dispatcher.__dict__.setdefault("_nss_plain", kernel)
     return kernel
@@ -184,7 +178,7 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
     (or transparent mode passes the work through)."""
     if _local.transparent == INSIDE:
         return None
-    rt = sole_runtime() or target.launch_runtime()
+    rt = target.launch_runtime()
     uses = _NumbaUses(rt)
     for obj, access, name in pairs:
         block = _block_of(rt, obj)
@@ -195,7 +189,7 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
     return uses
 
 
-def _copy_hook(original: Callable[..., Any], label: str, write_dst: bool, read_src: bool
+def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, read_src: bool
                ) -> Callable[..., Any]:
     # Numba calls these with keywords too: the parameters keep Numba's names.
     def copy(dst: Any, src: Any, size: int, stream: Any = 0) -> Any:
@@ -212,11 +206,6 @@ def _copy_hook(original: Callable[..., Any], label: str, write_dst: bool, read_s
     copy.__name__ = original.__name__
     copy.__doc__ = original.__doc__
     return copy
-
-
-def _copy_hook_of(original: Callable[..., Any], *, label: str, write_dst: bool,
-                  read_src: bool) -> Callable[..., Any]:
-    return _copy_hook(original, label, write_dst, read_src)
 
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -304,7 +293,7 @@ def _install_gpu() -> None:
             ("device_to_host", "copy to host (Numba)", False, True),
             ("device_to_device", "device copy (Numba)", True, True),
             ("device_memset", "memset (Numba)", True, False)):
-        _replace(numba_driver, name, functools.partial(_copy_hook_of, label=label,
+        _replace(numba_driver, name, functools.partial(_copy_hook, label=label,
                                                        write_dst=write_dst, read_src=read_src))
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
 
