@@ -1,7 +1,10 @@
-"""The optional compiled hot path (numba_streamsafe/_hot.c, limited API).
+"""The optional compiled engine, and the simulator's start-up hook.
 
-Everything else is in pyproject.toml. The extension is optional: where it
-cannot be built, the package installs and runs its pure-Python path.
+The engine's modules (numba_streamsafe/resources/tracking.py and
+numba_streamsafe/numba/launcher.py) are Cython pure-Python sources: where
+Cython and a C compiler are present the build compiles them, and where not
+the package installs and runs them as Python. Everything else is in
+pyproject.toml.
 """
 
 import os
@@ -30,33 +33,40 @@ class BuildPyWithPth(build_py):
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
 
 
+#: The engine: modules compiled from their own (pure-Python mode) source.
+ENGINE = ["numba_streamsafe/resources/tracking.py", "numba_streamsafe/numba/launcher.py"]
+
+
+def engine_extensions() -> list[Extension]:
+    """The engine's extensions, or none where Cython is not installed."""
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("WARNING: Cython is not installed: numba_streamsafe's engine is not compiled "
+              "and runs as Python (slower launches).", file=sys.stderr)
+        return []
+    exts = [Extension(path[:-3].replace("/", "."), [path], extra_compile_args=["-O2"],
+                      optional=True) for path in ENGINE]
+    return list(cythonize(exts, language_level=3, quiet=True,
+                          compiler_directives={"binding": False, "embedsignature": True}))
+
+
 class BuildExtOrSay(build_ext):
-    """build_ext that says so, loudly, when the optional extension was not built."""
+    """build_ext that says so, loudly, when an engine module was not built."""
 
     def run(self) -> None:
         super().run()
         for ext in self.extensions:
             if not os.path.exists(self.get_ext_fullpath(ext.name)):
-                print("WARNING: numba_streamsafe's compiled hot path (numba_streamsafe/_hot.c) "
-                      "could not be built (is a C compiler installed?). The package works on "
-                      "its pure-Python path, with slower launches; `python -m "
-                      "numba_streamsafe` shows which path is in use. Install a C compiler "
-                      "and reinstall to build it.", file=sys.stderr)
+                print(f"WARNING: numba_streamsafe's compiled engine ({ext.name}) could not be "
+                      "built (is a C compiler installed?). The package works with the engine "
+                      "run as Python, with slower launches; `python -m numba_streamsafe` "
+                      "shows which build is in use. Install a C compiler and reinstall to "
+                      "build it.", file=sys.stderr)
 
 
 setup(
     cmdclass={"build_py": BuildPyWithPth, "build_ext": BuildExtOrSay},
     py_modules=["_numba_streamsafe_autoload"],
-    ext_modules=[
-        Extension(
-            "numba_streamsafe._hot",
-            ["numba_streamsafe/_hot.c"],
-            py_limited_api=True,
-            define_macros=[("Py_LIMITED_API", "0x030A0000")],
-            extra_compile_args=["-O2"],
-            libraries=["dl"],
-            optional=True,
-        )
-    ],
-    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    ext_modules=engine_extensions(),
 )

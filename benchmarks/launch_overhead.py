@@ -69,6 +69,33 @@ class RawLaunch:
         self.rt = rt
         self.launch_kernel = drv.cuLaunchKernel
 
+    def with_events(self, streams: tuple[Any, Any]) -> Callable[[int], None]:
+        """The hand-placed-events floor across streams: launch ``i`` on
+        ``streams[i & 1]`` waits for the event recorded after launch ``i - 1``
+        on the other stream, and records its own (``cuStreamWaitEvent``, raw
+        ``cuLaunchKernel``, ``cuEventRecord``), as a careful programmer would
+        order the alternating launches by hand."""
+        from cuda.bindings import driver as drv
+
+        cuda.current_context()
+        handles = [self.rt.stream_handle(s) for s in streams]
+        flags = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        events = [drv.cuEventCreate(flags)[1] for _ in range(2)]
+        launch, f, params = self.launch_kernel, self.function, self.params
+        wait, record = drv.cuStreamWaitEvent, drv.cuEventRecord
+        keep = (self, events)
+
+        def go(i: int) -> None:
+            h = handles[i & 1]
+            wait(h, events[(i + 1) & 1], 0)
+            launch(f, 1, 1, 1, 32, 1, 1, 0, h, params, 0)
+            record(events[i & 1], h)
+
+        go.keep = keep  # type: ignore[attr-defined]
+        for i in range(2):  # both events recorded once before the first wait
+            record(events[i], handles[i])
+        return go
+
     def launcher(self, stream: Any) -> Callable[[], None]:
         """One raw launch of the kernel on ``stream`` (1 block of 32 threads)."""
         cuda.current_context()  # this thread's context current, as Numba's launches make it
@@ -165,10 +192,12 @@ def main() -> dict:
     if direct:
         variants.append(("tracked, Numba path", tracked, False))
     raw = RawLaunch(rt, tracked, (a, b, c)) if direct else None
-    from numba_streamsafe.hot import hot
+    from numba_streamsafe.numba import launcher
 
-    hot_entry = hot is not None and direct
+    hot_entry = launcher.COMPILED and direct
     raw_fns = {s: raw.launcher(s) for s in (s1, s2)} if raw is not None else {}
+    with_events = raw.with_events((s1, s2)) if raw is not None else None
+    peers = peer_launchers(s1, n) if raw is not None else {}
     results: dict[str, Any] = {}
     for scenario, streams in (("same stream", (s1, s1)), ("cross stream", (s1, s2))):
         per: dict[str, list[float]] = {label: [] for label, _, _ in variants}
@@ -183,22 +212,22 @@ def main() -> dict:
                         k[1, 32, streams[i & 1]](a, b, c)
                     cuda.synchronize()
                     per[label].append((time.perf_counter() - start) / args.launches * 1e6)
-            if hot_entry and tracked._fast is not None:
+            if hot_entry and tracked.launch_state is not None:
                 # Where the microseconds go: the compiled entry point alone, without
                 # ``k[grid, block, stream]`` and the Python call around it.
                 launch_policy(rt).direct_launch = direct  # the last variant turned it off
-                state, enter = tracked._fast, hot.launch
+                state, enter = tracked.launch_state, launcher.launch
                 cfgs = ((1, 32, streams[0]), (1, 32, streams[1]))
                 abc = (a, b, c)
                 per.setdefault("tracked, C entry", [])
                 cuda.synchronize()
-                launched = hot.launches()
+                launched = launcher.launches()
                 start = time.perf_counter()
                 for i in range(args.launches):
                     enter(state, cfgs[i & 1], abc)
                 cuda.synchronize()
                 per["tracked, C entry"].append((time.perf_counter() - start) / args.launches * 1e6)
-                if hot.launches() - launched != args.launches:
+                if launcher.launches() - launched != args.launches:
                     raise RuntimeError("the compiled entry handed launches back: its figure "
                                        "would not be a launch")
             if raw is not None:
@@ -210,6 +239,23 @@ def main() -> dict:
                     fns[i & 1]()
                 cuda.synchronize()
                 per["raw"].append((time.perf_counter() - start) / args.launches * 1e6)
+            if with_events is not None and streams[0] is not streams[1]:
+                per.setdefault("raw + events", [])
+                cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(args.launches):
+                    with_events(i)
+                cuda.synchronize()
+                per["raw + events"].append((time.perf_counter() - start) / args.launches * 1e6)
+            if streams[0] is streams[1]:
+                for label, fn in peers.items():
+                    per.setdefault(label, [])
+                    cuda.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(args.launches):
+                        fn()
+                    cuda.synchronize()
+                    per[label].append((time.perf_counter() - start) / args.launches * 1e6)
         launch_policy(rt).direct_launch = direct
         med = {k: statistics.median(v) for k, v in per.items()}
         results[scenario] = {"us_per_launch": med, "samples_us": per,
@@ -223,6 +269,12 @@ def main() -> dict:
         if "raw" in per:
             results[scenario]["ratio_raw"] = ratio_of_medians(per, "tracked", "raw")
             results[scenario]["untracked_over_raw"] = ratio_of_medians(per, "untracked", "raw")
+        if "raw + events" in per:
+            results[scenario]["ratio_events_floor"] = ratio_of_medians(per, "tracked",
+                                                                       "raw + events")
+        for label in peers:
+            if label in per:
+                results[scenario][f"{label} / raw"] = ratio_of_medians(per, label, "raw")
     if args.threads > 0:
         results["threads"] = threads_figure(rt, tracked, plain, raw, args)
     print(f"launch overhead on {device_name()} ({args.launches} launches x {args.rounds} rounds)")
@@ -239,6 +291,12 @@ def main() -> dict:
         if "ratio_raw" in r:
             print(f"  {'':12s}  raw cuLaunchKernel {m['raw']:7.2f} us  tracked / raw "
                   f"{r['ratio_raw']:.3f}  untracked / raw {r['untracked_over_raw']:.3f}")
+        if "ratio_events_floor" in r:
+            print(f"  {'':12s}  hand-placed events floor {m['raw + events']:7.2f} us  tracked / "
+                  f"floor {r['ratio_events_floor']:.3f}")
+        for label in peers:
+            if f"{label} / raw" in r:
+                print(f"  {'':12s}  {label} {m[label]:7.2f} us  / raw {r[f'{label} / raw']:.3f}")
         if "ratio_c_entry" in r:
             print(f"  {'':12s}  compiled entry alone {m['tracked, C entry']:7.2f} us  "
                   f"(/ raw {r['ratio_c_entry']:.3f}); the Python call around it "
@@ -251,6 +309,49 @@ def main() -> dict:
     write_result("launch_overhead", {"launches": args.launches, "rounds": args.rounds,
                                      "results": results})
     return results
+
+
+def peer_launchers(stream: Any, n: int) -> dict[str, Callable[[], None]]:
+    """The same kernel's launch as other GPU libraries make it, on ``stream``:
+    a CuPy ``RawKernel`` and a PyTorch elementwise ``add`` (each where it
+    imports). Their arrays are their own; no ordering is placed."""
+    out: dict[str, Callable[[], None]] = {}
+    handle = int(stream.handle.value) if hasattr(stream.handle, "value") else int(stream.handle)
+    try:
+        import cupy as cp
+
+        kern = cp.RawKernel(r"""
+        extern "C" __global__ void body(const float* a, const float* b, float* c, long long n) {
+            long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+            if (i < n) c[i] = a[i] + b[i];
+        }""", "body")
+        ca, cb, cc = (cp.zeros(n, cp.float32) for _ in range(3))
+        cs = cp.cuda.ExternalStream(handle)
+        cn = np.int64(n)
+
+        def cupy_launch() -> None:
+            with cs:
+                kern((1,), (32,), (ca, cb, cc, cn))
+
+        cupy_launch()
+        out["CuPy RawKernel"] = cupy_launch
+    except Exception as exc:  # noqa: BLE001 - a peer that is not installed is left out
+        print(f"  (CuPy column left out: {type(exc).__name__}: {exc})")
+    try:
+        import torch
+
+        ta, tb, tc = (torch.zeros(n, device="cuda") for _ in range(3))
+        ts = torch.cuda.ExternalStream(handle)
+
+        def torch_launch() -> None:
+            with torch.cuda.stream(ts):
+                torch.add(ta, tb, out=tc)
+
+        torch_launch()
+        out["PyTorch add"] = torch_launch
+    except Exception as exc:  # noqa: BLE001
+        print(f"  (PyTorch column left out: {type(exc).__name__}: {exc})")
+    return out
 
 
 def threads_figure(rt: Any, tracked: Any, plain: Any, raw: RawLaunch | None,

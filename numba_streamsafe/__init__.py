@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any
 
+# First: it decides which build of the engine the imports below load.
+from numba_streamsafe import compiled as _compiled  # noqa: F401
 from numba_streamsafe.access import Access, Read, ReadWrite, Write
 from numba_streamsafe.blocks import Block, BlockId, BlockState, Generation
 from numba_streamsafe.errors import (

@@ -49,23 +49,28 @@ def _target() -> list[str]:
 def report() -> str:
     """The report's text."""
     from numba_streamsafe import __version__
-    from numba_streamsafe.hot import hot, pure_python
+    from numba_streamsafe.compiled import pure_python
     from numba_streamsafe.settings import reload_settings
 
     lines = [f"numba_streamsafe {__version__} (Python {sys.version.split()[0]})"]
     for dist in ("numba", "numba-cuda", "cuda-bindings", "cuda-core", "numpy"):
         lines.append(f"  {dist}: {_version(dist)}")
     lines += _target()
-    if hot is not None and hot.available():
-        lines.append(f"compiled path: built and in use ({hot.__file__})")
-    elif hot is not None:
-        lines.append(f"compiled path: built ({hot.__file__}), unused here: no CUDA driver "
-                     "library to launch through")
-    elif pure_python:
-        lines.append("compiled path: not in use (NUMBA_STREAMSAFE_PURE_PYTHON=1)")
+    import numba_streamsafe.numba.launcher as launcher
+    from numba_streamsafe.compiled import engine_builds
+
+    builds = engine_builds()
+    for name, build in builds.items():
+        lines.append(f"engine {name}: {build}")
+    if pure_python:
+        lines.append("compiled engine: not in use (NUMBA_STREAMSAFE_PURE_PYTHON=1)")
+    elif not all(b.startswith("compiled") for b in builds.values()):
+        lines.append("compiled engine: not built (no C compiler or no Cython at install time?): "
+                     "the engine runs as Python; reinstall with a C compiler for the compiled one")
+    elif launcher.available():
+        lines.append("compiled launch path: in use (libcuda loaded)")
     else:
-        lines.append("compiled path: not built (no C compiler at install time?): launches take "
-                     "the pure-Python path; reinstall with a C compiler for the compiled one")
+        lines.append("compiled launch path: unused here (no CUDA driver library loaded)")
     manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "") or "default"
     lines.append(f"memory manager (NUMBA_CUDA_MEMORY_MANAGER): {manager}"
                  + (" (this library: transparent mode on its memory)"

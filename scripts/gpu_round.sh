@@ -6,14 +6,15 @@
 #          inference's cost against compiling;
 #   bench: launch and allocation benchmarks, this tree against the checkout in .before/
 #          (scripts/bench_compare.sh), rounds interleaved.
-# Wheels: .whl/ (numpy < 2.5, rmm), .whl-dask/ (distributed), .whl-plot/ (matplotlib).
+# Wheels: .whl/ (numpy < 2.5, rmm), .whl-build/ (Cython, to compile the engine),
+# .whl-dask/ (distributed), .whl-plot/ (matplotlib).
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SITE=/tmp/site
 wheels=()
-for d in .whl-dask .whl-plot .whl-suite .whl; do
+for d in .whl-dask .whl-plot .whl-suite .whl-build .whl; do
     compgen -G "$d/*.whl" > /dev/null && wheels+=("$d"/*.whl)
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -30,6 +31,34 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
 }
 
 case "${1:-tests}" in
+engine)
+    # The engine: compiled here (and the tree before it in .before/, for the benchmarks),
+    # then the GPU suite on the compiled build and, with SUITES=both, on the Python source.
+    run build_ext python3 setup.py build_ext --inplace
+    if [[ -d .before ]]; then (cd .before && python3 setup.py build_ext --inplace) \
+        > "$OUT/build_before.log" 2>&1; fi
+    python3 -c "import numba_streamsafe.numba.launcher as l, numba_streamsafe.compiled as c; \
+print(c.engine_builds(), 'libcuda entry:', l.available())"
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    run gpu_compiled timeout "${SUITE_TIMEOUT:-400}" python3 -X faulthandler -m pytest -m gpu \
+        -q -p no:cacheprovider tests/gpu -rs ${SUITE_ARGS:-}
+    tail -n 4 "$OUT/gpu_compiled.log"
+    if [[ ${SUITES:-compiled} == both ]]; then
+        NUMBA_STREAMSAFE_PURE_PYTHON=1 run gpu_pure timeout "${SUITE_TIMEOUT:-400}" python3 \
+            -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs ${SUITE_ARGS:-}
+        tail -n 4 "$OUT/gpu_pure.log"
+    fi
+    cat "$OUT/race.txt" 2>/dev/null | tail -20
+    ;;
+engine-bench)
+    # benchmarks/run_all.py on the tree before the engine (.before/, built by `engine`)
+    # and on this one, in one call: the table of issue 28.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    ROUNDS=${ROUNDS:-1} timeout "${BENCH_TIMEOUT:-560}" bash scripts/bench_compare.sh \
+        "$PWD/.before" run_all.py > "$OUT/run_all_compare.log" 2>&1
+    grep -E "^=== |^figure|pass|MISS|peer|not run|DIED|launch, |hand-placed|compiled entry" \
+        "$OUT/run_all_compare.log" | head -90
+    ;;
 tests)
     export NSS_RACE_REPORT=$OUT/race.txt
     run gpu_tests python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 from numba.cuda import types as _numba_types
 
+from numba_streamsafe.numba import launcher
+
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
 
 __all__ = ["LaunchPlan", "argtypes_of", "build_plan", "param_slots", "normalize_dims",
@@ -37,9 +39,6 @@ __all__ = ["LaunchPlan", "argtypes_of", "build_plan", "param_slots", "normalize_
 _ARRAY = 0
 _SCALAR = 1
 _COMPLEX = 2
-# float32 / complex64 converted by ctypes first (see _F32_BY_CTYPES).
-_F32 = 3
-_C64 = 4
 
 # struct codes of the scalar types Numba passes by value.
 _SCALAR_CODES: dict[Any, str] = {
@@ -52,20 +51,6 @@ _COMPLEX_CODES: dict[Any, str] = {types.complex64: "f", types.complex128: "d"}
 # Numba types of Python scalars as kernel arguments (numba's typeof).
 _PY_SCALARS: dict[type, Any] = {int: types.int64, float: types.float64, bool: types.boolean,
                                 complex: types.complex128}
-
-
-def _struct_f_is_c_cast() -> bool:
-    """Whether ``struct``'s ``f`` packs a double as C's ``(float)`` cast does,
-    which is how Numba's marshalling converts (``ctypes.c_float``). CPython
-    3.14 made ``struct`` keep a signalling NaN signalling (the cast quiets
-    it), so there the two differ for such NaNs."""
-    snan = struct.unpack("=d", struct.pack("=Q", 0x7FF0_0000_2000_0001))[0]
-    return struct.pack("=f", snan) == bytes(ctypes.c_float(snan))
-
-
-#: float32 parameters (and complex64 parts) go through ``ctypes.c_float``
-#: before packing, where ``struct`` would pack some NaNs otherwise than Numba.
-_F32_BY_CTYPES: bool = not _struct_f_is_c_cast()
 
 
 def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None:
@@ -87,21 +72,21 @@ def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None
             kinds.append(_ARRAY)
         elif ty in _SCALAR_CODES:
             codes.append(_SCALAR_CODES[ty])
-            kinds.append(_F32 if _F32_BY_CTYPES and ty == types.float32 else _SCALAR)
+            kinds.append(_SCALAR)
         elif ty in _COMPLEX_CODES:
             codes += [_COMPLEX_CODES[ty]] * 2
-            kinds.append(_C64 if _F32_BY_CTYPES and ty == types.complex64 else _COMPLEX)
+            kinds.append(_COMPLEX)
         else:
             return None
     return codes, kinds
 
 
 def compiled_codes(argtypes: tuple[Any, ...]) -> bytes:
-    """The parameter codes the compiled hot path (``numba_streamsafe._hot``)
+    """The parameter codes :func:`numba_streamsafe.numba.launcher.pack_into`
     packs by, for an overload whose parameters are ``argtypes`` (covered by
-    :func:`param_slots`): one per argument, ``A`` for an array (the fields
-    cached on the array fill its parameters), ``C`` / ``Z`` for complex64 /
-    complex128, otherwise the scalar's struct code."""
+    :func:`param_slots`): one per argument, ``A`` for an array (its launch
+    fields fill its parameters), ``C`` / ``Z`` for complex64 / complex128,
+    otherwise the scalar's struct code."""
     out = []
     for ty in argtypes:
         if isinstance(ty, types.Array):
@@ -115,50 +100,39 @@ def compiled_codes(argtypes: tuple[Any, ...]) -> bytes:
 
 def array_fields(arg: Any) -> bytes:
     """The launch parameters of a device array as Numba passes them (meminfo,
-    parent, size, itemsize, data pointer, shape, strides), packed as
-    :meth:`LaunchPlan.pack` packs them: cached on the array by the compiled
-    hot path (a device array's pointer, shape and strides never change)."""
+    parent, size, itemsize, data pointer, shape, strides), 8 bytes each."""
     ndim = len(arg.shape)
     return struct.pack(f"=QQqqQ{2 * ndim}q", 0, 0, arg.size, arg.dtype.itemsize,
                        int(arg.gpu_data.device_pointer), *arg.shape, *arg.strides)
 
 
-def _layout(codes: list[str]) -> tuple[str, list[int], int]:
-    """A native-size, unaligned struct format placing every parameter at an
-    offset that is a multiple of 8; the offsets; the total size."""
-    fmt = ["="]
-    offsets = []
-    at = 0
-    for code in codes:
-        offsets.append(at)
-        size = struct.calcsize("=" + code)
-        fmt.append(code)
-        pad = -size % 8
-        if pad:
-            fmt.append(f"{pad}x")
-        at += size + pad
-    return "".join(fmt), offsets, max(at, 8)
-
-
-def _as_float32(value: Any) -> Any:
-    """``value`` as Numba's marshalling converts it for a float32 parameter
-    (``ctypes.c_float``, C's cast), as a Python float; ``value`` itself when
-    ctypes refuses it (packing then refuses it too). Used where ``struct``
-    would pack a signalling NaN otherwise (:data:`_F32_BY_CTYPES`)."""
-    try:
-        return ctypes.c_float(value).value
-    except (TypeError, OverflowError):
-        return value
+def cached_fields(arg: Any, argtype: Any) -> launcher.ArgFields | None:
+    """The :class:`~numba_streamsafe.numba.launcher.ArgFields` of a device array
+    over a tracked block, cached on the array (a device array's pointer, shape
+    and strides never change); None for an array over no tracked block."""
+    fields = getattr(arg, "_nss_fast", None)
+    if fields is None:
+        block = getattr(getattr(arg, "gpu_data", None), "_nss_block", None)
+        if block is None:
+            return None
+        fields = launcher.ArgFields(block, argtype, array_fields(arg))
+        try:
+            arg._nss_fast = fields
+        except AttributeError:  # an array type that takes no attributes
+            pass
+    return fields  # type: ignore[no-any-return]
 
 
 class _Scratch(threading.local):
     """One parameter buffer and pointer array per thread: the driver copies
     the parameters when the launch is queued, so they are reused at once."""
 
-    def __init__(self, size: int, offsets: list[int]) -> None:
-        self.buffer = ctypes.create_string_buffer(size)
-        base = ctypes.addressof(self.buffer)
-        self.pointers = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+    def __init__(self, nparams: int) -> None:
+        self.size = 8 * max(nparams, 1)
+        self.buffer = ctypes.create_string_buffer(self.size)
+        self.base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(nparams, 1))(
+            *[self.base + 8 * i for i in range(nparams)])
         self.address = ctypes.addressof(self.pointers)
 
 
@@ -170,30 +144,27 @@ class LaunchPlan:
     kernel : numba.cuda.dispatcher._Kernel
         The compiled overload.
     argtypes : tuple of numba types
-        The overload's argument types, which fix the marshalling.
-    kinds : list of int
-        Per argument: array, scalar or complex (see :func:`param_slots`).
-    codes : list of str
-        Per flattened parameter, its struct code.
+        The overload's argument types, which fix the marshalling (covered by
+        :func:`param_slots`).
     """
 
-    __slots__ = ("kernel", "function", "_cache", "_cufunc", "kinds", "_struct", "_scratch",
-                 "nparams", "codes")
+    __slots__ = ("kernel", "function", "_cache", "_cufunc", "kinds", "_scratch", "nparams",
+                 "codes")
 
-    def __init__(self, kernel: Any, kinds: list[int], codes: list[str],
-                 fast_codes: bytes = b"") -> None:
+    def __init__(self, kernel: Any, argtypes: tuple[Any, ...]) -> None:
+        slots = param_slots(argtypes)
+        if slots is None:
+            raise ValueError(f"no direct marshalling for {argtypes}")
         self.kernel = kernel
         cufunc = kernel._codelibrary.get_cufunc()
         self._cache = kernel._codelibrary._cufunc_cache
         self._cufunc = cufunc
         self.function = int(cufunc.handle)
-        self.kinds = kinds
-        #: One code per argument for the compiled hot path (:func:`compiled_codes`).
-        self.codes = fast_codes
-        fmt, offsets, size = _layout(codes)
-        self._struct = struct.Struct(fmt)
-        self._scratch = _Scratch(size, offsets)
-        self.nparams = len(codes)
+        self.kinds = slots[1]
+        #: One code per argument (:func:`compiled_codes`).
+        self.codes = compiled_codes(argtypes)
+        self.nparams = len(slots[0])
+        self._scratch = _Scratch(self.nparams)
 
     def current(self, device_id: int) -> bool:
         """Whether the overload's loaded function is still the one Numba uses
@@ -201,7 +172,8 @@ class LaunchPlan:
         return self._cache.get(device_id) is self._cufunc
 
     def pack(self, args: tuple[Any, ...]) -> int | None:
-        """Write ``args`` into this thread's parameter buffer.
+        """Write ``args`` into this thread's parameter buffer
+        (:func:`numba_streamsafe.numba.launcher.pack_into`).
 
         Returns
         -------
@@ -209,33 +181,18 @@ class LaunchPlan:
             The address of the parameter pointer array, or None when a value
             does not fit its parameter (Numba's path then converts it).
         """
-        values: list[Any] = []
-        append = values.append
-        extend = values.extend
+        fields: list[Any] = []
         for kind, arg in zip(self.kinds, args, strict=True):
             if kind == _ARRAY:
-                extend((0, 0, arg.size, arg.dtype.itemsize, int(arg.gpu_data.device_pointer)))
-                extend(arg.shape)
-                extend(arg.strides)
-            elif kind == _SCALAR:
-                append(arg)
-            elif kind == _COMPLEX:
-                append(arg.real)
-                append(arg.imag)
-            elif kind == _F32:
-                append(_as_float32(arg))
+                cached = getattr(arg, "_nss_fast", None)
+                fields.append(cached.fields if cached is not None else array_fields(arg))
             else:
-                append(_as_float32(arg.real))
-                append(_as_float32(arg.imag))
+                fields.append(None)
         scratch = self._scratch
-        try:
-            self._struct.pack_into(scratch.buffer, 0, *values)
-        except (struct.error, TypeError, OverflowError):
-            # Out of the parameter's range (struct refuses; Numba's ctypes
-            # conversion wraps integers and rounds floats to inf), or not a
-            # number of its kind: Numba's path converts it, its own way.
+        if launcher.pack_into(self.codes, args, fields, scratch.buffer, scratch.base,
+                              scratch.size) < 0:
             return None
-        return scratch.address
+        return scratch.address  # type: ignore[no-any-return]
 
 
 def _argtype(arg: Any) -> Any:
@@ -321,8 +278,7 @@ def build_plan(dispatcher: Any, argtypes: tuple[Any, ...]) -> LaunchPlan | str |
     slots = param_slots(declared)
     if slots is None:
         return UNSUPPORTED
-    codes, kinds = slots
-    return LaunchPlan(kernel, kinds, codes, compiled_codes(declared))
+    return LaunchPlan(kernel, declared)
 
 
 def normalize_dims(dim: Any) -> tuple[int, int, int] | None:

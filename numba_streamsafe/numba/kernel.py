@@ -12,8 +12,6 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from numba_streamsafe import runtime as _runtime_module
-from numba_streamsafe import tracehook
 from numba_streamsafe._driver.limits import check_launch
 from numba_streamsafe.access import Access, as_access
 from numba_streamsafe.errors import (
@@ -22,9 +20,8 @@ from numba_streamsafe.errors import (
     InvalidLaunchConfig,
     StreamMisuse,
 )
-from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.modes import RecorderMode
-from numba_streamsafe.numba import access_check, arrays, direct, target
+from numba_streamsafe.numba import access_check, arrays, direct, launcher, target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import numba_call, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
@@ -33,6 +30,9 @@ from numba_streamsafe.settings import settings
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
 
+
+#: The Python scalar types the compiled launch path packs itself.
+_PY_SCALARS = (int, float, bool, complex)
 
 #: How a declared access is written in a kernel's signature.
 _ACCESS_NAMES = {Access.READ: "Read", Access.WRITE: "Write", Access.READ_WRITE: "ReadWrite"}
@@ -157,9 +157,9 @@ class TrackedKernel:
         self._device_plans: dict[int, dict[tuple[Any, ...], direct.LaunchPlan | str]] = {}
         #: Grids Numba's low-occupancy warning was given for (direct launches).
         self._warned_grids: set[tuple[int, int, int]] = set()
-        #: The compiled hot path's view of this kernel on one runtime
-        #: (:meth:`_fast_state`), built after its first direct launch there.
-        self._fast: tuple[Any, ...] | None = None
+        #: What the compiled launch path reads for this kernel on one runtime
+        #: (:meth:`_launch_state`), built after its first direct launch there.
+        self.launch_state: launcher.LaunchState | None = None
 
     @staticmethod
     def _parse_access(func: Callable[..., Any], overrides: Mapping[str, Any]
@@ -403,7 +403,7 @@ class TrackedKernel:
                         _warn_low_occupancy(self, grid)
                     fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                            plan.function, grid, block, shmem, handle, params, tracking=tracking)
-                    if rt.capture is not None or (_hot is not None and tracking and
+                    if rt.capture is not None or (launcher.COMPILED and tracking and
                                                   not uses.untracked and not uses.producers):
                         self._after_direct(rt, plan, args, handle, owner)
                     return
@@ -442,28 +442,28 @@ class TrackedKernel:
 
     def _remember(self, rt: Any, plan: direct.LaunchPlan, args: tuple[Any, ...], handle: int,
                   owner: Any) -> None:
-        """After a direct launch on the Python path: let the compiled hot path
-        (``numba_streamsafe._hot.launch``) take the next launches like it.
-        It needs this kernel's state on ``rt`` (:meth:`_fast_state`), the
-        plan under its argument types, each array's launch fields cached on
-        the array and the stream's handle cached on the stream object."""
-        state = self._fast
-        if state is None or state[0] is not rt:
-            state = self._fast = self._fast_state(rt)
+        """After a direct launch on the Python path: let the compiled launch
+        path (:func:`numba_streamsafe.numba.launcher.launch`) take the next
+        launches like it. It needs this kernel's state on ``rt``
+        (:meth:`_launch_state`), the plan under its argument types, each
+        array's launch fields cached on the array and the stream's handle
+        cached on the stream object."""
+        state = self.launch_state
+        if state is None or state.rt is not rt:
+            state = self.launch_state = self._launch_state(rt)
             if state is None:
                 return
         argtypes = direct.argtypes_of(args)
         if argtypes is None:
             return
-        plans = state[12]
-        if not any(len(p[0]) == len(argtypes) and all(map(_is, p[0], argtypes)) for p in plans):
-            if len(plans) >= 8:
-                del plans[0]
-            plans.append((argtypes, plan.function, plan.codes, plan._cache, plan._cufunc,
-                          rt.device))
+        # Python scalars are matched by their type, arrays by their Numba type.
+        keys = tuple(type(a) if type(a) in _PY_SCALARS else t
+                     for a, t in zip(args, argtypes, strict=True))
+        state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan._cache,
+                                     plan._cufunc, rt.device))
         for (_, access), arg, ty in zip(self.params, args, argtypes, strict=True):
-            if access is not None and getattr(arg, "_nss_fast", None) is None:
-                _cache_array(arg, ty)
+            if access is not None:
+                direct.cached_fields(arg, ty)
         if owner is not None:
             cached = getattr(owner, "_nss_stream", None)
             if cached is None or cached[0] is not rt:
@@ -472,16 +472,14 @@ class TrackedKernel:
                 except AttributeError:  # a stream object that takes no attributes
                     pass
 
-    def _fast_state(self, rt: Any) -> tuple[Any, ...] | None:
-        """What the compiled hot path reads for this kernel on ``rt`` (the
-        field order is ``_hot.c``'s ``ST_*``), or None where it does not apply:
-        a resource other than :class:`AsyncResource`, a checking driver, or no
-        libcuda in the process."""
+    def _launch_state(self, rt: Any) -> launcher.LaunchState | None:
+        """What the compiled launch path reads for this kernel on ``rt``, or
+        None where it does not apply: a resource other than
+        :class:`AsyncResource`, a checking driver, or no libcuda in the process."""
         from numba_streamsafe.resources.async_resource import AsyncResource
 
-        resource = rt.resource
-        if (_hot is None or type(resource) is not AsyncResource or rt.driver.traces_accesses
-                or not _hot.available()):
+        if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
+                or not launcher.available()):
             return None
         from numba.cuda.core import config as numba_config
 
@@ -489,28 +487,8 @@ class TrackedKernel:
                        and getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
                        and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
         accesses = tuple(-1 if access is None else int(access) for _, access in self.params)
-        scalars = (direct.types.int64, direct.types.float64, direct.types.boolean,
-                   direct.types.complex128)
-        return (rt, resource, resource._lock, resource._live, resource._open, resource.marks,
-                launch_policy(rt), tracehook, _runtime_module, rt._destroyed,
-                resource._deferred_queue, accesses, [], scalars, self._warned_grids, no_warn,
-                rt.driver.launch_kernel, resource._eager)
-
-
-def _cache_array(arg: Any, argtype: Any) -> None:
-    """Cache on a device array over one of our blocks what the compiled hot
-    path reads: its block, the block's address, its Numba type and its launch
-    fields (fixed for the array's life)."""
-    block = getattr(getattr(arg, "gpu_data", None), "_nss_block", None)
-    if block is not None:
-        try:
-            arg._nss_fast = (block, block.ptr, argtype, direct.array_fields(arg))
-        except AttributeError:  # an array type that takes no attributes
-            pass
-
-
-def _is(a: Any, b: Any) -> bool:
-    return a is b
+        return launcher.LaunchState(rt, launch_policy(rt), accesses, self._warned_grids,
+                                    no_warn, rt.driver.launch_kernel)
 
 
 def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
@@ -531,32 +509,12 @@ def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> No
             "occupancy."), stacklevel=access_check.user_stacklevel())
 
 
-class _PyLauncher:
-    """The pure-Python base of :class:`_Launch` (without the compiled hot path,
-    whose ``Launcher`` takes its place): calling it runs ``_slow``."""
-
-    __slots__ = ("kernel", "config", "stream")
-
-    def __init__(self, kernel: TrackedKernel, config: tuple[Any, ...]) -> None:
-        self.kernel = kernel
-        self.config = config
-        self.stream = config[2] if len(config) > 2 else 0
-
-    def __call__(self, *args: Any) -> None:
-        self._slow(*args)  # type: ignore[attr-defined]
-
-
-#: The compiled ``Launcher`` calls ``_hot.launch(kernel._fast, config, args)``
-#: itself and ``_slow(*args)`` only when that hands the launch back.
-_Launcher: Any = getattr(_hot, "Launcher", None) or _PyLauncher
-
-
-class _Launch(_Launcher):  # type: ignore[misc,valid-type]
+class _Launch(launcher.Launcher):  # type: ignore[misc]
     """One configured launch of a :class:`TrackedKernel`: ``k[grid, block, stream, shmem]``.
 
     Its fields are ``kernel``, ``config`` and ``stream`` (the configuration's
     stream, 0 when it names none). Calling it launches: through the compiled
-    hot path when it applies, else :meth:`_slow`.
+    launch path when it applies, else :meth:`_slow`.
     """
 
     __slots__ = ()

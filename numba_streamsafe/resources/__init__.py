@@ -4,19 +4,20 @@ Nothing here imports Numba. Resources call a
 :class:`~numba_streamsafe._driver.base.Driver`, never CUDA directly.
 
 One concept per module: ``base`` (the MemoryResource contract and adaptors),
-``async_resource`` (the tracking resource, composed of ``block_table``,
-``marks``, ``events``, ``freed`` and ``deferred``), ``direct``, ``budget``,
-``logging`` and ``guard`` (resources and adaptors).
+``tracking`` (the engine: marks, events, entries and the tracking rules,
+compiled where a compiler is present), ``async_resource`` (the tracking
+resource, composed of ``tracking``, ``block_table``, ``freed`` and
+``deferred``), ``direct``, ``budget``, ``logging`` and ``guard`` (resources
+and adaptors).
 """
 
 from numba_streamsafe.resources.async_resource import POOL_KEEP_ALL, AsyncOptions, AsyncResource
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, ResourceStats
 from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
-from numba_streamsafe.resources.events import EventPool
 from numba_streamsafe.resources.guard import DebugGuardResource
 from numba_streamsafe.resources.logging import LoggingResource
-from numba_streamsafe.resources.marks import Mark
+from numba_streamsafe.resources.tracking import EventPool, Mark
 
 __all__ = [
     "MemoryResource",

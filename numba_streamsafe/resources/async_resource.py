@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numba_streamsafe.resources.tracking as tracking
 from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
@@ -27,13 +28,11 @@ from numba_streamsafe.blocks import (
     positive_size,
 )
 from numba_streamsafe.errors import DriverError, InvalidArgument, OutOfMemory, StreamSafeError
-from numba_streamsafe.hot import hot as _hot
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.events import EventPool
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import ForeignMark, Mark, MarkBook
+from numba_streamsafe.resources.tracking import EventPool, ForeignMark, Mark, MarkBook
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
@@ -46,9 +45,6 @@ POOL_KEEP_ALL = (1 << 64) - 1
 #: Streams whose pending frees are checked for completion every this many allocations.
 _REAP_EVERY = 64
 
-#: The most buffers one call of the compiled preflight and commit takes (its
-#: stack arrays); larger launches (a graph of many arrays) take the Python code.
-_HOT_USES = 64
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
 _WRITE = Access.WRITE
@@ -93,7 +89,7 @@ class AsyncResource(MemoryResource):
     every cross-stream mark, so the pool cannot hand the address to anyone
     while a use is in flight. Same-stream uses never wait.
 
-    All blocks of one launch share one :class:`~numba_streamsafe.resources.marks.Mark`
+    All blocks of one launch share one :class:`~numba_streamsafe.resources.tracking.Mark`
     and so at most one event. With ``fences="lazy"`` (the default) that event
     is recorded only when another stream first has to wait for the mark, so
     work that stays on one stream records no event at all; the consumer then
@@ -175,8 +171,7 @@ class AsyncResource(MemoryResource):
         self._free = self._free_legacy if opts.ipc else driver.free_async
         self.device = driver.device
         self.events = EventPool(driver, opts.max_idle_events)
-        # The compiled hot path takes its own lock type without a Python call.
-        self._lock = _hot.Lock() if _hot is not None else threading.Lock()
+        self._lock = threading.Lock()
         #: Held while pending frees are synchronised and while a stream is
         #: retired, so a stream is never destroyed under a reap that syncs it.
         self._reap_lock = threading.RLock()
@@ -201,7 +196,7 @@ class AsyncResource(MemoryResource):
         self._live_peak = 0
         self._allocated_bytes = 0
         self._freed_bytes = 0
-        self._same_stream = 0
+        self.same_stream_uses = 0
         #: Borrowed blocks in the table (:meth:`borrow`): not allocations, so
         #: they count in no byte or block figure.
         self._borrowed = 0
@@ -464,34 +459,13 @@ class AsyncResource(MemoryResource):
         return True
 
     def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        if _hot is not None and len(uses) <= _HOT_USES:  # the same rules, compiled
-            _hot.preflight(self, uses, stream, owner)
-            return
-        if self._deferred:
+        if self._deferred_queue:
             self._drain()
         with self._lock:
-            marks: list[Mark] | None = None
-            same = 0
-            for entry, access in self._table.entries(uses, "preflight"):
-                lw = entry.last_write
-                if lw.stream != stream:
-                    if marks is None:
-                        marks = [lw]
-                    else:
-                        marks.append(lw)
-                else:
-                    same += 1
-                if access & _WRITE and entry.reads:
-                    for s, mark in entry.reads.items():
-                        if s != stream:
-                            if marks is None:
-                                marks = [mark]
-                            else:
-                                marks.append(mark)
+            entries = tracking.resolve(self._table, uses, "preflight")
+            same = tracking.preflight_locked(self.marks, entries, stream, owner)
             if same:
-                self._same_stream += same
-            if marks is not None:
-                self.marks.wait_all(stream, marks, owner)
+                self.same_stream_uses += same
 
     def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         """Record ``uses`` against the stream's current mark (sealed now when eager).
@@ -499,41 +473,31 @@ class AsyncResource(MemoryResource):
         ``owner`` is kept alive with the mark (the stream object, so the stream
         outlives every use recorded on it).
         """
-        if _hot is not None and len(uses) <= _HOT_USES:  # the same rules, compiled
-            _hot.commit(self, uses, stream, owner)
-            return
         with self._lock:
-            entries = self._table.entries(uses, "commit")
-            if not entries:
-                return
-            marks = self.marks
-            mark = self._open.get(stream)
-            if mark is None or (owner is not None and mark.owner is None):
-                mark = marks.current(stream, owner)
-            release = marks.release
-            for entry, access in entries:
-                if access & _WRITE:
-                    mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
-                    lw = entry.last_write
-                    if lw is not mark:
-                        release(lw)
-                        entry.last_write = mark
-                    else:
-                        mark.refs -= 1
-                    if entry.reads:
-                        for old in entry.reads.values():
-                            release(old)
-                        entry.reads = {}
-                else:
-                    reads = entry.reads
-                    prev = reads.get(stream)
-                    if prev is not mark:
-                        reads[stream] = mark
-                        mark.refs += 1
-                        if prev is not None:
-                            release(prev)
-            if self._eager:
-                marks.seal(mark)
+            entries = tracking.resolve(self._table, uses, "commit")
+            tracking.commit_locked(self.marks, entries, stream, owner, self._eager)
+
+    # The engine's view (numba_streamsafe.numba.launcher reads these once per
+    # kernel and runtime, then takes the lock and the table itself).
+    @property
+    def lock(self) -> Any:
+        """The lock every change of the tracking state is made under."""
+        return self._lock
+
+    @property
+    def table(self) -> BlockTable:
+        """The live blocks and their entries (read under :attr:`lock`)."""
+        return self._table
+
+    @property
+    def deferred_queue(self) -> Any:
+        """The frees queued by finalizers, run at the next allocation or launch."""
+        return self._deferred_queue
+
+    @property
+    def eager(self) -> bool:
+        """Whether every launch's event is recorded at once (``fences="eager"``)."""
+        return self._eager
 
     def seal_open(self, stream: int) -> None:
         """Record the event of ``stream``'s open mark now, if a use refers to it.
@@ -595,34 +559,14 @@ class AsyncResource(MemoryResource):
         """
         try:
             with self._lock:
-                entries = self._table.entries(uses, "commit")
+                entries = tracking.resolve(self._table, uses, "commit")
                 mark = ForeignMark(key, owner, event, pool)
-                self._record(entries, mark, key)
+                tracking.commit_locked(self.marks, entries, key, None, False, False, mark)
         except BaseException:
             pool.release(event)
             raise
         if not mark.refs:
             mark.give_back()
-
-    def _record(self, entries: list[tuple[Any, Access]], mark: Mark, stream: int) -> None:
-        """Record ``entries`` against ``mark`` of ``stream``; caller holds the lock.
-        The same rules as :meth:`commit` (which is written out for speed)."""
-        release = self.marks.release
-        for entry, access in entries:
-            if access & _WRITE:
-                mark.refs += 1
-                release(entry.last_write)
-                entry.last_write = mark
-                for old in entry.reads.values():
-                    release(old)
-                entry.reads = {}
-            else:
-                prev = entry.reads.get(stream)
-                if prev is not mark:
-                    entry.reads[stream] = mark
-                    mark.refs += 1
-                    if prev is not None:
-                        release(prev)
 
     def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
         """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live block."""
@@ -865,7 +809,7 @@ class AsyncResource(MemoryResource):
                 "waits": self.marks.waits,
                 "events_recorded": self.events.recorded,
                 "events_in_use": self.events.in_use,
-                "same_stream_uses": self._same_stream,
+                "same_stream_uses": self.same_stream_uses,
             }
 
     def reset_peaks(self) -> None:

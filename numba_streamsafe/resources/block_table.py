@@ -1,5 +1,6 @@
-"""The table of live blocks and the dependency state of each: its last write
-and, per stream, its newest read since that write."""
+"""The table of live blocks and the dependency state of each (its
+:class:`~numba_streamsafe.resources.tracking.Entry`: its last write and, per
+stream, its newest read since that write)."""
 
 from __future__ import annotations
 
@@ -9,45 +10,9 @@ from collections.abc import Sequence
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, StaleContext, UseAfterFree
-from numba_streamsafe.resources.marks import Mark, MarkBook, retired_stream_id
+from numba_streamsafe.resources.tracking import Entry, Mark, retired_stream_id
 
 __all__ = ["Entry", "BlockTable"]
-
-_WRITE = Access.WRITE
-
-
-class Entry:
-    """Dependency state of one live block."""
-
-    __slots__ = ("block", "last_write", "reads")
-
-    def __init__(self, block: Block, ready: Mark) -> None:
-        self.block = block
-        #: The last write, or the allocation itself before any write.
-        self.last_write: Mark = ready
-        #: The newest read mark per stream since ``last_write``. A later mark
-        #: on a stream covers the earlier ones, so one per stream suffices.
-        self.reads: dict[int, Mark] = {}
-
-    def waits_for(self, stream: int, access: int) -> list[Mark]:
-        """Marks of other streams that ``access`` on ``stream`` must wait for."""
-        out = []
-        lw = self.last_write
-        if lw.stream != stream:
-            out.append(lw)
-        if access & _WRITE:
-            for s, mark in self.reads.items():
-                if s != stream:
-                    out.append(mark)
-        return out
-
-    def release(self, marks: MarkBook) -> None:
-        """Drop the entry's uses of its marks (the block is gone)."""
-        marks.release(self.last_write)
-        if self.reads:
-            for mark in self.reads.values():
-                marks.release(mark)
-            self.reads = {}
 
 
 class BlockTable:

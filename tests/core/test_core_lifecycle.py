@@ -32,7 +32,7 @@ def test_finalizer_inside_a_locked_section_does_not_deadlock(rt, res, sim, two_s
     a, b = two_streams
     block = rt.allocate(512, a, "finalized")
     launch(rt, b, [(block, R)])
-    the_lock = res._lock if lock == "resource" else res.events._lock
+    the_lock = res._lock if lock == "resource" else res.events.lock
     held: list[bool] = []
 
     def finalizer() -> None:

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "numba_streamsafe"
 #: import its own layer and those below.
 LAYERS = {
     "errors": 0, "access": 0, "streams": 0, "modes": 0, "settings": 0, "tracehook": 0,
-    "hot": 0, "_hot": 0,
+    "compiled": 0,
     "_driver": 1, "blocks": 1,
     "resources": 2,
     "runtime": 3,

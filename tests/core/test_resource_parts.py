@@ -10,9 +10,8 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, next_generation
 from numba_streamsafe.errors import StaleContext, UseAfterFree
 from numba_streamsafe.resources.block_table import BlockTable
-from numba_streamsafe.resources.events import EventPool
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import MarkBook
+from numba_streamsafe.resources.tracking import EventPool, MarkBook
 
 
 def test_kept_blocks_take_what_was_put_on_the_same_stream_and_size():

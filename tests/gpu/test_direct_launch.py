@@ -43,9 +43,9 @@ class Counting:
 
 
 def _fast_launches():
-    from numba_streamsafe.hot import hot
+    from numba_streamsafe.numba import launcher
 
-    return hot.launches() if hot is not None else 0
+    return launcher.launches()
 
 
 def _both_paths(rt, run):

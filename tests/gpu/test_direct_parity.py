@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import numba_streamsafe as nss
-from numba_streamsafe.hot import hot
+from numba_streamsafe.numba import launcher
 from numba_streamsafe.numba.policy import launch_policy
 
 pytestmark = pytest.mark.gpu
@@ -64,7 +64,7 @@ class Paths:
     def launches(self) -> int:
         """Launches the Python direct and the compiled paths took so far (the
         compiled path's count is process-wide)."""
-        return self.direct + (hot.launches() if hot is not None else 0)
+        return self.direct + (launcher.launches() if launcher.COMPILED else 0)
 
     def run(self, launch, outputs):
         """``launch()`` three ways; each time ``outputs`` (device arrays) are
@@ -77,7 +77,7 @@ class Paths:
             launch_policy(self.rt).direct_launch = direct
             for out in outputs:
                 nss.memset(out, 0xA5, stream=self.stream)
-            before = hot.launches() if hot is not None else 0
+            before = launcher.launches() if launcher.COMPILED else 0
             try:
                 launch()
                 self.gpu.synchronize()
@@ -88,8 +88,8 @@ class Paths:
                 self.last_error = exc
             finally:
                 launch_policy(self.rt).direct_launch = True
-            if hot is not None:
-                self.compiled += hot.launches() - before
+            if launcher.COMPILED:
+                self.compiled += launcher.launches() - before
             self.taken.append(self.launches() - taken)
         return results
 
@@ -165,7 +165,7 @@ def test_scalars_unspecialized(gpu, paths):
         paths.same(lambda out=out, value=value: store[1, 1, s](out, value), [out],
                    f"{type(value).__name__} {value!r} into {np.dtype(dtype)}", covered=True)
     assert paths.direct >= len(cases)          # the direct path was taken
-    if hot is not None:  # the compiled path takes the Python scalars (NumPy's: the Python path)
+    if launcher.COMPILED:  # the compiled path takes the Python scalars (NumPy's: the Python path)
         python_scalars = sum(type(v) in (int, float, bool, complex) for _, v in cases)
         assert paths.compiled >= python_scalars
 

@@ -1,4 +1,4 @@
-"""The compiled hot path (``numba_streamsafe._hot``) on a real GPU: it takes
+"""The compiled hot path (``numba_streamsafe.numba.launcher``, compiled) on a real GPU: it takes
 repeated launches, queues exactly the waits and events the Python path
 queues, orders racing kernels (with a negative control), and stays right
 with several threads launching at once."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import numba_streamsafe as nss
-from numba_streamsafe.hot import hot
+from numba_streamsafe.numba import launcher
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(hot is None, reason="the compiled hot path is not built "
+              pytest.mark.skipif(not launcher.COMPILED, reason="the compiled hot path is not built "
                                  "(or NUMBA_STREAMSAFE_PURE_PYTHON is set)")]
 
 N = 1 << 16
@@ -32,10 +32,10 @@ def test_repeat_launches_take_the_hot_path(gpu, kernels, fresh_runtime):
     x = nss.device_array(N, np.int32, stream=s)
     for _ in range(2):  # the Python path: compiles (Numba's launch), then caches
         kernels.fill[GRID, BLOCK, s](x, 0)
-    before = hot.launches()
+    before = launcher.launches()
     for v in range(1, 21):
         kernels.fill[GRID, BLOCK, s](x, v)
-    assert hot.launches() - before == 20
+    assert launcher.launches() - before == 20
     assert (nss.copy_to_host(x, stream=s) == 20).all()
 
 
@@ -60,15 +60,15 @@ def test_same_waits_and_events_as_the_python_path(gpu, kernels, fresh_runtime, m
             kernels.fill[GRID, BLOCK, streams[0]](x, -1)
         _program(kernels, streams, xs)  # warm: the arrays' fields cached
         gpu.synchronize()
-        fast0, c0 = hot.launches(), _counts()
+        fast0, c0 = launcher.launches(), _counts()
         if not use_hot:  # the Python path only: no state for the hot path
             for k in (kernels.fill, kernels.copy):
                 monkeypatch.setattr(k, "_remember", lambda *a, **kw: None)
-                monkeypatch.setattr(k, "_fast", None)
+                monkeypatch.setattr(k, "launch_state", None)
         _program(kernels, streams, xs)
         gpu.synchronize()
         monkeypatch.undo()
-        taken = hot.launches() - fast0
+        taken = launcher.launches() - fast0
         delta = tuple(b - a for a, b in zip(c0, _counts(), strict=True))
         out = [nss.copy_to_host(x, stream=streams[0]) for x in xs]
         results.setdefault(use_hot, []).append((delta, taken, out))
@@ -93,7 +93,7 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
         k[GRID, BLOCK, b](*args)
     gpu.synchronize()
     wrong = {True: 0, False: 0}
-    fast0 = hot.launches()
+    fast0 = launcher.launches()
     for trial in range(TRIALS):
         for tracking in (True, False):
             value = 2 * trial + (1 if tracking else 2)
@@ -104,7 +104,7 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
             a.synchronize()
             if not (nss.copy_to_host(y, stream=b) == value).all():
                 wrong[tracking] += 1
-    assert hot.launches() - fast0 >= 2 * TRIALS - 2  # the tracked trials took the hot path
+    assert launcher.launches() - fast0 >= 2 * TRIALS - 2  # the tracked trials took the hot path
     assert wrong[True] == 0, f"tracked: {wrong[True]}/{TRIALS} wrong"
     assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
 
@@ -115,7 +115,7 @@ def test_threads_launch_through_the_hot_path(gpu, kernels, fresh_runtime):
     nthreads, steps = 8, 200
     errors: list[BaseException] = []
     outs: list[np.ndarray | None] = [None] * nthreads
-    fast0 = hot.launches()
+    fast0 = launcher.launches()
 
     def work(t: int) -> None:
         try:
@@ -138,4 +138,4 @@ def test_threads_launch_through_the_hot_path(gpu, kernels, fresh_runtime):
     assert not errors, errors[0]
     for t, out in enumerate(outs):
         assert out is not None and (out == t * 1000 + steps - 1).all(), t
-    assert hot.launches() - fast0 > nthreads * steps  # most launches took the hot path
+    assert launcher.launches() - fast0 > nthreads * steps  # most launches took the hot path

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from numba.cuda import types
 from numba.cuda.np import numpy_support
 
-from numba_streamsafe.numba import direct
+from numba_streamsafe.numba import direct, launcher
 
 SCALARS = [types.int8, types.uint8, types.int16, types.uint16, types.int32, types.uint32,
            types.int64, types.uint64, types.float32, types.float64, types.boolean]
@@ -121,7 +121,7 @@ def programs(draw):
 def test_packed_parameters_are_numbas(program):
     argtypes, args = program
     codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), kinds, codes)
+    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
     address = plan.pack(args)
     assert address is not None
     assert plan.nparams == len(codes)
@@ -131,7 +131,7 @@ def test_packed_parameters_are_numbas(program):
 def test_values_that_do_not_fit_are_left_to_numba():
     argtypes = (types.int32, types.uint8)
     codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), kinds, codes)
+    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
     assert plan.pack((2**31, 1)) is None  # Numba's ctypes conversion wraps it
     assert plan.pack((1, -1)) is None
     assert plan.pack((1, "x")) is None
@@ -236,7 +236,7 @@ def test_a_float_out_of_a_float32_range_is_left_to_numba():
     raise. Likewise an int too large for a float64."""
     argtypes = (types.float32, types.float64)
     codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), kinds, codes)
+    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
     assert plan.pack((1e300, 1.0)) is None
     assert plan.pack((1.0, 2**1100)) is None
     assert plan.pack((3.5e38, 1.0)) is None
@@ -267,7 +267,7 @@ def test_zero_dim_arrays_are_left_to_numba():
     dev = SimpleNamespace(gpu_data=object(), _numba_type_=zero_d)
     assert direct.argtypes_of((dev,)) == (zero_d,)
     codes, kinds = direct.param_slots((zero_d,))
-    plan = direct.LaunchPlan(FakeKernel((zero_d,)), kinds, codes)
+    plan = direct.LaunchPlan(FakeKernel((zero_d,)), (zero_d,))
     data = np.zeros((), np.float64)
     assert read_params(plan.pack((fake_array(data, 0x7F00_0000_0100),)), codes) == [
         0, 0, 1, 8, 0x7F00_0000_0100]
@@ -299,12 +299,14 @@ def test_float32_parameters_convert_as_numbas_c_float(monkeypatch, by_ctypes):
     the cast quiets it; there (``_F32_BY_CTYPES``) the values go through
     ``ctypes.c_float`` first. Both ways are checked on this Python; the
     struct way only where this Python's ``struct`` casts as C does."""
-    if not by_ctypes and direct._F32_BY_CTYPES:
+    if launcher.COMPILED and not by_ctypes:
+        pytest.skip("the compiled packer casts as C does, whatever struct does")
+    if not by_ctypes and launcher._F32_BY_CTYPES:
         pytest.skip("this Python's struct packs signalling NaNs otherwise than C's cast")
-    monkeypatch.setattr(direct, "_F32_BY_CTYPES", by_ctypes)
+    monkeypatch.setattr(launcher, "_F32_BY_CTYPES", by_ctypes)
     argtypes = (types.float32, types.complex64)
     codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), kinds, codes)
+    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
     for value in F32_EDGES:
         for imag in (0.0, _nan(0x7FF0_0000_2000_0001)):
             address = plan.pack((value, complex(float(value), imag)))
@@ -325,7 +327,7 @@ def test_float32_parameters_convert_as_numbas_c_float(monkeypatch, by_ctypes):
 
 def test_the_struct_probe_matches_this_python():
     snan = _nan(0x7FF0_0000_2000_0001)
-    assert direct._F32_BY_CTYPES == (struct.pack("=f", snan) != _f32_bytes_numba(snan))
+    assert launcher._F32_BY_CTYPES == (struct.pack("=f", snan) != _f32_bytes_numba(snan))
 
 
 # The oracle: numba-cuda's own marshalling (``_Kernel._prepare_args``) and
@@ -333,7 +335,8 @@ def test_the_struct_probe_matches_this_python():
 # in a child interpreter without the simulator (which replaces both); the
 # direct path's packing of the same value for the same parameter must give
 # the bytes the kernel would read (the parameter's own size), or hand the
-# call to Numba's path. The compiled hot path's packing likewise.
+# call to Numba's path (in either build of the packer: the child runs the
+# build this process runs).
 ORACLE = textwrap.dedent(r'''
     import ctypes, json, math, struct, sys
     import numpy as np
@@ -347,7 +350,6 @@ ORACLE = textwrap.dedent(r'''
         print("SKIP cuda.core's ParamHolder cannot be imported: %s" % exc)
         sys.exit(0)
     from numba_streamsafe.numba import direct
-    from numba_streamsafe.hot import hot
 
     INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
     DECLARED = [getattr(types, n) for n in INTS] + [
@@ -405,48 +407,34 @@ ORACLE = textwrap.dedent(r'''
         cufunc = type("F", (), {"handle": 1})()
         kernel._codelibrary = type("L", (), {"get_cufunc": lambda self: cufunc,
                                              "_cufunc_cache": {0: cufunc}})()
-        plan = direct.LaunchPlan(kernel, kinds, codes)  # owns the buffer read below
+        plan = direct.LaunchPlan(kernel, (ty,))  # owns the buffer read below
         address = plan.pack((value,))
         if address is None:
             return None
         pointers = (ctypes.c_void_p * len(codes)).from_address(address)
         return [ctypes.string_at(p, n).hex() for p, n in zip(pointers, SIZE[ty])]
 
-    def hot_bytes(ty, value):
-        # The compiled path takes Python scalars only, for a plan the Python
-        # path made (the parameter accepts the argument's type).
-        if hot is None or type(value) not in (int, float, bool, complex):
-            return None
-        if not direct._accepts(ty, direct.argtypes_of((value,))[0]):
-            return None
-        packed = hot.pack(direct.compiled_codes((ty,)), (value,), (None,))
-        if packed is None:
-            return None
-        return [packed[8 * i:8 * i + n].hex() for i, n in enumerate(SIZE[ty])]
-
-    mismatches, counts = [], {"cases": 0, "direct": 0, "hot": 0, "numba_raises": 0}
+    mismatches, counts = [], {"cases": 0, "direct": 0, "numba_raises": 0}
     for value in values():
         for ty in DECLARED:
             counts["cases"] += 1
             expected = numba_bytes(ty, value)
             counts["numba_raises"] += isinstance(expected, str)
-            for path, got in (("direct", direct_bytes(ty, value)),
-                              ("hot", hot_bytes(ty, value))):
+            for path, got in (("direct", direct_bytes(ty, value)),):
                 if got is None:
                     continue  # handed to Numba's path: the same by construction
                 counts[path] += 1
                 if got != expected:
                     mismatches.append("%s: %s %r into %s: %s, Numba: %s" % (
                         path, type(value).__name__, value, ty, got, expected))
-    print("RESULT " + json.dumps({"mismatches": mismatches, "counts": counts,
-                                  "hot": hot is not None}))
+    print("RESULT " + json.dumps({"mismatches": mismatches, "counts": counts}))
 ''')
 
 
 def test_scalars_marshal_as_numba_cuda_marshals(child_env, repo_root):
     """Every scalar type Numba passes by value, at its edges, as Python and
     NumPy scalars, into a parameter of every scalar type (the unspecialized
-    case is the diagonal): where the direct path (or the compiled hot path)
+    case is the diagonal): where the direct path
     packs the value, its bytes are the ones numba-cuda's ``_prepare_args``
     and cuda.core's ``ParamHolder`` give, read at the parameter's size;
     everywhere else it hands the call to Numba's path, which then converts
@@ -464,5 +452,54 @@ def test_scalars_marshal_as_numba_cuda_marshals(child_env, repo_root):
     # Not vacuous: most cases are packed directly, and Numba refuses some.
     assert counts["cases"] > 1500 and counts["direct"] > 600, counts
     assert counts["numba_raises"] > 100, counts
-    if result["hot"]:
-        assert counts["hot"] > 250, counts
+
+
+# ------------------------------------------------------------- the one packer
+_EDGES = {
+    "b": [-128, 127, -129, 128, 0, -1], "B": [0, 255, 256, -1], "h": [-(1 << 15), (1 << 15) - 1,
+    1 << 15], "H": [0, (1 << 16) - 1, 1 << 16, -1], "i": [-(1 << 31), (1 << 31) - 1, 1 << 31],
+    "I": [0, (1 << 32) - 1, 1 << 32, -1], "q": [-(1 << 63), (1 << 63) - 1, 1 << 63],
+    "Q": [0, (1 << 64) - 1, 1 << 64, -1],
+    "f": [0.0, -0.0, 1.5, 3.4028234663852886e38, 3.5e38, -3.5e38, math.inf, math.nan, 1e-45,
+          7, 1 << 200],
+    "d": [0.0, -0.0, 1e308, math.inf, -math.inf, math.nan, 5e-324, 3, -(1 << 60), 1 << 2000],
+    "?": [True, False, 0, 1, 0.5],
+}
+
+
+def _pack(codes: bytes, args: tuple, fields: list) -> bytes | None:
+    buffer = ctypes.create_string_buffer(launcher.MAX_PARAM_BYTES)
+    n = launcher.pack_into(codes, args, fields, buffer, ctypes.addressof(buffer),
+                           launcher.MAX_PARAM_BYTES)
+    return None if n < 0 else buffer.raw[:8 * n]
+
+
+def _struct_bytes(code: str, value) -> bytes | None:
+    try:
+        raw = struct.pack("=" + code, value)
+    except (struct.error, TypeError, OverflowError):
+        return None
+    return raw + b"\0" * (8 - len(raw))
+
+
+@pytest.mark.parametrize("code", sorted(_EDGES))
+def test_scalar_packing_matches_struct(code):
+    """The packer (compiled or not) packs a scalar as ``struct`` does, and
+    refuses exactly what ``struct`` refuses."""
+    for value in _EDGES[code] + [True, False, "x", None, 2.5, 3, np.int16(-3), np.float32(2.5)]:
+        want = _struct_bytes(code, value)
+        if code == "f" and want is not None and not launcher.COMPILED and launcher._F32_BY_CTYPES:
+            want = bytes(ctypes.c_float(value)) + bytes(4)
+        assert _pack(code.encode(), (value,), [None]) == want, (code, value)
+
+
+def test_complex_and_array_packing():
+    fields = struct.pack("=QQqqQqq", 0, 0, 10, 4, 0xDEAD0000, 10, 4)
+    got = _pack(b"AZC", (object(), 1.5 - 2j, 0.25 + 4j), [fields, None, None])
+    assert got == fields + struct.pack("=dd", 1.5, -2.0) + struct.pack("=f4xf4x", 0.25, 4.0)
+    assert _pack(b"Z", ("1j",), [None]) is None
+    # Codes and arguments that do not match, fields that are not whole slots,
+    # parameters over the buffer: refused, nothing packed.
+    assert _pack(b"q", (1, 2), [None, None]) is None
+    assert _pack(b"A", (object(),), [b"123"]) is None
+    assert _pack(b"A", (object(),), [bytes(launcher.MAX_PARAM_BYTES + 8)]) is None

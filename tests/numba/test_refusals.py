@@ -161,7 +161,7 @@ def test_python_m_numba_streamsafe_reports_versions_path_and_settings(child_env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for key in ("numba_streamsafe", "numba-cuda", "cuda-bindings", "numpy", "compiled path",
+    for key in ("numba_streamsafe", "numba-cuda", "cuda-bindings", "numpy", "engine",
                 "memory manager", "NUMBA_STREAMSAFE_FENCES", "eager", "simulator"):
         assert key in out, (key, out)
 
@@ -178,5 +178,5 @@ def test_an_install_without_a_compiler_says_the_compiled_path_is_missing(repo_ro
                            str(src), "-w", str(tmp_path / "wheels")], env=env,
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "compiled hot path (numba_streamsafe/_hot.c) could not be built" in (proc.stdout
-                                                                                 + proc.stderr)
+    said = proc.stdout + proc.stderr
+    assert "compiled engine (numba_streamsafe.resources.tracking) could not be built" in said

@@ -1,0 +1,64 @@
+"""Which build of the engine runs: the compiled modules, or their Python source.
+
+The engine (:mod:`numba_streamsafe.resources.tracking` and
+:mod:`numba_streamsafe.numba.launcher`) is written once, in Cython's
+pure-Python mode. Where the package was built with a compiler, each module
+is an extension compiled from that source and Python imports it in place of
+the ``.py`` file; where it was not, the ``.py`` file runs as it is.
+
+``NUMBA_STREAMSAFE_PURE_PYTHON=1`` (read when the package is imported) runs
+the source even where the compiled modules are built: the reference the
+compiled build is tested against, and a way to rule it out.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+__all__ = ["ENGINE", "pure_python", "engine_builds"]
+
+#: The modules compiled from their own source where a compiler is present.
+ENGINE = ("numba_streamsafe.resources.tracking", "numba_streamsafe.numba.launcher")
+
+#: Whether the Python source was asked for (``NUMBA_STREAMSAFE_PURE_PYTHON``).
+pure_python = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON", "0").strip() not in ("", "0")
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds the engine's ``.py`` files ahead of their compiled modules."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in ENGINE or not path:
+            return None
+        leaf = fullname.rpartition(".")[2] + ".py"
+        for entry in path:
+            candidate = os.path.join(entry, leaf)
+            if os.path.isfile(candidate):
+                return importlib.util.spec_from_file_location(fullname, candidate)
+        return None
+
+
+if pure_python and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _SourceFinder())
+
+
+def engine_builds() -> dict[str, str]:
+    """Each engine module's build as imported in this process: ``"compiled"``
+    (its file), ``"Python source"``, or ``"not imported"``."""
+    out = {}
+    for name in ENGINE:
+        module = sys.modules.get(name)
+        if module is None:
+            out[name] = "not imported"
+        elif getattr(module, "COMPILED", False):
+            out[name] = f"compiled ({os.path.basename(module.__file__ or '')})"
+        else:
+            out[name] = "Python source"
+    return out

@@ -1,0 +1,560 @@
+"""The tracking engine: marks, the event pool, block entries, and the rules
+that decide which waits a use needs and what it records.
+
+This is the one implementation of the protocol's state and decisions. It is
+written in Cython's pure-Python mode: where a compiler is present the package
+build compiles this very file (typed fields, C calls into libcuda for the
+events and waits of the launch path), and where none is it runs as it is.
+``NUMBA_STREAMSAFE_PURE_PYTHON=1`` runs the source even where the compiled
+module is built (:mod:`numba_streamsafe.compiled`).
+
+A :class:`Mark` stands for "everything queued on its stream so far"; a
+:class:`MarkBook` keeps the open mark of each stream, records a mark's event
+when another stream first has to wait for it (*sealing* it), queues those
+waits once per waiting stream, and gives a mark's event back to the
+:class:`EventPool` when no use refers to it any more. An :class:`Entry` is a
+live block's dependency state: the mark of its last write and, per stream,
+the mark of its newest read since. :func:`preflight_locked` and
+:func:`commit_locked` are the rules themselves.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import itertools
+import logging
+import os
+import threading
+from typing import Any
+
+import cython
+
+from numba_streamsafe import tracehook
+from numba_streamsafe.errors import DriverError
+
+__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "Entry", "retired_stream_id",
+           "resolve", "preflight_locked", "commit_locked", "entry_point", "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
+
+_log = logging.getLogger("numba_streamsafe")
+
+#: Identities given to the marks and reads of retired streams: negative, so
+#: never the handle of a stream that exists (handles are >= 0).
+_retired_streams = itertools.count(-2, -1)
+
+_WRITE = cython.declare(cython.int, 2)  # Access.WRITE
+
+
+def retired_stream_id() -> int:
+    """A fresh identity for the history of a retired stream (never a live handle)."""
+    return next(_retired_streams)
+
+
+# ------------------------------------------------------------- libcuda entries
+_looked = cython.declare(cython.bint, False)
+_cu_record = cython.declare(cython.size_t, 0)
+_cu_wait = cython.declare(cython.size_t, 0)
+_entries: dict[str, int] = {}
+
+
+def entry_point(name: str) -> int:
+    """The address of libcuda's ``name`` when libcuda is loaded in this process
+    and the module runs compiled, else 0 (the driver layer's methods are then
+    called instead)."""
+    global _looked, _cu_record, _cu_wait
+    if not _looked:
+        _looked = True
+        if COMPILED:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+                for sym in ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel"):
+                    _entries[sym] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
+            except (OSError, AttributeError):
+                _entries.clear()
+            _cu_record = _entries.get("cuEventRecord", 0)
+            _cu_wait = _entries.get("cuStreamWaitEvent", 0)
+    return _entries.get(name, 0)
+
+
+@cython.cfunc
+@cython.exceptval(check=False)
+def _record_direct(event: Any, stream: Any) -> cython.int:
+    """``cuEventRecord`` through libcuda; nonzero when not done (the driver
+    layer then records, retrying in the right context or raising)."""
+    if not cython.compiled or _cu_record == 0:
+        return 1
+    try:
+        ev: cython.size_t = int(event)
+        st: cython.size_t = stream
+    except (TypeError, OverflowError, ValueError):
+        return 1
+    fn = cython.cast(record_fn, _cu_record)  # type: ignore[name-defined]  # noqa: F821
+    return fn(cython.cast(cython.p_void, ev), cython.cast(cython.p_void, st))  # type: ignore[no-any-return]
+
+
+@cython.cfunc
+@cython.exceptval(check=False)
+def _wait_direct(stream: Any, event: Any) -> cython.int:
+    """``cuStreamWaitEvent`` through libcuda; nonzero when not done."""
+    if not cython.compiled or _cu_wait == 0:
+        return 1
+    try:
+        ev: cython.size_t = int(event)
+        st: cython.size_t = stream
+    except (TypeError, OverflowError, ValueError):
+        return 1
+    fn = cython.cast(wait_fn, _cu_wait)  # type: ignore[name-defined]  # noqa: F821
+    return fn(cython.cast(cython.p_void, st), cython.cast(cython.p_void, ev), 0)  # type: ignore[no-any-return]
+
+
+# ----------------------------------------------------------------------- marks
+@cython.cclass
+class Mark:
+    """A point on a stream that uses of blocks are recorded against.
+
+    Every block used by a launch on ``stream`` refers to the stream's current
+    mark. The mark stands for "all work queued on ``stream`` so far": once an
+    event is recorded for it (the mark is *sealed*), waiting on that event
+    orders a consumer after every use that refers to the mark. A sealed mark
+    accepts no more uses; the stream gets a fresh mark.
+
+    ``refs`` counts the block states holding the mark; at zero a sealed mark's
+    event goes back to the pool. ``owner`` keeps the stream's owning object
+    alive while a use refers to the mark, so the stream cannot be destroyed
+    before the event is recorded. ``waiters`` maps the streams that already
+    wait for the mark's event to their owning objects (None for a raw
+    handle), kept alive while the mark is in use. Callers change a mark only
+    under their resource's lock.
+    """
+
+    stream = cython.declare(object, visibility="public")
+    handle = cython.declare(object, visibility="public")
+    refs = cython.declare(cython.Py_ssize_t, visibility="public")
+    owner = cython.declare(object, visibility="public")
+    waiters = cython.declare(object, visibility="public")
+
+    def __init__(self, stream: int, owner: Any = None) -> None:
+        self.stream = stream
+        self.handle = None
+        self.refs = 0
+        self.owner = owner
+        self.waiters = None
+
+    def __repr__(self) -> str:
+        state = "sealed" if self.handle is not None else "open"
+        return f"<Mark stream={self.stream:#x} {state} refs={self.refs}>"
+
+
+@cython.cclass
+class ForeignMark(Mark):
+    """A use by a stream of another device, recorded in this device's blocks.
+
+    ``stream`` is the key this device knows the foreign stream by (negative,
+    so never one of its own handles); the event was recorded on the foreign
+    stream, after the launch, from the foreign device's pool, and goes back to
+    that pool (``pool``) when no block refers to the mark. The mark is sealed
+    from the start: this device never records it, it only waits for it, which
+    CUDA allows across devices. After a context reset of the foreign device
+    (``pool.generation`` moved on) its work is complete and its event gone:
+    the mark is *stale*, waits skip it and its event is not given back.
+    """
+
+    pool = cython.declare(object, visibility="public")
+    generation = cython.declare(object, visibility="public")
+
+    def __init__(self, key: int, owner: Any, event: Any, pool: EventPool) -> None:
+        Mark.__init__(self, key, owner)
+        self.handle = event
+        self.pool = pool
+        self.generation = pool.generation
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.pool.generation != self.generation)
+
+    def give_back(self) -> None:
+        """Return the event to its device's pool (unless stale)."""
+        handle, self.handle = self.handle, None
+        if handle is not None and not self.stale:
+            self.pool.release(handle)
+
+    def __repr__(self) -> str:
+        return f"<ForeignMark key={self.stream} refs={self.refs}{' stale' if self.stale else ''}>"
+
+
+# ------------------------------------------------------------------ the events
+@cython.cclass
+class EventPool:
+    """A free list of timing-disabled events.
+
+    A handle may be reused as soon as no mark refers to it: a
+    ``cuStreamWaitEvent`` already queued captured the event as it was when the
+    wait was queued, so re-recording the handle later does not disturb it.
+
+    Parameters
+    ----------
+    driver : Driver
+        Backend that creates, records and destroys the events.
+    max_idle : int
+        Idle handles kept; more are destroyed on release.
+    """
+
+    driver = cython.declare(object, visibility="readonly")
+    _idle = cython.declare(object)
+    _lock = cython.declare(object)
+    max_idle = cython.declare(cython.Py_ssize_t, visibility="readonly")
+    in_use = cython.declare(cython.Py_ssize_t, visibility="public")
+    #: Events recorded over the pool's life (:meth:`record`).
+    recorded = cython.declare(cython.Py_ssize_t, visibility="public")
+    #: Advanced by :meth:`forget` (a context reset): handles given out before
+    #: belong to a destroyed context; :class:`ForeignMark` compares it.
+    generation = cython.declare(cython.Py_ssize_t, visibility="public")
+
+    def __init__(self, driver: Any, max_idle: int = 1024) -> None:
+        self.driver = driver
+        self._idle = collections.deque()
+        self.max_idle = max_idle
+        self._lock = threading.Lock()
+        self.in_use = 0
+        self.recorded = 0
+        self.generation = 0
+
+    @property
+    def lock(self) -> Any:
+        """The pool's lock (held only around its own state)."""
+        return self._lock
+
+    def acquire(self) -> Any:
+        """Return an idle handle, creating one when none is idle."""
+        with self._lock:
+            self.in_use += 1
+            if self._idle:
+                return self._idle.pop()
+        try:
+            return self.driver.event_create()
+        except BaseException:
+            with self._lock:
+                self.in_use -= 1
+            raise
+
+    def release(self, handle: Any) -> None:
+        """Give ``handle`` back; destroyed when the pool already keeps ``max_idle``.
+
+        Never raises: it runs when a mark loses its last user, in the middle
+        of a resource's state update (a free, a commit, a context reset). An
+        event the driver refuses to destroy is logged and leaked.
+        """
+        with self._lock:
+            self.in_use -= 1
+            if len(self._idle) < self.max_idle:
+                self._idle.append(handle)
+                return
+        try:
+            self.driver.event_destroy(handle)
+        except DriverError as exc:
+            _log.warning("could not destroy event %r (it is leaked): %s", handle, exc)
+
+    def record(self, stream: Any, direct: cython.bint = False) -> Any:
+        """A pooled event recorded on ``stream`` (through libcuda when
+        ``direct`` and the module runs compiled, else the driver layer)."""
+        handle = self.acquire()
+        if not direct or _record_direct(handle, stream) != 0:
+            try:
+                self.driver.event_record(handle, stream)
+            except BaseException:
+                self.release(handle)
+                raise
+        self.recorded += 1
+        return handle
+
+    @property
+    def idle(self) -> int:
+        """Handles waiting in the pool."""
+        return len(self._idle)
+
+    def forget(self) -> None:
+        """Destroy the idle handles, ignoring errors (their context may be gone),
+        and forget the ones in use."""
+        with self._lock:
+            idle, self._idle = list(self._idle), collections.deque()
+            self.in_use = 0
+            self.generation += 1
+        for handle in idle:
+            try:
+                self.driver.event_destroy(handle)
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """Destroy every idle handle."""
+        with self._lock:
+            idle, self._idle = list(self._idle), collections.deque()
+        for handle in idle:
+            self.driver.event_destroy(handle)
+
+
+# ------------------------------------------------------------------- mark book
+@cython.cclass
+class MarkBook:
+    """The open mark of each stream, sealing, waits, and releasing marks.
+
+    Callers hold their resource's lock around every method.
+
+    Parameters
+    ----------
+    driver : Driver
+        Queues the waits.
+    events : EventPool
+        Records the marks' events.
+    """
+
+    driver = cython.declare(object, visibility="readonly")
+    events = cython.declare(EventPool, visibility="readonly")
+    #: The open (not yet sealed) mark of each stream.
+    open = cython.declare(dict, visibility="readonly")
+    #: Waits queued over the book's life (``cuStreamWaitEvent`` calls).
+    waits = cython.declare(cython.Py_ssize_t, visibility="public")
+
+    def __init__(self, driver: Any, events: EventPool) -> None:
+        self.driver = driver
+        self.events = events
+        self.open = {}
+        self.waits = 0
+
+    def current(self, stream: Any, owner: Any = None) -> Mark:
+        """The open mark of ``stream`` (made now if it has none); ``owner`` is
+        kept with it when it has none yet."""
+        mark: Mark
+        found = self.open.get(stream)
+        if found is None:
+            mark = Mark(stream, owner)
+            self.open[stream] = mark
+        else:
+            mark = found
+            if owner is not None and mark.owner is None:
+                mark.owner = owner
+        return mark
+
+    def seal(self, mark: Mark, direct: cython.bint = False) -> Any:
+        """The event of ``mark``, recorded now if it has none. A sealed mark is
+        no longer its stream's open mark: later work gets a new one."""
+        handle = mark.handle
+        if handle is None:
+            handle = self.events.record(mark.stream, direct)
+            mark.handle = handle
+            if self.open.get(mark.stream) is mark:
+                del self.open[mark.stream]
+            tracer = tracehook.active
+            if tracer is not None:
+                tracer.sealed(self.driver.device, mark.stream)
+        return handle
+
+    def wait_all(self, stream: Any, marks: list, owner: Any = None, free: cython.bint = False,
+                 direct: cython.bint = False) -> None:
+        """Queue waits of ``stream`` on ``marks``, each once.
+
+        A stream that already waited for a mark is ordered after it for good
+        (stream order), so it never waits for the same mark twice. The mark
+        keeps ``owner`` (the waiting stream's object) alive while it is in use,
+        so the waiter's handle cannot pass to a new stream that would then skip
+        the wait; ``BlockTable.forget_stream`` drops a retired handle's waits.
+        With ``direct`` the events and waits go through libcuda (the compiled
+        launch path), unless the driver has destroyed streams to check.
+        """
+        mark: Mark
+        if direct and self.driver.destroyed_streams:
+            direct = False
+        for m in marks:
+            mark = m
+            if type(mark) is not Mark and cython.cast(ForeignMark, mark).stale:
+                continue  # its device was reset: its work is complete
+            waiters = mark.waiters
+            if waiters is None:
+                waiters = mark.waiters = {}
+            elif stream in waiters:
+                if owner is not None and waiters[stream] is None:
+                    waiters[stream] = owner
+                continue
+            handle = self.seal(mark, direct)
+            if not direct or _wait_direct(stream, handle) != 0:
+                self.driver.stream_wait_event(stream, handle)
+            waiters[stream] = owner
+            self.waits += 1
+            tracer = tracehook.active
+            if tracer is not None:
+                tracer.waited(stream, mark.stream, free)
+
+    def release(self, mark: Mark) -> None:
+        """Drop one use of ``mark``; at none, its event goes back to the pool and
+        it keeps no stream object alive (an open mark stays open until its
+        stream's next use)."""
+        mark.refs -= 1
+        if mark.refs == 0:
+            if mark.handle is not None:
+                if type(mark) is Mark:
+                    self.events.release(mark.handle)
+                    mark.handle = None
+                else:
+                    cython.cast(ForeignMark, mark).give_back()
+            mark.owner = None
+            mark.waiters = None
+
+    def retire(self, stream: Any) -> None:
+        """Seal the open mark of ``stream`` if a use refers to it (its uses can
+        then still be waited for once the stream is gone); forget it otherwise."""
+        mark = self.open.get(stream)
+        if mark is not None:
+            if cython.cast(Mark, mark).refs:
+                self.seal(mark)
+            else:
+                del self.open[stream]
+
+    def forget_unused(self) -> None:
+        """Forget the open marks no use refers to (streams come and go)."""
+        for stream in [s for s, m in self.open.items() if not cython.cast(Mark, m).refs]:
+            del self.open[stream]
+
+    def clear(self) -> None:
+        self.open.clear()
+
+
+# --------------------------------------------------------------------- entries
+@cython.cclass
+class Entry:
+    """Dependency state of one live block: the mark of its last write (first,
+    of its allocation) and, per stream, the mark of its newest read since that
+    write (a later mark on a stream covers the earlier ones)."""
+
+    block = cython.declare(object, visibility="public")
+    last_write = cython.declare(Mark, visibility="public")
+    reads = cython.declare(dict, visibility="public")
+
+    def __init__(self, block: Any, ready: Mark) -> None:
+        self.block = block
+        self.last_write = ready
+        self.reads = {}
+
+    def waits_for(self, stream: Any, access: cython.int) -> list:
+        """Marks of other streams that ``access`` on ``stream`` must wait for."""
+        out = []
+        lw = self.last_write
+        if lw.stream != stream:
+            out.append(lw)
+        if access & _WRITE:
+            for s, mark in self.reads.items():
+                if s != stream:
+                    out.append(mark)
+        return out
+
+    def release(self, marks: MarkBook) -> None:
+        """Drop the entry's uses of its marks (the block is gone)."""
+        marks.release(self.last_write)
+        if self.reads:
+            for mark in self.reads.values():
+                marks.release(mark)
+            self.reads = {}
+
+
+# ------------------------------------------------------------------- the rules
+def resolve(table: Any, uses: Any, what: str) -> list:
+    """The validated entries of ``uses`` (``(block, access)`` pairs), flattened
+    as ``[entry, access, entry, access, ...]``; ``table.entry(block, what)``
+    decides (and raises) for a block that is not the live one at its address.
+    Caller holds the resource's lock."""
+    live: dict = table.live
+    out = []
+    for pair in uses:
+        block = pair[0]
+        entry = live.get(block.ptr)
+        if entry is None or cython.cast(Entry, entry).block is not block:
+            entry = table.entry(block, what)
+        out.append(entry)
+        out.append(int(pair[1]))
+    return out
+
+
+def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
+                     direct: cython.bint = False) -> cython.Py_ssize_t:
+    """Queue on ``stream`` the waits that ``entries`` (from :func:`resolve`)
+    need: a use waits for its block's last write on another stream, and a
+    write also for the block's reads on other streams. Same-stream uses never
+    wait. Returns how many uses stayed on their block's last writer's stream.
+    Caller holds the resource's lock."""
+    entry: Entry
+    marks = None
+    same: cython.Py_ssize_t = 0
+    n: cython.Py_ssize_t = len(entries)
+    i: cython.Py_ssize_t
+    for i in range(0, n, 2):
+        entry = entries[i]
+        access: cython.int = entries[i + 1]
+        lw = entry.last_write
+        if lw.stream != stream:
+            if marks is None:
+                marks = [lw]
+            else:
+                marks.append(lw)
+        else:
+            same += 1
+        if access & _WRITE and entry.reads:
+            for s, mark in entry.reads.items():
+                if s != stream:
+                    if marks is None:
+                        marks = [mark]
+                    else:
+                        marks.append(mark)
+    if marks is not None:
+        book.wait_all(stream, marks, owner, False, direct)
+    return same
+
+
+def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
+                  eager: cython.bint, direct: cython.bint = False, into: Mark | None = None
+                  ) -> None:
+    """Record ``entries`` (from :func:`resolve`) on ``stream``'s open mark (or
+    on ``into``: another device's use, sealed already): a write becomes the
+    block's last write and ends its reads; a read becomes the block's read on
+    ``stream``. With ``eager`` the mark's event is recorded now. Caller holds
+    the resource's lock."""
+    entry: Entry
+    mark: Mark
+    prev: Mark
+    if not entries:
+        return
+    found = book.open.get(stream) if into is None else into
+    if into is None and (found is None or (owner is not None
+                                           and cython.cast(Mark, found).owner is None)):
+        mark = book.current(stream, owner)
+    else:
+        mark = found
+    n: cython.Py_ssize_t = len(entries)
+    i: cython.Py_ssize_t
+    for i in range(0, n, 2):
+        entry = entries[i]
+        access: cython.int = entries[i + 1]
+        if access & _WRITE:
+            mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
+            lw = entry.last_write
+            if lw is not mark:
+                book.release(lw)
+                entry.last_write = mark
+            else:
+                mark.refs -= 1
+            if entry.reads:
+                for old in entry.reads.values():
+                    book.release(old)
+                entry.reads = {}
+        else:
+            reads = entry.reads
+            found = reads.get(stream)
+            if found is not mark:
+                reads[stream] = mark
+                mark.refs += 1
+                if found is not None:
+                    prev = found
+                    book.release(prev)
+    if eager:
+        book.seal(mark, direct)

@@ -1,0 +1,108 @@
+"""What :mod:`test_engine_builds` runs in its child processes: random
+multi-stream programs on the simulated driver, reported as plain values, with
+the engine's build the child imported (``NUMBA_STREAMSAFE_PURE_PYTHON`` set by
+the parent decides it)."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from typing import Any
+
+import programs as P
+
+from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.access import Access
+from numba_streamsafe.compiled import engine_builds
+from numba_streamsafe.resources import AsyncResource
+from numba_streamsafe.runtime import DeviceRuntime
+
+R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
+
+
+def builds() -> dict[str, str]:
+    """The engine's build in this process (both modules imported)."""
+    import numba_streamsafe.numba.launcher  # noqa: F401
+
+    return engine_builds()
+
+
+def sequential(program: P.Program, fenced: bool, fences: str) -> tuple[Any, ...]:
+    """Every figure a program leaves: driver calls, hazards, accounting,
+    counters, waits and events."""
+    run = P.execute(program, fenced=fenced, fences=fences)
+    res = run.res
+    outcome = (dict(run.sim.calls), len(run.sim.hazards), P.accounting(res), res.counters(),
+               res.marks.waits, res.events.recorded, res.events.in_use)
+    P.cleanup(run)
+    return outcome
+
+
+def concurrent(programs: list[P.Program], fences: str, seed: int) -> dict[str, int]:
+    """``programs`` run at once, one per thread, on one runtime: each thread
+    on streams and blocks of its own, and every launch also reading one of
+    the blocks the threads share (written before they start). Returns what must hold whatever the
+    interleaving: the hazards, the bytes and events left once everything is
+    freed and reaped, the errors; and the work done (launches, waits)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, fences=fences)
+    rt = DeviceRuntime(res)
+    home = sim.create_stream()
+    shared = [res.allocate(256, home, f"shared{i}") for i in range(3)]
+    P.launch(rt, home, [(b, W) for b in shared], label="init")
+    errors: list[BaseException] = []
+    launches = [0] * len(programs)
+    barrier = threading.Barrier(len(programs))
+
+    def work(t: int, program: P.Program) -> None:
+        rng = random.Random(seed + t)
+        try:
+            streams = [sim.create_stream() for _ in range(program.n_streams)]
+            blocks: list[Any] = [res.allocate(n, streams[h], f"t{t}b{i}")
+                                 for i, (n, h) in enumerate(zip(program.sizes, program.homes,
+                                                                strict=True))]
+            barrier.wait()
+            for step in program.steps:
+                if isinstance(step, P.Launch):
+                    uses = [(blocks[i], a) for i, a in step.uses if blocks[i] is not None]
+                    # Shared blocks are only read: two threads that write one
+                    # buffer with nothing ordering them on the host race in
+                    # the program itself (neither launch comes first).
+                    uses.append((rng.choice(shared), R))
+                    P.launch(rt, streams[step.stream], uses, label=f"t{t}")
+                    launches[t] += 1
+                elif isinstance(step, (P.Free, P.Realloc, P.Renew)):
+                    old_block = blocks[step.buf]
+                    if old_block is not None:
+                        res.deallocate(old_block)
+                        blocks[step.buf] = res.allocate(old_block.nbytes, old_block.stream,
+                                                        f"t{t}b{step.buf}")
+                elif isinstance(step, P.HostSync):
+                    sim.stream_synchronize(streams[step.stream])
+                elif isinstance(step, P.Reap):
+                    rt.reap()
+            for blk in blocks:
+                if blk is not None:
+                    res.deallocate(blk)
+        except BaseException as exc:  # reported to the parent, not lost in the thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(t, p)) for t, p in enumerate(programs)]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    for blk in shared:
+        res.deallocate(blk)
+    rt.reap()
+    return {"hazards": len(sim.hazards), "outstanding": res.bytes_outstanding(),
+            "events_in_use": res.events.in_use, "errors": len(errors),
+            "first_error": repr(errors[0]) if errors else "", "launches": sum(launches),
+            "waits": res.marks.waits}

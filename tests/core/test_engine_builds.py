@@ -1,0 +1,95 @@
+"""The engine's two builds agree: the compiled modules and their Python
+source (``NUMBA_STREAMSAFE_PURE_PYTHON=1``), each in a child process of its
+own, run the same random multi-stream programs: one thread each, with the
+same driver calls, waits, events, hazards (none when fenced) and final
+state; and several threads at once on one runtime, with no hazard, no error
+and nothing left over on either.
+
+The whole suite also runs with ``NUMBA_STREAMSAFE_PURE_PYTHON=1`` (CI runs
+both).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import engine_runs
+import programs as P
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from numba_streamsafe.compiled import ENGINE
+
+
+def _pool(pure: bool) -> Any:
+    """A one-process pool whose child imports the engine's ``pure`` build."""
+    saved = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON")
+    os.environ["NUMBA_STREAMSAFE_PURE_PYTHON"] = "1" if pure else "0"
+    try:
+        return multiprocessing.get_context("spawn").Pool(1)
+    finally:
+        if saved is None:
+            del os.environ["NUMBA_STREAMSAFE_PURE_PYTHON"]
+        else:
+            os.environ["NUMBA_STREAMSAFE_PURE_PYTHON"] = saved
+
+
+@pytest.fixture(scope="module")
+def children() -> Iterator[tuple[Any, Any]]:
+    source, compiled = _pool(True), _pool(False)
+    try:
+        built = compiled.apply(engine_runs.builds)
+        if not all(b.startswith("compiled") for b in built.values()):
+            pytest.skip(f"the engine is not compiled in this checkout: {built}")
+        assert source.apply(engine_runs.builds) == dict.fromkeys(ENGINE, "Python source")
+        yield source, compiled
+    finally:
+        source.terminate()
+        compiled.terminate()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(program=P.program_strategy(max_steps=25, renew=True),
+       fences=st.sampled_from(["lazy", "eager"]), fenced=st.booleans())
+def test_both_builds_run_programs_alike(children, program, fences, fenced):
+    source, compiled = children
+    args = (program, fenced, fences)
+    want = source.apply(engine_runs.sequential, args)
+    got = compiled.apply(engine_runs.sequential, args)
+    assert got == want
+    if fenced:
+        assert got[1] == 0  # no hazard
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(programs=st.lists(P.program_strategy(max_steps=30), min_size=2, max_size=4),
+       fences=st.sampled_from(["lazy", "eager"]), seed=st.integers(0, 2**16))
+def test_both_builds_order_concurrent_threads(children, programs, fences, seed):
+    for child in children:
+        out = child.apply(engine_runs.concurrent, (programs, fences, seed))
+        assert out["errors"] == 0, out["first_error"]
+        assert (out["hazards"], out["outstanding"], out["events_in_use"]) == (0, 0, 0), out
+
+
+def test_the_comparison_is_not_vacuous(children):
+    """The programs compared queue waits and record events, and the threads
+    launch and wait, on both builds."""
+    import random
+
+    rng = random.Random(7)
+    waits = events = 0
+    for _ in range(10):
+        calls = children[1].apply(engine_runs.sequential, (P.random_program(rng), True, "lazy"))[0]
+        waits += calls["cuStreamWaitEvent"]
+        events += calls["cuEventRecord"]
+    assert waits > 10 and events > 10
+    progs = [P.random_program(random.Random(i), max_steps=30) for i in range(4)]
+    for child in children:
+        out = child.apply(engine_runs.concurrent, (progs, "lazy", 1))
+        assert out["launches"] > 20 and out["waits"] > 5, out
