@@ -53,7 +53,8 @@ print(c.engine_builds(), 'libcuda entry:', l.available())"
 engine-bench)
     # benchmarks/run_all.py on the tree before the engine (.before/, built by `engine`)
     # and on this one, in one call: the table of issue 28.
-    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    run build_ext python3 setup.py build_ext --inplace
+    (cd .before && python3 setup.py build_ext --inplace) > "$OUT/build_before.log" 2>&1
     ROUNDS=${ROUNDS:-1} timeout "${BENCH_TIMEOUT:-560}" bash scripts/bench_compare.sh \
         "$PWD/.before" run_all.py > "$OUT/run_all_compare.log" 2>&1
     grep -E "^=== |^figure|pass|MISS|peer|not run|DIED|launch, |hand-placed|compiled entry" \

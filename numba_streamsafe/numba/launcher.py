@@ -44,7 +44,6 @@ _INT_RANGES = {ord("b"): (-(1 << 7), (1 << 7) - 1), ord("B"): (0, (1 << 8) - 1),
 _STRUCTS = {c: struct.Struct("=" + chr(c)) for c in b"bBhHiIqQfd?"}
 
 _cu_launch = cython.declare(cython.size_t, 0)
-_looked = cython.declare(cython.bint, False)
 _launches = cython.declare(cython.ulonglong, 0)
 
 
@@ -52,9 +51,8 @@ _launches = cython.declare(cython.ulonglong, 0)
 def available() -> bool:
     """Whether :func:`launch` can queue kernels itself: compiled, with libcuda
     loaded in this process."""
-    global _cu_launch, _looked
-    if not _looked:
-        _looked = True
+    global _cu_launch
+    if _cu_launch == 0:  # looked up until libcuda is loaded
         _cu_launch = tracking.entry_point("cuLaunchKernel")
     return _cu_launch != 0
 

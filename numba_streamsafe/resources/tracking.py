@@ -65,17 +65,16 @@ def entry_point(name: str) -> int:
     and the module runs compiled, else 0 (the driver layer's methods are then
     called instead)."""
     global _looked, _cu_record, _cu_wait
-    if not _looked:
-        _looked = True
-        if COMPILED:
-            try:
-                lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-                for sym in ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel"):
-                    _entries[sym] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
-            except (OSError, AttributeError):
-                _entries.clear()
-            _cu_record = _entries.get("cuEventRecord", 0)
-            _cu_wait = _entries.get("cuStreamWaitEvent", 0)
+    if not _looked and COMPILED:  # looked up until libcuda is loaded (by the first CUDA call)
+        try:
+            lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            for sym in ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel"):
+                _entries[sym] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
+            _looked = True
+        except (OSError, AttributeError):
+            _entries.clear()
+        _cu_record = _entries.get("cuEventRecord", 0)
+        _cu_wait = _entries.get("cuStreamWaitEvent", 0)
     return _entries.get(name, 0)
 
 
