@@ -1,7 +1,6 @@
 """The optional compiled engine, and the simulator's start-up hook.
 
-The engine's modules (numba_streamsafe/resources/tracking.py and
-numba_streamsafe/numba/launcher.py) are Cython pure-Python sources: where
+The engine's modules (ENGINE below) are Cython pure-Python sources: where
 Cython and a C compiler are present the build compiles them, and where not
 the package installs and runs them as Python. Everything else is in
 pyproject.toml.
@@ -34,7 +33,8 @@ class BuildPyWithPth(build_py):
 
 
 #: The engine: modules compiled from their own (pure-Python mode) source.
-ENGINE = ["numba_streamsafe/resources/tracking.py", "numba_streamsafe/numba/launcher.py"]
+ENGINE = ["numba_streamsafe/resources/marks.py", "numba_streamsafe/resources/rules.py",
+          "numba_streamsafe/numba/packing.py", "numba_streamsafe/numba/launcher.py"]
 
 
 def engine_extensions() -> list[Extension]:

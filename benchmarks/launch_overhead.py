@@ -306,6 +306,9 @@ def main() -> dict:
         lps = "  ".join(f"{k} {v:,.0f}/s" for k, v in th["launches_per_s"].items())
         print(f"  {th['threads']} threads at once: {lps}  tracked / {th['floor']} "
               f"{th['ratio']:.3f}")
+    if launcher.COMPILED:
+        print(f"  compiled launches: {launcher.launches()}, of which the driver layer retried "
+              f"{launcher.retried()}")
     write_result("launch_overhead", {"launches": args.launches, "rounds": args.rounds,
                                      "results": results})
     return results

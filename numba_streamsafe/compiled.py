@@ -1,7 +1,9 @@
 """Which build of the engine runs: the compiled modules, or their Python source.
 
-The engine (:mod:`numba_streamsafe.resources.tracking` and
-:mod:`numba_streamsafe.numba.launcher`) is written once, in Cython's
+The engine (:mod:`numba_streamsafe.resources.marks` and
+:mod:`~numba_streamsafe.resources.rules`, the tracking state and rules;
+:mod:`numba_streamsafe.numba.packing` and :mod:`~numba_streamsafe.numba.launcher`,
+the direct launch) is written once, in Cython's
 pure-Python mode. Where the package was built with a compiler, each module
 is an extension compiled from that source and Python imports it in place of
 the ``.py`` file; where it was not, the ``.py`` file runs as it is.
@@ -24,7 +26,8 @@ from types import ModuleType
 __all__ = ["ENGINE", "pure_python", "engine_builds"]
 
 #: The modules compiled from their own source where a compiler is present.
-ENGINE = ("numba_streamsafe.resources.tracking", "numba_streamsafe.numba.launcher")
+ENGINE = ("numba_streamsafe.resources.marks", "numba_streamsafe.resources.rules",
+          "numba_streamsafe.numba.packing", "numba_streamsafe.numba.launcher")
 
 #: Whether the Python source was asked for (``NUMBA_STREAMSAFE_PURE_PYTHON``).
 pure_python = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON", "0").strip() not in ("", "0")

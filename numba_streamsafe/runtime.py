@@ -27,7 +27,7 @@ from numba_streamsafe.resources import (
     MemoryResource,
     ResourceStats,
 )
-from numba_streamsafe.resources.tracking import retired_stream_id
+from numba_streamsafe.resources.marks import retired_stream_id
 from numba_streamsafe.settings import settings
 from numba_streamsafe.streams import (
     MAX_DEFAULT_STREAM,

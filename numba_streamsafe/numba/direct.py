@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numba.cuda import types as _numba_types
 
-from numba_streamsafe.numba import launcher
+from numba_streamsafe.numba import launcher, packing
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
 
@@ -82,7 +82,7 @@ def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None
 
 
 def compiled_codes(argtypes: tuple[Any, ...]) -> bytes:
-    """The parameter codes :func:`numba_streamsafe.numba.launcher.pack_into`
+    """The parameter codes :func:`numba_streamsafe.numba.packing.pack_into`
     packs by, for an overload whose parameters are ``argtypes`` (covered by
     :func:`param_slots`): one per argument, ``A`` for an array (its launch
     fields fill its parameters), ``C`` / ``Z`` for complex64 / complex128,
@@ -173,7 +173,7 @@ class LaunchPlan:
 
     def pack(self, args: tuple[Any, ...]) -> int | None:
         """Write ``args`` into this thread's parameter buffer
-        (:func:`numba_streamsafe.numba.launcher.pack_into`).
+        (:func:`numba_streamsafe.numba.packing.pack_into`).
 
         Returns
         -------
@@ -189,7 +189,7 @@ class LaunchPlan:
             else:
                 fields.append(None)
         scratch = self._scratch
-        if launcher.pack_into(self.codes, args, fields, scratch.buffer, scratch.base,
+        if packing.pack_into(self.codes, args, fields, scratch.buffer, scratch.base,
                               scratch.size) < 0:
             return None
         return scratch.address  # type: ignore[no-any-return]

@@ -1,7 +1,48 @@
-# C declarations for the compiled build of launcher.py (Cython's pure-Python
-# mode reads them beside the module).
-from libc.string cimport memcpy
+# C declarations of launcher.py for its compiled build (see resources/marks.pxd).
+from numba_streamsafe.numba.packing cimport pack_into
+from numba_streamsafe.resources.marks cimport MarkBook
+from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
 
 ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
                           unsigned int, unsigned int, unsigned int, void *, void **,
                           void **) noexcept nogil
+
+
+cdef class ArgFields:
+    cdef readonly object block
+    cdef readonly object ptr
+    cdef readonly object argtype
+    cdef readonly bytes fields
+
+
+cdef class Plan:
+    cdef readonly tuple argtypes
+    cdef readonly object function
+    cdef readonly bytes codes
+    cdef readonly object cache
+    cdef readonly object cufunc
+    cdef readonly object device
+
+
+cdef class LaunchState:
+    cdef readonly object rt
+    cdef readonly object table
+    cdef readonly dict live
+    cdef readonly MarkBook book
+    cdef readonly object acquire
+    cdef readonly object release
+    cdef readonly object policy
+    cdef readonly object destroyed
+    cdef readonly object deferred
+    cdef readonly tuple accesses
+    cdef readonly list plans
+    cdef readonly object warned
+    cdef readonly bint no_warn
+    cdef readonly bint eager
+    cdef readonly object driver_launch
+
+
+cdef class Launcher:
+    cdef readonly object kernel
+    cdef readonly tuple config
+    cdef readonly object stream

@@ -4,9 +4,9 @@ Nothing here imports Numba. Resources call a
 :class:`~numba_streamsafe._driver.base.Driver`, never CUDA directly.
 
 One concept per module: ``base`` (the MemoryResource contract and adaptors),
-``tracking`` (the engine: marks, events, entries and the tracking rules,
-compiled where a compiler is present), ``async_resource`` (the tracking
-resource, composed of ``tracking``, ``block_table``, ``freed`` and
+``marks`` and ``rules`` (the engine's state and its decisions, compiled
+where a compiler is present), ``async_resource`` (the tracking resource,
+composed of ``marks``, ``rules``, ``block_table``, ``freed`` and
 ``deferred``), ``direct``, ``budget``, ``logging`` and ``guard`` (resources
 and adaptors).
 """
@@ -17,7 +17,7 @@ from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
 from numba_streamsafe.resources.guard import DebugGuardResource
 from numba_streamsafe.resources.logging import LoggingResource
-from numba_streamsafe.resources.tracking import EventPool, Mark
+from numba_streamsafe.resources.marks import EventPool, Mark
 
 __all__ = [
     "MemoryResource",

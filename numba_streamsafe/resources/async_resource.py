@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numba_streamsafe.resources.tracking as tracking
+import numba_streamsafe.resources.rules as rules
 from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.access import Access
@@ -32,7 +32,7 @@ from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.tracking import EventPool, ForeignMark, Mark, MarkBook
+from numba_streamsafe.resources.marks import EventPool, ForeignMark, Mark, MarkBook
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
@@ -89,7 +89,7 @@ class AsyncResource(MemoryResource):
     every cross-stream mark, so the pool cannot hand the address to anyone
     while a use is in flight. Same-stream uses never wait.
 
-    All blocks of one launch share one :class:`~numba_streamsafe.resources.tracking.Mark`
+    All blocks of one launch share one :class:`~numba_streamsafe.resources.marks.Mark`
     and so at most one event. With ``fences="lazy"`` (the default) that event
     is recorded only when another stream first has to wait for the mark, so
     work that stays on one stream records no event at all; the consumer then
@@ -196,7 +196,6 @@ class AsyncResource(MemoryResource):
         self._live_peak = 0
         self._allocated_bytes = 0
         self._freed_bytes = 0
-        self.same_stream_uses = 0
         #: Borrowed blocks in the table (:meth:`borrow`): not allocations, so
         #: they count in no byte or block figure.
         self._borrowed = 0
@@ -462,10 +461,8 @@ class AsyncResource(MemoryResource):
         if self._deferred_queue:
             self._drain()
         with self._lock:
-            entries = tracking.resolve(self._table, uses, "preflight")
-            same = tracking.preflight_locked(self.marks, entries, stream, owner)
-            if same:
-                self.same_stream_uses += same
+            rules.preflight_locked(self.marks, rules.resolve(self._table, uses, "preflight"),
+                                   stream, owner)
 
     def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         """Record ``uses`` against the stream's current mark (sealed now when eager).
@@ -474,8 +471,8 @@ class AsyncResource(MemoryResource):
         outlives every use recorded on it).
         """
         with self._lock:
-            entries = tracking.resolve(self._table, uses, "commit")
-            tracking.commit_locked(self.marks, entries, stream, owner, self._eager)
+            entries = rules.resolve(self._table, uses, "commit")
+            rules.commit_locked(self.marks, entries, stream, owner, self._eager)
 
     # The engine's view (numba_streamsafe.numba.launcher reads these once per
     # kernel and runtime, then takes the lock and the table itself).
@@ -559,9 +556,9 @@ class AsyncResource(MemoryResource):
         """
         try:
             with self._lock:
-                entries = tracking.resolve(self._table, uses, "commit")
+                entries = rules.resolve(self._table, uses, "commit")
                 mark = ForeignMark(key, owner, event, pool)
-                tracking.commit_locked(self.marks, entries, key, None, False, False, mark)
+                rules.commit_locked(self.marks, entries, key, None, False, False, mark)
         except BaseException:
             pool.release(event)
             raise
@@ -809,7 +806,7 @@ class AsyncResource(MemoryResource):
                 "waits": self.marks.waits,
                 "events_recorded": self.events.recorded,
                 "events_in_use": self.events.in_use,
-                "same_stream_uses": self.same_stream_uses,
+                "same_stream_uses": self.marks.same_stream,
             }
 
     def reset_peaks(self) -> None:

@@ -1,5 +1,5 @@
 """The table of live blocks and the dependency state of each (its
-:class:`~numba_streamsafe.resources.tracking.Entry`: its last write and, per
+:class:`~numba_streamsafe.resources.rules.Entry`: its last write and, per
 stream, its newest read since that write)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, StaleContext, UseAfterFree
-from numba_streamsafe.resources.tracking import Entry, Mark, retired_stream_id
+from numba_streamsafe.resources.marks import Mark, retired_stream_id
+from numba_streamsafe.resources.rules import Entry
 
 __all__ = ["Entry", "BlockTable"]
 

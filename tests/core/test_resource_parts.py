@@ -11,7 +11,7 @@ from numba_streamsafe.blocks import Block, next_generation
 from numba_streamsafe.errors import StaleContext, UseAfterFree
 from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.tracking import EventPool, MarkBook
+from numba_streamsafe.resources.marks import EventPool, MarkBook
 
 
 def test_kept_blocks_take_what_was_put_on_the_same_stream_and_size():

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from numba.cuda import types
 from numba.cuda.np import numpy_support
 
-from numba_streamsafe.numba import direct, launcher
+from numba_streamsafe.numba import direct, packing
 
 SCALARS = [types.int8, types.uint8, types.int16, types.uint16, types.int32, types.uint32,
            types.int64, types.uint64, types.float32, types.float64, types.boolean]
@@ -299,11 +299,11 @@ def test_float32_parameters_convert_as_numbas_c_float(monkeypatch, by_ctypes):
     the cast quiets it; there (``_F32_BY_CTYPES``) the values go through
     ``ctypes.c_float`` first. Both ways are checked on this Python; the
     struct way only where this Python's ``struct`` casts as C does."""
-    if launcher.COMPILED and not by_ctypes:
+    if packing.COMPILED and not by_ctypes:
         pytest.skip("the compiled packer casts as C does, whatever struct does")
-    if not by_ctypes and launcher._F32_BY_CTYPES:
+    if not by_ctypes and packing._F32_BY_CTYPES:
         pytest.skip("this Python's struct packs signalling NaNs otherwise than C's cast")
-    monkeypatch.setattr(launcher, "_F32_BY_CTYPES", by_ctypes)
+    monkeypatch.setattr(packing, "_F32_BY_CTYPES", by_ctypes)
     argtypes = (types.float32, types.complex64)
     codes, kinds = direct.param_slots(argtypes)
     plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
@@ -327,7 +327,7 @@ def test_float32_parameters_convert_as_numbas_c_float(monkeypatch, by_ctypes):
 
 def test_the_struct_probe_matches_this_python():
     snan = _nan(0x7FF0_0000_2000_0001)
-    assert launcher._F32_BY_CTYPES == (struct.pack("=f", snan) != _f32_bytes_numba(snan))
+    assert packing._F32_BY_CTYPES == (struct.pack("=f", snan) != _f32_bytes_numba(snan))
 
 
 # The oracle: numba-cuda's own marshalling (``_Kernel._prepare_args``) and
@@ -468,9 +468,9 @@ _EDGES = {
 
 
 def _pack(codes: bytes, args: tuple, fields: list) -> bytes | None:
-    buffer = ctypes.create_string_buffer(launcher.MAX_PARAM_BYTES)
-    n = launcher.pack_into(codes, args, fields, buffer, ctypes.addressof(buffer),
-                           launcher.MAX_PARAM_BYTES)
+    buffer = ctypes.create_string_buffer(packing.MAX_PARAM_BYTES)
+    n = packing.pack_into(codes, args, fields, buffer, ctypes.addressof(buffer),
+                           packing.MAX_PARAM_BYTES)
     return None if n < 0 else buffer.raw[:8 * n]
 
 
@@ -488,7 +488,7 @@ def test_scalar_packing_matches_struct(code):
     refuses exactly what ``struct`` refuses."""
     for value in _EDGES[code] + [True, False, "x", None, 2.5, 3, np.int16(-3), np.float32(2.5)]:
         want = _struct_bytes(code, value)
-        if code == "f" and want is not None and not launcher.COMPILED and launcher._F32_BY_CTYPES:
+        if code == "f" and want is not None and not packing.COMPILED and packing._F32_BY_CTYPES:
             want = bytes(ctypes.c_float(value)) + bytes(4)
         assert _pack(code.encode(), (value,), [None]) == want, (code, value)
 
@@ -502,4 +502,4 @@ def test_complex_and_array_packing():
     # parameters over the buffer: refused, nothing packed.
     assert _pack(b"q", (1, 2), [None, None]) is None
     assert _pack(b"A", (object(),), [b"123"]) is None
-    assert _pack(b"A", (object(),), [bytes(launcher.MAX_PARAM_BYTES + 8)]) is None
+    assert _pack(b"A", (object(),), [bytes(packing.MAX_PARAM_BYTES + 8)]) is None

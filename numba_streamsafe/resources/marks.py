@@ -1,21 +1,16 @@
-"""The tracking engine: marks, the event pool, block entries, and the rules
-that decide which waits a use needs and what it records.
+"""Marks, their events and the book that keeps them: the tracking engine's state.
 
-This is the one implementation of the protocol's state and decisions. It is
-written in Cython's pure-Python mode: where a compiler is present the package
-build compiles this very file (typed fields, C calls into libcuda for the
-events and waits of the launch path), and where none is it runs as it is.
-``NUMBA_STREAMSAFE_PURE_PYTHON=1`` runs the source even where the compiled
-module is built (:mod:`numba_streamsafe.compiled`).
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode: the package build compiles this file where a compiler is
+present (its C declarations are in ``marks.pxd``), and it runs as it is where
+none is.
 
 A :class:`Mark` stands for "everything queued on its stream so far"; a
 :class:`MarkBook` keeps the open mark of each stream, records a mark's event
 when another stream first has to wait for it (*sealing* it), queues those
 waits once per waiting stream, and gives a mark's event back to the
-:class:`EventPool` when no use refers to it any more. An :class:`Entry` is a
-live block's dependency state: the mark of its last write and, per stream,
-the mark of its newest read since. :func:`preflight_locked` and
-:func:`commit_locked` are the rules themselves.
+:class:`EventPool` when no use refers to it any more. The rules that decide
+which marks a use waits for and records are :mod:`.rules`.
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ import cython
 from numba_streamsafe import tracehook
 from numba_streamsafe.errors import DriverError
 
-__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "Entry", "retired_stream_id",
-           "resolve", "preflight_locked", "commit_locked", "entry_point", "COMPILED"]
+__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id", "entry_point",
+           "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -44,8 +39,6 @@ _log = logging.getLogger("numba_streamsafe")
 #: Identities given to the marks and reads of retired streams: negative, so
 #: never the handle of a stream that exists (handles are >= 0).
 _retired_streams = itertools.count(-2, -1)
-
-_WRITE = cython.declare(cython.int, 2)  # Access.WRITE
 
 
 def retired_stream_id() -> int:
@@ -129,11 +122,6 @@ class Mark:
     under their resource's lock.
     """
 
-    stream = cython.declare(object, visibility="public")
-    handle = cython.declare(object, visibility="public")
-    refs = cython.declare(cython.Py_ssize_t, visibility="public")
-    owner = cython.declare(object, visibility="public")
-    waiters = cython.declare(object, visibility="public")
 
     def __init__(self, stream: int, owner: Any = None) -> None:
         self.stream = stream
@@ -161,10 +149,8 @@ class ForeignMark(Mark):
     the mark is *stale*, waits skip it and its event is not given back.
     """
 
-    pool = cython.declare(object, visibility="public")
-    generation = cython.declare(object, visibility="public")
 
-    def __init__(self, key: int, owner: Any, event: Any, pool: EventPool) -> None:
+    def __init__(self, key: int, owner: Any, event: Any, pool: Any) -> None:
         Mark.__init__(self, key, owner)
         self.handle = event
         self.pool = pool
@@ -201,16 +187,9 @@ class EventPool:
         Idle handles kept; more are destroyed on release.
     """
 
-    driver = cython.declare(object, visibility="readonly")
-    _idle = cython.declare(object)
-    _lock = cython.declare(object)
-    max_idle = cython.declare(cython.Py_ssize_t, visibility="readonly")
-    in_use = cython.declare(cython.Py_ssize_t, visibility="public")
     #: Events recorded over the pool's life (:meth:`record`).
-    recorded = cython.declare(cython.Py_ssize_t, visibility="public")
     #: Advanced by :meth:`forget` (a context reset): handles given out before
     #: belong to a destroyed context; :class:`ForeignMark` compares it.
-    generation = cython.declare(cython.Py_ssize_t, visibility="public")
 
     def __init__(self, driver: Any, max_idle: int = 1024) -> None:
         self.driver = driver
@@ -310,18 +289,16 @@ class MarkBook:
         Records the marks' events.
     """
 
-    driver = cython.declare(object, visibility="readonly")
-    events = cython.declare(EventPool, visibility="readonly")
     #: The open (not yet sealed) mark of each stream.
-    open = cython.declare(dict, visibility="readonly")
     #: Waits queued over the book's life (``cuStreamWaitEvent`` calls).
-    waits = cython.declare(cython.Py_ssize_t, visibility="public")
 
     def __init__(self, driver: Any, events: EventPool) -> None:
         self.driver = driver
         self.events = events
         self.open = {}
         self.waits = 0
+        #: Uses that stayed on their block's last writer's stream (no wait needed).
+        self.same_stream = 0
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -418,142 +395,3 @@ class MarkBook:
 
     def clear(self) -> None:
         self.open.clear()
-
-
-# --------------------------------------------------------------------- entries
-@cython.cclass
-class Entry:
-    """Dependency state of one live block: the mark of its last write (first,
-    of its allocation) and, per stream, the mark of its newest read since that
-    write (a later mark on a stream covers the earlier ones)."""
-
-    block = cython.declare(object, visibility="public")
-    last_write = cython.declare(Mark, visibility="public")
-    reads = cython.declare(dict, visibility="public")
-
-    def __init__(self, block: Any, ready: Mark) -> None:
-        self.block = block
-        self.last_write = ready
-        self.reads = {}
-
-    def waits_for(self, stream: Any, access: cython.int) -> list:
-        """Marks of other streams that ``access`` on ``stream`` must wait for."""
-        out = []
-        lw = self.last_write
-        if lw.stream != stream:
-            out.append(lw)
-        if access & _WRITE:
-            for s, mark in self.reads.items():
-                if s != stream:
-                    out.append(mark)
-        return out
-
-    def release(self, marks: MarkBook) -> None:
-        """Drop the entry's uses of its marks (the block is gone)."""
-        marks.release(self.last_write)
-        if self.reads:
-            for mark in self.reads.values():
-                marks.release(mark)
-            self.reads = {}
-
-
-# ------------------------------------------------------------------- the rules
-def resolve(table: Any, uses: Any, what: str) -> list:
-    """The validated entries of ``uses`` (``(block, access)`` pairs), flattened
-    as ``[entry, access, entry, access, ...]``; ``table.entry(block, what)``
-    decides (and raises) for a block that is not the live one at its address.
-    Caller holds the resource's lock."""
-    live: dict = table.live
-    out = []
-    for pair in uses:
-        block = pair[0]
-        entry = live.get(block.ptr)
-        if entry is None or cython.cast(Entry, entry).block is not block:
-            entry = table.entry(block, what)
-        out.append(entry)
-        out.append(int(pair[1]))
-    return out
-
-
-def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
-                     direct: cython.bint = False) -> cython.Py_ssize_t:
-    """Queue on ``stream`` the waits that ``entries`` (from :func:`resolve`)
-    need: a use waits for its block's last write on another stream, and a
-    write also for the block's reads on other streams. Same-stream uses never
-    wait. Returns how many uses stayed on their block's last writer's stream.
-    Caller holds the resource's lock."""
-    entry: Entry
-    marks = None
-    same: cython.Py_ssize_t = 0
-    n: cython.Py_ssize_t = len(entries)
-    i: cython.Py_ssize_t
-    for i in range(0, n, 2):
-        entry = entries[i]
-        access: cython.int = entries[i + 1]
-        lw = entry.last_write
-        if lw.stream != stream:
-            if marks is None:
-                marks = [lw]
-            else:
-                marks.append(lw)
-        else:
-            same += 1
-        if access & _WRITE and entry.reads:
-            for s, mark in entry.reads.items():
-                if s != stream:
-                    if marks is None:
-                        marks = [mark]
-                    else:
-                        marks.append(mark)
-    if marks is not None:
-        book.wait_all(stream, marks, owner, False, direct)
-    return same
-
-
-def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
-                  eager: cython.bint, direct: cython.bint = False, into: Mark | None = None
-                  ) -> None:
-    """Record ``entries`` (from :func:`resolve`) on ``stream``'s open mark (or
-    on ``into``: another device's use, sealed already): a write becomes the
-    block's last write and ends its reads; a read becomes the block's read on
-    ``stream``. With ``eager`` the mark's event is recorded now. Caller holds
-    the resource's lock."""
-    entry: Entry
-    mark: Mark
-    prev: Mark
-    if not entries:
-        return
-    found = book.open.get(stream) if into is None else into
-    if into is None and (found is None or (owner is not None
-                                           and cython.cast(Mark, found).owner is None)):
-        mark = book.current(stream, owner)
-    else:
-        mark = found
-    n: cython.Py_ssize_t = len(entries)
-    i: cython.Py_ssize_t
-    for i in range(0, n, 2):
-        entry = entries[i]
-        access: cython.int = entries[i + 1]
-        if access & _WRITE:
-            mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
-            lw = entry.last_write
-            if lw is not mark:
-                book.release(lw)
-                entry.last_write = mark
-            else:
-                mark.refs -= 1
-            if entry.reads:
-                for old in entry.reads.values():
-                    book.release(old)
-                entry.reads = {}
-        else:
-            reads = entry.reads
-            found = reads.get(stream)
-            if found is not mark:
-                reads[stream] = mark
-                mark.refs += 1
-                if found is not None:
-                    prev = found
-                    book.release(prev)
-    if eager:
-        book.seal(mark, direct)

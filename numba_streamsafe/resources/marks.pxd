@@ -1,0 +1,46 @@
+# C declarations of marks.py for its compiled build (Cython's pure-Python mode
+# reads them beside the module; other engine modules cimport them).
+
+ctypedef int (*record_fn)(void *, void *) noexcept nogil
+ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil
+
+
+cdef class Mark:
+    cdef public object stream
+    cdef public object handle
+    cdef public Py_ssize_t refs
+    cdef public object owner
+    cdef public object waiters
+
+
+cdef class ForeignMark(Mark):
+    cdef public object pool
+    cdef public object generation
+
+
+cdef class EventPool:
+    cdef readonly object driver
+    cdef object _idle
+    cdef object _lock
+    cdef readonly Py_ssize_t max_idle
+    cdef public Py_ssize_t in_use
+    cdef public Py_ssize_t recorded
+    cdef public Py_ssize_t generation
+
+    cpdef object acquire(self)
+    cpdef object release(self, object handle)
+    cpdef object record(self, object stream, bint direct=*)
+
+
+cdef class MarkBook:
+    cdef readonly object driver
+    cdef readonly EventPool events
+    cdef readonly dict open
+    cdef public Py_ssize_t waits
+    cdef public Py_ssize_t same_stream
+
+    cpdef Mark current(self, object stream, object owner=*)
+    cpdef object seal(self, Mark mark, bint direct=*)
+    cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
+                          bint direct=*)
+    cpdef object release(self, Mark mark)
