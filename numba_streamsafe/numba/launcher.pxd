@@ -1,6 +1,6 @@
 # C declarations of launcher.py for its compiled build (see resources/marks.pxd).
 from numba_streamsafe.numba.packing cimport pack_into
-from numba_streamsafe.resources.marks cimport MarkBook
+from numba_streamsafe.resources.marks cimport Lock, MarkBook
 from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
 
 ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
@@ -29,8 +29,7 @@ cdef class LaunchState:
     cdef readonly object table
     cdef readonly dict live
     cdef readonly MarkBook book
-    cdef readonly object acquire
-    cdef readonly object release
+    cdef readonly Lock lock
     cdef readonly object policy
     cdef readonly object destroyed
     cdef readonly object deferred

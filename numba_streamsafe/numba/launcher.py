@@ -1,16 +1,15 @@
-# mypy: disable-error-code="operator, call-overload, arg-type"
-# (C-typed values that mypy sees as Python objects: cython.cast and C arithmetic.)
-"""The launch engine: a configured tracked launch (:class:`Launcher`), the
-parameter packing of a direct launch (:func:`pack_into`), and the direct
+"""The direct launch: a configured tracked launch (:class:`Launcher`) and the
 launch itself (:func:`launch`): argument resolution through the fields cached
-on each array, the tracking rules of :mod:`numba_streamsafe.resources.rules`
-under the resource's lock, ``cuLaunchKernel``, and the commit.
+on each array (:class:`ArgFields`), the overload's :class:`Plan`, the
+parameters packed by :mod:`~numba_streamsafe.numba.packing`, the rules of
+:mod:`~numba_streamsafe.resources.rules` under the resource's lock,
+``cuLaunchKernel`` with the GIL released, and the commit.
 
-Written in Cython's pure-Python mode, like the tracking engine: the package
-build compiles this file where a compiler is present. :func:`launch` queues a
-kernel itself only when compiled (it calls libcuda with the GIL released);
-run as Python it hands every launch back, and the Numba layer's Python path
-(the same packing and the same tracking rules) does the launch.
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode (C declarations in ``launcher.pxd``). :func:`launch`
+queues a kernel itself only when compiled (it calls libcuda); run as Python
+it hands every launch back, and the Numba layer's Python path (the same
+packer, the same rules) does the launch.
 """
 
 from __future__ import annotations
@@ -105,9 +104,7 @@ class LaunchState:
         self.table = resource.table
         self.live = resource.table.live
         self.book = resource.marks
-        lock = resource.lock
-        self.acquire = lock.acquire
-        self.release = lock.release
+        self.lock = resource.lock
         self.policy = policy
         self.destroyed = rt.driver.destroyed_streams
         self.deferred = resource.deferred_queue
@@ -244,7 +241,6 @@ def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Pl
     nargs: cython.Py_ssize_t = len(args)
     if nargs != len(accesses) or nargs > _MAX_ARGS:
         return None
-    types = []
     i: cython.Py_ssize_t
     for i in range(nargs):
         arg = args[i]
@@ -254,7 +250,6 @@ def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Pl
             if type(f) is not ArgFields:
                 return None
             fields.append(cython.cast(ArgFields, f).fields)
-            types.append(cython.cast(ArgFields, f).argtype)
             arrays.append(f)
             arrays.append(access)
         else:
@@ -262,11 +257,10 @@ def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Pl
             if t is not int and t is not float and t is not bool and t is not complex:
                 return None
             fields.append(None)
-            types.append(t)
     plan: Plan
     for known in state.plans:
         plan = known
-        if _matches(plan.argtypes, types):
+        if _matches(plan.argtypes, args, accesses, arrays):
             return plan if plan.cache.get(plan.device) is plan.cufunc else None
     return None
 
@@ -285,7 +279,8 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     hv: cython.size_t = handle
     function: cython.size_t = plan.function
     book = state.book
-    state.acquire()
+    lock = state.lock
+    lock.take()
     try:
         if handle in state.destroyed:
             return False  # the Python path raises the driver layer's error
@@ -294,7 +289,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
             return False  # a block freed or replaced: the Python path decides
         preflight_locked(book, entries, handle, owner, True)
     finally:
-        state.release()
+        lock.give()
     fn = cython.cast(launch_fn, _cu_launch)  # type: ignore[name-defined]  # noqa: F821
     err: cython.int
     with cython.nogil:
@@ -306,25 +301,31 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         state.driver_launch(plan.function, (dims[0], dims[1], dims[2]),
                             (dims[3], dims[4], dims[5]), dims[6], handle,
                             cython.cast(cython.size_t, cython.address(ptrs[0])))
-    state.acquire()
+    lock.take()
     try:
         commit_locked(book, _recheck(state, entries), handle, owner, state.eager, True)
     finally:
-        state.release()
+        lock.give()
     _launches += 1
     return True
 
 
 @cython.cfunc
-def _matches(argtypes: tuple, types: list) -> cython.bint:
-    """Whether a plan's argument types are ``types``, by identity (Numba's
-    types are interned; a Python scalar is matched by its Python type)."""
-    n: cython.Py_ssize_t = len(types)
+def _matches(argtypes: tuple, args: tuple, accesses: tuple, arrays: list) -> cython.bint:
+    """Whether a plan's argument types are those of ``args``, by identity
+    (Numba's types are interned): an array's cached Numba type (its
+    :class:`ArgFields`, in order in ``arrays``), a Python scalar's type."""
+    n: cython.Py_ssize_t = len(args)
     if len(argtypes) != n:
         return False
     i: cython.Py_ssize_t
+    j: cython.Py_ssize_t = 0
     for i in range(n):
-        if argtypes[i] is not types[i]:
+        if accesses[i] >= 0:
+            if argtypes[i] is not cython.cast(ArgFields, arrays[j]).argtype:
+                return False
+            j += 2
+        elif argtypes[i] is not type(args[i]):
             return False
     return True
 
@@ -388,12 +389,11 @@ class Launcher:
         #: The configuration's stream (0 when it names none).
         self.stream = config[2] if len(config) > 2 else 0
 
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        if not kwargs:
-            state = self.kernel.launch_state
-            if state is not None and launch(state, self.config, args):
-                return
-        self._slow(*args, **kwargs)
+    def __call__(self, *args: Any) -> None:
+        state = self.kernel.launch_state
+        if state is not None and launch(state, self.config, args):
+            return
+        self._slow(*args)
 
-    def _slow(self, *args: Any, **kwargs: Any) -> None:
+    def _slow(self, *args: Any) -> None:
         raise NotImplementedError

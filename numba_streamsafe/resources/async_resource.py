@@ -32,7 +32,7 @@ from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, ForeignMark, Mark, MarkBook
+from numba_streamsafe.resources.marks import EventPool, ForeignMark, Lock, Mark, MarkBook
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
@@ -171,7 +171,7 @@ class AsyncResource(MemoryResource):
         self._free = self._free_legacy if opts.ipc else driver.free_async
         self.device = driver.device
         self.events = EventPool(driver, opts.max_idle_events)
-        self._lock = threading.Lock()
+        self._lock = Lock()
         #: Held while pending frees are synchronised and while a stream is
         #: retired, so a stream is never destroyed under a reap that syncs it.
         self._reap_lock = threading.RLock()

@@ -1,6 +1,19 @@
 # C declarations of marks.py for its compiled build (Cython's pure-Python mode
 # reads them beside the module; other engine modules cimport them).
 
+from cpython.pythread cimport (
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+
+
+cdef extern from "Python.h":
+    int PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
+                                    int intr_flag) nogil
+
 ctypedef int (*record_fn)(void *, void *) noexcept nogil
 ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil
 
@@ -18,10 +31,19 @@ cdef class ForeignMark(Mark):
     cdef public object generation
 
 
+cdef class Lock:
+    cdef PyThread_type_lock _handle
+    cdef object _py
+    cdef bint _held
+
+    cdef int take(self) except -1
+    cdef void give(self) noexcept
+
+
 cdef class EventPool:
     cdef readonly object driver
     cdef object _idle
-    cdef object _lock
+    cdef Lock _lock
     cdef readonly Py_ssize_t max_idle
     cdef public Py_ssize_t in_use
     cdef public Py_ssize_t recorded

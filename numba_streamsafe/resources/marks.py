@@ -28,8 +28,8 @@ import cython
 from numba_streamsafe import tracehook
 from numba_streamsafe.errors import DriverError
 
-__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id", "entry_point",
-           "COMPILED"]
+__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "Lock", "retired_stream_id",
+           "entry_point", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -170,6 +170,82 @@ class ForeignMark(Mark):
         return f"<ForeignMark key={self.stream} refs={self.refs}{' stale' if self.stale else ''}>"
 
 
+# -------------------------------------------------------------------- the lock
+@cython.cclass
+class Lock:
+    """A mutual-exclusion lock with :class:`threading.Lock`'s interface
+    (``acquire``, ``release``, ``locked``, ``with``), which the compiled
+    engine also takes from C, without a Python call. A thread that has to
+    wait for it waits with the GIL released."""
+
+    def __init__(self) -> None:
+        self._held = False
+        if cython.compiled:
+            self._handle = PyThread_allocate_lock()  # noqa: F821 (marks.pxd)
+            if self._handle == cython.NULL:
+                raise MemoryError("could not allocate a lock")
+        else:
+            self._py = threading.Lock()
+
+    def __dealloc__(self) -> None:
+        if cython.compiled and self._handle != cython.NULL:
+            PyThread_free_lock(self._handle)  # noqa: F821 (marks.pxd)
+
+    def take(self) -> cython.int:
+        """Acquire, waiting as long as it takes (the GIL released meanwhile)."""
+        if cython.compiled:
+            if not PyThread_acquire_lock(self._handle, 0):  # noqa: F821
+                with cython.nogil:
+                    PyThread_acquire_lock(self._handle, 1)  # noqa: F821
+        else:
+            self._py.acquire()
+        self._held = True
+        return 0
+
+    def give(self) -> None:
+        """Release (the caller holds the lock)."""
+        self._held = False
+        if cython.compiled:
+            PyThread_release_lock(self._handle)  # noqa: F821
+        else:
+            self._py.release()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """As :meth:`threading.Lock.acquire`."""
+        if timeout != -1 and not blocking:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if timeout < 0 and timeout != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        if cython.compiled:
+            micros: cython.longlong = -1 if timeout == -1 else int(timeout * 1e6)
+            got: cython.int = PyThread_acquire_lock_timed(self._handle, 0, 0)  # noqa: F821
+            if not got and blocking:
+                with cython.nogil:
+                    got = PyThread_acquire_lock_timed(self._handle, micros, 0)  # noqa: F821
+        else:
+            got = self._py.acquire(blocking, timeout)
+        if got:
+            self._held = True
+        return bool(got)
+
+    def release(self) -> None:
+        """As :meth:`threading.Lock.release`."""
+        if not self._held:
+            raise RuntimeError("release unlocked lock")
+        self.give()
+
+    def locked(self) -> bool:
+        """Whether the lock is held."""
+        return bool(self._held)
+
+    def __enter__(self) -> bool:
+        self.take()
+        return True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.give()
+
+
 # ------------------------------------------------------------------ the events
 @cython.cclass
 class EventPool:
@@ -195,7 +271,7 @@ class EventPool:
         self.driver = driver
         self._idle = collections.deque()
         self.max_idle = max_idle
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self.in_use = 0
         self.recorded = 0
         self.generation = 0
