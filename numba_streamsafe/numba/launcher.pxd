@@ -45,3 +45,6 @@ cdef class Launcher:
     cdef readonly object kernel
     cdef readonly tuple config
     cdef readonly object stream
+
+
+cpdef bint launch(LaunchState state, tuple config, tuple args) except -1

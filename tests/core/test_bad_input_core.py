@@ -120,6 +120,7 @@ def test_gpu_probe_does_not_import_numba_cuda():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # end to end (CI runs it); the default run stays under a minute
 def test_gpu_suite_skips_with_no_gpu_on_a_machine_without_one():
     if _gpu_conftest().find_gpu() is None:
         pytest.skip("a CUDA GPU is present: the GPU suite runs here")

@@ -199,6 +199,7 @@ def _line_of(text: str) -> int:
     return start + next(i for i, line in enumerate(lines) if text in line)
 
 
+@pytest.mark.slow  # end to end (CI runs it); the default run stays under a minute
 # ------------------------------------------- the examples, inferred vs declared
 @pytest.mark.parametrize(("example", "n"), [("multistream_sort", 200), ("hash_join", 200),
                                             ("sort_join_pipeline", 300)])

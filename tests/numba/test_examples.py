@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+#: The examples run end to end on the simulator: in CI (pytest -m slow), out of the
+#: default run, which stays under a minute.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ("multistream_sort", "hash_join", "sort_join_pipeline")
 

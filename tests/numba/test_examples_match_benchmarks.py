@@ -22,6 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+#: The examples run end to end on the simulator: in CI (pytest -m slow), out of the
+#: default run, which stays under a minute.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Driver calls recorded, with the kind of each positional argument:

@@ -113,6 +113,7 @@ def test_gpu_suite_kernels_compile(child_env, repo_root):
     assert not results["fill"]["nanosleep"]
 
 
+@pytest.mark.slow  # end to end (CI runs it); the default run stays under a minute
 def test_string_annotated_kernels_compile(child_env, repo_root):
     signatures = {
         "by_name": "void(int64[:], int64[:], int64[:], int64)",

@@ -310,6 +310,7 @@ EXAMPLE = """
 """
 
 
+@pytest.mark.slow  # end to end (CI runs it); the default run stays under a minute
 def test_the_plain_numba_example_has_hazards_with_the_mode_off_and_none_with_it_on():
     on = _child(EXAMPLE, NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe")
     off = _child(EXAMPLE, NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe",
