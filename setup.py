@@ -45,10 +45,13 @@ def engine_extensions() -> list[Extension]:
         print("WARNING: Cython is not installed: numba_streamsafe's engine is not compiled "
               "and runs as Python (slower launches).", file=sys.stderr)
         return []
-    exts = [Extension(path[:-3].replace("/", "."), [path], extra_compile_args=["-O2"],
-                      optional=True) for path in ENGINE]
-    return list(cythonize(exts, language_level=3, quiet=True,
-                          compiler_directives={"binding": False, "embedsignature": True}))
+    exts = [Extension(path[:-3].replace("/", "."), [path], extra_compile_args=["-O2"])
+            for path in ENGINE]
+    built = list(cythonize(exts, language_level=3, quiet=True,
+                           compiler_directives={"binding": False, "embedsignature": True}))
+    for ext in built:  # cythonize's copies do not keep it: without a compiler, install anyway
+        ext.optional = True
+    return built
 
 
 class BuildExtOrSay(build_ext):
