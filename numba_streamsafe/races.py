@@ -8,7 +8,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 
-from numba_streamsafe._driver import sim
+from numba_streamsafe._driver import sim_model as sim
 from numba_streamsafe.errors import RaceDetected
 from numba_streamsafe.runtime import installed_devices, installed_runtime
 from numba_streamsafe.settings import settings

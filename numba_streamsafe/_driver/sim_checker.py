@@ -1,0 +1,129 @@
+"""The simulated driver's happens-before checker: every access of a queued
+operation against the shadow of the bytes it touches (a part of
+:class:`~.sim.SimDriver`)."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from numba_streamsafe._driver.sim_model import (
+    Hazard,
+    SimSystem,
+    _Chunk,
+    _Op,
+    _watchers,
+    tell_watchers,
+)
+from numba_streamsafe.access import Access
+
+__all__ = ["HappensBefore"]
+
+
+class HappensBefore:
+    """The checking calls of :class:`~.sim.SimDriver` (which holds the state)."""
+
+    # The state and the calls of SimDriver these methods use (for type checkers).
+    system: SimSystem
+    device: int
+    hazards: list[Hazard]
+    _lock: Any
+    _bases: list[int]
+    _chunks: dict[int, _Chunk]
+    _enqueue: Any
+    _host_op: Any
+    _ordered: Any
+    can_access: Any
+
+    def _chunk_at(self, address: int) -> _Chunk | None:
+        i = bisect.bisect_right(self._bases, address) - 1
+        if i < 0:
+            return None
+        chunk = self._chunks[self._bases[i]]
+        if address >= chunk.base + chunk.capacity:
+            return None
+        return chunk
+
+    def _owner_of(self, address: int) -> tuple[int, _Chunk | None]:
+        """The device whose memory holds ``address`` (this one first) and its chunk."""
+        chunk = self._chunk_at(address)
+        if chunk is not None:
+            return self.device, chunk
+        for device, driver in self.system.drivers.items():
+            if driver is not self:
+                chunk = driver._chunk_at(address)
+                if chunk is not None:
+                    return device, chunk
+        return self.device, None
+
+    def trace_access(self, stream: int, accesses: Iterable[tuple[Any, ...]],
+                     label: str, *, copy: bool = False, site: str | None = None) -> None:
+        """Check a kernel or copy on ``stream`` that touches ``accesses``:
+        ``(ptr, nbytes, access)`` or ``(ptr, nbytes, access, argument name)``.
+        ``site`` is the ``file:line`` of the user's call, for the reports.
+
+        Memory of another device of the system is checked too; a kernel
+        (``copy`` False) that touches it without peer access
+        (:meth:`enable_peer_access`) is a ``no-peer-access`` hazard.
+
+        Raises
+        ------
+        RaceDetected
+            Inside ``numba_streamsafe.race_check()``: this work conflicts
+            with earlier work it is not ordered after (after every access
+            of it was checked).
+        """
+        with self._lock:
+            op = self._enqueue(stream, label, "launch")
+            if site is not None:
+                op = dataclasses.replace(op, site=site)
+            self._trace(accesses, op, peer_checked=not copy)
+        if _watchers:
+            tell_watchers(self.system)
+
+    def trace_host_access(self, accesses: Iterable[tuple[int, int, Access]], label: str) -> None:
+        """Check a host-side access (for example reading results after a sync)."""
+        with self._lock:
+            self._trace(accesses, self._host_op(label))
+
+    def _trace(self, accesses: Iterable[tuple[Any, ...]], op: _Op,
+               peer_checked: bool = False) -> None:
+        base = op
+        for entry in accesses:
+            ptr, nbytes, access = entry[0], entry[1], entry[2]
+            op = dataclasses.replace(base, param=entry[3]) if len(entry) > 3 else base
+            device, chunk = self._owner_of(ptr)
+            if chunk is None or not chunk.live:
+                self.hazards.append(Hazard("use-after-free", ptr, "the free", str(op)))
+                continue
+            if peer_checked and device != self.device and not self.can_access(device):
+                self.hazards.append(Hazard(
+                    "no-peer-access", ptr, f"memory of device {device}",
+                    f"{op} of device {self.device}, which has no peer access to it"))
+            if ptr + nbytes > chunk.base + chunk.nbytes:
+                self.hazards.append(Hazard("out-of-bounds", ptr, f"allocation of {chunk.nbytes} B",
+                                           str(op)))
+            self._check(chunk, ptr, nbytes, access, op)
+
+    def _check(self, chunk: _Chunk, ptr: int, nbytes: int, access: Access, op: _Op) -> None:
+        last = chunk.last_write
+        if last is not None and not self._ordered(last, op):
+            kind = "read-after-write" if access == Access.READ else "write-after-write"
+            self.hazards.append(Hazard(kind, ptr, str(last), str(op), last.side(), op.side()))
+        if access & Access.WRITE:
+            for read in chunk.reads.values():
+                if read.stream != op.stream and not self._ordered(read, op):
+                    self.hazards.append(Hazard("write-after-read", ptr, str(read), str(op),
+                                               read.side(), op.side()))
+            chunk.last_write = op
+            chunk.reads = {}
+        else:
+            chunk.reads[op.stream] = op
+
+    def assert_no_hazards(self) -> None:
+        """Raise ``AssertionError`` listing every hazard seen so far."""
+        if self.hazards:
+            shown = "\n  ".join(str(h) for h in self.hazards[:10])
+            raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")

@@ -1,0 +1,202 @@
+"""The simulated driver's model of the machine: operations stamped with
+vector clocks, streams, memory chunks, the system several simulated devices
+share, and the hazards the checker reports (see :mod:`.sim`)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from numba_streamsafe._driver.base import (
+    CUDA_ERROR_INVALID_VALUE,
+)
+from numba_streamsafe.errors import DriverError
+
+__all__ = ["SimSystem", "Hazard", "Side", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
+
+#: The host, as a pseudo-stream in vector clocks.
+HOST = -1
+LEGACY_STREAM = 0
+PER_THREAD_STREAM = 2
+_MIN_CHUNK = 256
+_ALIGN = 256
+
+
+#: ``CUDA_ERROR_INVALID_DEVICE``: a peer that is no device of the system.
+_INVALID_DEVICE = 101
+
+
+@dataclass(frozen=True)
+class Side:
+    """One access of a hazard: the kernel or copy (``label``), the argument
+    (``param``, None when unknown), the stream handle (None: the host) and the
+    ``file:line`` of the user's call that queued it (``site``, None when unknown)."""
+
+    label: str
+    param: str | None
+    stream: int | None
+    site: str | None
+
+    def __str__(self) -> str:
+        what = f"{self.label!r}" + (f" argument {self.param!r}" if self.param else "")
+        where = "the host" if self.stream is None else f"stream {self.stream:#x}"
+        return what + f" on {where}" + (f" (called at {self.site})" if self.site else "")
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """An unordered pair of conflicting accesses: ``earlier`` and ``later``
+    describe them in words; ``first`` and ``second`` (when both are accesses
+    the driver saw queued) name the kernel or copy, argument, stream and the
+    user's call of each."""
+
+    kind: str
+    address: int
+    earlier: str
+    later: str
+    first: Side | None = None
+    second: Side | None = None
+
+    def __str__(self) -> str:
+        if self.first is not None and self.second is not None:
+            return (f"{self.kind} at {self.address:#x}: {self.first} is not ordered before "
+                    f"{self.second}")
+        return (f"{self.kind} at {self.address:#x}: {self.earlier} is not ordered before "
+                f"{self.later}")
+
+
+#: Race checks in progress (``numba_streamsafe.race_check``): each gets every
+#: hazard found while it is active.
+_watchers: list[Any] = []
+
+
+@dataclass
+class _Op:
+    #: Serial of the stream (HOST for the host): vector clocks are keyed by
+    #: serials, so a stream that reuses a destroyed one's handle starts afresh.
+    stream: int
+    seq: int
+    label: str
+    handle: int = HOST
+    param: str | None = None
+    site: str | None = None
+
+    def __str__(self) -> str:
+        where = "host" if self.stream == HOST else f"stream {self.handle:#x}"
+        arg = f" argument {self.param!r}" if self.param else ""
+        at = f" called at {self.site}" if self.site else ""
+        return f"{self.label!r}{arg} (#{self.seq} on {where}{at})"
+
+    def side(self) -> Side:
+        return Side(self.label, self.param, None if self.stream == HOST else self.handle,
+                    self.site)
+
+
+class _Stream:
+    __slots__ = ("handle", "serial", "clock", "blocking")
+
+    def __init__(self, handle: int, serial: int, blocking: bool = False) -> None:
+        self.handle = handle
+        self.serial = serial
+        self.clock: dict[int, int] = {}
+        #: Whether it and the legacy default stream wait for each other's work.
+        self.blocking = blocking
+
+
+class _Chunk:
+    __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "last_write", "reads",
+                 "external")
+
+    def __init__(self, base: int, capacity: int, buffer: Any, external: bool = False) -> None:
+        self.base = base
+        self.capacity = capacity
+        self.nbytes = 0
+        self.buffer = buffer
+        self.live = False
+        self.free_op: _Op | None = None
+        self.last_write: _Op | None = None
+        self.reads: dict[int, _Op] = {}
+        #: Memory another library allocated, registered while it is borrowed
+        #: (:meth:`SimDriver.register_foreign`): not the pool's.
+        self.external = external
+
+
+class SimSystem:
+    """What the simulated devices of one machine share.
+
+    One lock, one host clock, one counter of stream serials (vector clocks
+    are keyed by them, so clocks compare across devices), one counter of
+    handles (stream and event handles and unbacked addresses never collide
+    across devices, as CUDA's do not), the events (any device's stream may
+    wait for any event), the peer-access flags and the hazards found.
+
+    Build the drivers over it: ``SimDriver(0, system=s)``, ``SimDriver(1,
+    system=s)``. A driver built without one gets a system of its own.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.serials = itertools.count(1)
+        self.host_clock: dict[int, int] = {}
+        #: Event handle -> its captured clock (None until recorded).
+        self.events: dict[int, dict[int, int] | None] = {}
+        #: Event handle -> the device it was created on.
+        self.event_devices: dict[int, int] = {}
+        #: ``(device, peer)``: ``device``'s kernels may access ``peer``'s memory.
+        self.peer_access: set[tuple[int, int]] = set()
+        self.hazards: list[Hazard] = []
+        self.drivers: dict[int, Any] = {}  # device -> its SimDriver
+        self._next_handle = 0x1000
+
+    def take_handles(self, step: int = 0x10) -> int:
+        """A fresh handle; the next ``step`` values are taken with it."""
+        handle = self._next_handle
+        self._next_handle += step
+        return handle
+
+    def assert_no_hazards(self) -> None:
+        """Raise ``AssertionError`` listing every hazard seen on any device."""
+        if self.hazards:
+            shown = "\n  ".join(str(h) for h in self.hazards[:10])
+            raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")
+
+
+def _round_capacity(nbytes: int) -> int:
+    cap = _MIN_CHUNK
+    while cap < nbytes:
+        cap <<= 1
+    return cap
+
+
+def _join(clock: dict[int, int], other: dict[int, int]) -> None:
+    """``clock`` after ``other``: the newest of each entry."""
+    for k, v in other.items():
+        if clock.get(k, 0) < v:
+            clock[k] = v
+
+
+def tell_watchers(system: SimSystem) -> None:
+    """Give the hazards ``system`` found since they last looked to every race
+    check in progress; raise for the first new one when a check asks to stop
+    at the first hazard."""
+    stop = None
+    for watcher in list(_watchers):
+        new = watcher.collect(system)
+        if new and watcher.stop_at_first and stop is None:
+            stop = new[0]
+    if stop is not None:
+        from numba_streamsafe.errors import RaceDetected
+
+        raise RaceDetected(stop)
+
+
+def _check_fill_args(call: str, value: int, nbytes: int) -> None:
+    """Refuse a fill value that is not a byte, or a negative size, as the driver would."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+        raise DriverError(call, CUDA_ERROR_INVALID_VALUE,
+                          f"fill value {value!r} is not a byte; pass an int from 0 to 255")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise DriverError(call, CUDA_ERROR_INVALID_VALUE,
+                          f"size {nbytes!r} is not a non-negative int")
