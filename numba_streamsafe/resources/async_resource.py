@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numba_streamsafe.resources.rules as rules
@@ -27,12 +27,15 @@ from numba_streamsafe.blocks import (
     next_generation_fast,
     positive_size,
 )
-from numba_streamsafe.errors import DriverError, InvalidArgument, OutOfMemory, StreamSafeError
-from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
+from numba_streamsafe.errors import DriverError, InvalidArgument, StreamSafeError
+from numba_streamsafe.resources.base import MemoryResource, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
+from numba_streamsafe.resources.borrowing import Borrowing
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, ForeignMark, Lock, Mark, MarkBook
+from numba_streamsafe.resources.marks import EventPool, Lock, MarkBook
+from numba_streamsafe.resources.peer_uses import PeerUses
+from numba_streamsafe.resources.reaping import Reaping
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
@@ -79,7 +82,7 @@ class AsyncOptions:
                        " (or None)")
 
 
-class AsyncResource(MemoryResource):
+class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
     """Blocks from ``cuMemAllocAsync``, freed with ``cuMemFreeAsync``, fully tracked.
 
     Each block keeps the mark of its last write (first, of its allocation)
@@ -333,122 +336,6 @@ class AsyncResource(MemoryResource):
         if tracehook.active is not None:
             tracehook.active.allocated(self, block, stream)
 
-    def _retry_after_oom(self, nbytes: int, stream: int) -> int:
-        """Out of memory: give back everything we can, then try once more."""
-        self.flush()
-        try:
-            self.reap_pending()
-        except DriverError:
-            pass
-        self._trim_quietly()
-        try:
-            return self._alloc(nbytes, stream)
-        except DriverError as exc:
-            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
-                raise
-            # The failed attempt can leave the pool holding what it reserved:
-            # hand it back, so the caller's next (smaller) allocation can work.
-            self._trim_quietly()
-            with self._lock:
-                live = self._table.live_bytes
-                pending = self._pending.nbytes + self._kept.nbytes
-            raise OutOfMemory(nbytes, live, pending, str(exc)) from None
-
-    def _trim_quietly(self) -> None:
-        try:
-            self.driver.pool_trim(0)
-        except DriverError as exc:
-            _log.warning("pool trim after out-of-memory failed: %s", exc)
-
-    # ---------------------------------------------------------------- borrowing
-    def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,
-               stream_owner: Any = None, keep: Any = None) -> Block:
-        """Track ``nbytes`` of device memory at ``ptr`` that another library
-        allocated and hands over on ``stream``, as a live *borrowed* block.
-
-        The block is ready after everything queued on ``stream`` so far (its
-        last write is the stream's current mark, as an allocation's is): the
-        caller has ordered the producer's work before ``stream``. Its uses are
-        then tracked as any block's. The library never frees it: its release
-        (:meth:`deallocate` or :meth:`defer_free`) makes ``stream`` wait for
-        every use on other streams, as a free does, and then holds ``keep``
-        (what keeps the memory alive: the producer's objects) until
-        ``stream`` has completed that point (a synchronise at
-        :meth:`reap_pending`, or found idle at the next allocation or
-        borrow), so the producer cannot reuse the memory under a use still
-        in flight. ``stream_owner`` is kept alive as an allocation's is.
-
-        A borrowed block counts in no byte or allocation figure. A checking
-        driver is told of the range (``Driver.register_foreign``).
-
-        Raises
-        ------
-        InvalidArgument
-            ``ptr`` is not a positive address, ``nbytes`` not a positive int,
-            or the range overlaps a live block (free it, or borrow that
-            block's range no more than once); nothing is registered.
-        StreamMisuse
-            ``stream`` is no stream of this device.
-        """
-        if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
-            raise InvalidArgument(f"borrow: the address {ptr!r} must be a positive int (a "
-                                  "device pointer of the memory lent)")
-        nbytes = positive_size(nbytes, tag)
-        if stream > MAX_DEFAULT_STREAM:
-            self.driver.check_stream(stream)
-        if self._pending_slots:
-            self.reap_completed()  # drop what released borrowed blocks kept, once done
-        with self._lock:
-            if self._deferred_queue:
-                self._deferred.drain(self._deallocate_locked)
-            clash = self._table.overlapping(ptr, nbytes)
-            if clash is not None:
-                raise InvalidArgument(
-                    f"borrow: {nbytes} B at {ptr:#x} overlap the live {clash.describe()}; "
-                    "memory is tracked by one block at a time: use that block's arrays, "
-                    "or release them first")
-            self.driver.register_foreign(ptr, nbytes, stream)
-            block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
-                          self._table.epoch, _LIVE, stream_owner, True, keep)
-            mark = self._open.get(stream)
-            if mark is None or (stream_owner is not None and mark.owner is None):
-                mark = self.marks.current(stream, stream_owner)
-            if self._eager:
-                try:
-                    self.marks.seal(mark)
-                except BaseException:
-                    if mark.refs == 0:
-                        mark.owner = None
-                    self.driver.release_foreign(ptr, stream)
-                    raise
-            mark.refs += 1
-            self._live[ptr] = Entry(block, mark)
-            self._table.index = None
-            self._borrowed += 1
-            if tracehook.active is not None:
-                tracehook.active.allocated(self, block, stream)
-        return block
-
-    def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:
-        """The release of a borrowed block (:meth:`borrow`); caller holds the lock."""
-        stream = block.stream
-        if entry.reads or entry.last_write.stream != stream:
-            marks = entry.waits_for(stream, Access.READ_WRITE)
-            if marks:
-                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
-        self.driver.release_foreign(block.ptr, stream)
-        # The waits are queued: from here on nothing can fail.
-        del self._live[block.ptr]
-        self._table.index = None
-        self._borrowed -= 1
-        entry.release(self.marks)
-        self._pending.add(stream, 0, block.stream_owner, block.keep)
-        block.state = _FREED
-        block.stream_owner = None
-        block.keep = None
-        if tracehook.active is not None:
-            tracehook.active.freed(self, block, stream, "released")
-
     # ---------------------------------------------------------------- tracking
     @property
     def tracker(self) -> AsyncResource:
@@ -509,67 +396,6 @@ class AsyncResource(MemoryResource):
             mark = self._open.get(stream)
             if mark is not None and mark.refs:
                 self.marks.seal(mark)
-
-    # ------------------------------------------------------ other devices' streams
-    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Mark]:
-        """The marks a stream of another device must wait for before ``uses``
-        (blocks of this device), sealed, each held (one more use) until
-        :meth:`release_foreign`: their events stay recorded while the caller
-        queues the waits on its stream (``cuStreamWaitEvent`` takes an event of
-        another device). ``key`` is the stream's key in this device's state
-        (``DeviceRuntime.stream_key``): uses recorded under it need no wait.
-
-        Nothing is held when this raises (a block freed or stale).
-        """
-        if self._deferred:
-            self._drain()
-        with self._lock:
-            held: list[Mark] = []
-            try:
-                for entry, access in self._table.entries(uses, "preflight"):
-                    for mark in entry.waits_for(key, access):
-                        if isinstance(mark, ForeignMark) and mark.stale:
-                            continue
-                        if not any(m is mark for m in held):
-                            self.marks.seal(mark)
-                            mark.refs += 1
-                            held.append(mark)
-            except BaseException:
-                for mark in held:
-                    self.marks.release(mark)
-                raise
-            return held
-
-    def release_foreign(self, held: Sequence[Mark]) -> None:
-        """Drop the holds of :meth:`preflight_foreign` (the waits are queued)."""
-        with self._lock:
-            for mark in held:
-                self.marks.release(mark)
-
-    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: EventPool,
-                       owner: Any = None) -> None:
-        """Record ``uses`` of this device's blocks by a stream of another device,
-        known here as ``key``, whose launch ``event`` (of ``pool``, that device's
-        event pool) was recorded after the work: later uses and the blocks'
-        frees on this device wait for it. ``owner`` (the stream's object) is kept
-        alive while a use refers to it. On an error the event goes back to ``pool``.
-        """
-        try:
-            with self._lock:
-                entries = rules.resolve(self._table, uses, "commit")
-                mark = ForeignMark(key, owner, event, pool)
-                rules.commit_locked(self.marks, entries, key, None, False, False, mark)
-        except BaseException:
-            pool.release(event)
-            raise
-        if not mark.refs:
-            mark.give_back()
-
-    def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
-        """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live block."""
-        with self._lock:
-            entry = self._table.entry(block, "block_events")
-            return entry.last_write, dict(entry.reads)
 
     # ------------------------------------------------------------------ freeing
     def deallocate(self, block: Block) -> None:
@@ -662,189 +488,3 @@ class AsyncResource(MemoryResource):
 
     def _drain(self) -> None:
         self._deferred.drain(self.deallocate)
-
-    # --------------------------------------------------------------- accounting
-    def bytes_outstanding(self) -> int:
-        with self._lock:
-            return self._table.live_bytes + self._pending.nbytes + self._kept.nbytes
-
-    @property
-    def live_bytes(self) -> int:
-        return self._table.live_bytes
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes freed by their owner and not yet back in the pool (queued
-        frees and blocks kept for reuse)."""
-        return self._pending.nbytes + self._kept.nbytes
-
-    def pending_per_stream(self) -> dict[int, int]:
-        """Bytes freed and not yet back in the pool (queued frees and kept
-        blocks), per stream."""
-        with self._lock:
-            out = self._pending.per_stream()
-            for s, n in self._kept.per_stream().items():
-                out[s] = out.get(s, 0) + n
-            return out
-
-    def reap_pending(self) -> None:
-        self._drain()
-        with self._reap_lock:
-            with self._lock:
-                if self._kept:
-                    self._kept.free_oldest(0, self._free, self._pending)
-                drained = self._pending.take_all()
-                self.marks.forget_unused()
-            self._sync_pending(drained)
-
-    def _sync_pending(self, drained: dict[int, list[Any]]) -> None:
-        """Synchronise the streams of ``drained`` pending frees and stop counting
-        them; caller holds the reap lock. On a failure the rest stays pending."""
-        items = list(drained.items())
-        for i, (stream, (nbytes, _owner, _keep)) in enumerate(items):
-            try:
-                self.driver.stream_synchronize(stream)
-            except BaseException:
-                with self._lock:
-                    self._pending.put_back(items[i:])
-                raise
-            with self._lock:
-                self._pending.release(nbytes)
-
-    def reap_completed(self) -> None:
-        """Release the pending bytes of streams that have gone idle, without waiting.
-
-        An idle stream (``cuStreamQuery``) has run every free queued on it.
-        Called every few allocations, so that pending bytes stay bounded in a
-        program that never reaps. Does nothing while another thread reaps or
-        retires a stream.
-        """
-        if not self._reap_lock.acquire(blocking=False):
-            return
-        try:
-            with self._lock:
-                streams = list(self._pending.slots)
-            for stream in streams:
-                try:
-                    idle = self.driver.stream_query(stream)
-                except DriverError:
-                    continue
-                if idle:
-                    with self._lock:
-                        slot = self._pending.release_stream(stream)
-                    del slot  # what it kept alive goes outside the lock
-        finally:
-            self._reap_lock.release()
-
-    def find(self, address: int) -> Block | None:
-        with self._lock:
-            return self._table.find(address)
-
-    def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
-        """End ``stream``'s history, then call ``destroy(stream)`` if given
-        (``DeviceRuntime.destroy_stream`` passes the driver's destroy).
-
-        Runs queued frees, records the event of the stream's open mark (so
-        uses recorded on the stream can still be waited for once it is gone),
-        synchronises the stream's pending frees (a destroyed stream can no
-        longer be synchronised), and renames the stream in every mark and read
-        that refers to it and forgets which marks it waited for: a new stream
-        that gets the same handle inherits nothing. The reap lock is held
-        throughout, ``destroy`` included, so no concurrent reap synchronises the
-        stream after it is gone. If ``destroy`` raises, the history is kept.
-        """
-        self._drain()
-        with self._reap_lock:
-            with self._lock:
-                self.marks.retire(stream)
-                if self._kept.has_stream(stream):
-                    self._kept.free_stream(stream, self._free, self._pending)
-                pending = self._pending.take(stream)
-            self._sync_pending(pending)
-            with self._lock:
-                # Under the lock: no launch sees the handle between the destroy
-                # and the forgetting. A failed destroy leaves the history as it was.
-                if destroy is not None:
-                    destroy(stream)
-                self._table.forget_stream(stream)
-
-    def blocks_on_stream(self, stream: int) -> list[Block]:
-        """Live blocks allocated on ``stream``."""
-        with self._lock:
-            return self._table.on_stream(stream)
-
-    def stats(self) -> ResourceStats:
-        with self._lock:
-            return ResourceStats(
-                live_bytes=self._table.live_bytes,
-                pending_bytes=self._pending.nbytes + self._kept.nbytes,
-                peak_bytes=self._peak,
-                live_blocks=len(self._live) - self._borrowed,
-                allocations=self._allocations,
-                frees=self._frees,
-                deferred=len(self._deferred),
-                events_in_use=self.events.in_use,
-                events_idle=self.events.idle,
-            )
-
-    def counters(self) -> dict[str, int]:
-        """The figures behind :func:`numba_streamsafe.memory_stats` (see there)."""
-        with self._lock:
-            kept = self._kept.nbytes
-            return {
-                "live_bytes": self._table.live_bytes,
-                "live_peak": self._live_peak,
-                "live_blocks": len(self._live) - self._borrowed,
-                "allocated_bytes": self._allocated_bytes,
-                "freed_bytes": self._freed_bytes,
-                "allocations": self._allocations,
-                "frees": self._frees,
-                "pending_bytes": self._pending.nbytes,
-                "kept_bytes": kept,
-                "outstanding_peak": self._peak,
-                "deferred_frees": len(self._deferred),
-                "waits": self.marks.waits,
-                "events_recorded": self.events.recorded,
-                "events_in_use": self.events.in_use,
-                "same_stream_uses": self.marks.same_stream,
-            }
-
-    def reset_peaks(self) -> None:
-        """Start the peak figures again from the current ones."""
-        with self._lock:
-            self._live_peak = self._table.live_bytes
-            self._peak = self._table.live_bytes + self._pending.nbytes + self._kept.nbytes
-
-    # ---------------------------------------------------------------- lifecycle
-    @property
-    def epoch(self) -> int:
-        return self._table.epoch
-
-    def reset_context(self) -> None:
-        """Free every live block synchronously, forget all state and advance the epoch.
-
-        Borrowed blocks are forgotten, not freed (their memory is their
-        producer's). Driver errors are ignored: when the context is already gone, so is
-        its memory. Handles from before are refused with
-        :class:`~numba_streamsafe.errors.StaleContext`.
-        """
-        with self._lock:
-            entries = self._table.clear()
-            for entry in entries:
-                entry.release(self.marks)
-            self.marks.clear()
-            self._pending.clear()
-            kept = self._kept.clear()
-            self._deferred.clear()
-            self._borrowed = 0
-        for entry in entries:
-            entry.block.state = BlockState.FREED
-            entry.block.stream_owner = None
-            entry.block.keep = None
-        owned = [entry.block.ptr for entry in entries if not entry.block.borrowed]
-        for ptr in owned + kept:
-            try:
-                self.driver.free(ptr)
-            except DriverError:
-                pass
-        self.events.forget()

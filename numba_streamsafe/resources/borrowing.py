@@ -1,0 +1,144 @@
+"""Borrowed blocks: memory another library allocated, tracked as any block
+and released, never freed, by :class:`~.async_resource.AsyncResource`."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from numba_streamsafe import tracehook
+from numba_streamsafe._driver.base import Driver
+from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import Block, BlockState, next_generation_fast, positive_size
+from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.resources.block_table import BlockTable, Entry
+from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
+from numba_streamsafe.resources.marks import EventPool, Lock, Mark, MarkBook
+from numba_streamsafe.streams import MAX_DEFAULT_STREAM
+
+_LIVE = BlockState.LIVE
+_FREED = BlockState.FREED
+
+__all__ = ["Borrowing"]
+
+
+class Borrowing:
+    """The borrowing calls of :class:`~.async_resource.AsyncResource` (which
+    holds the state)."""
+
+    # The state and the calls of AsyncResource these methods use (for type checkers).
+    driver: Driver
+    device: int
+    marks: MarkBook
+    events: EventPool
+    _lock: Lock
+    _reap_lock: threading.RLock
+    _table: BlockTable
+    _live: dict[int, Entry]
+    _open: dict[Any, Mark]
+    _pending: PendingFrees
+    _pending_slots: Any
+    _kept: KeptBlocks
+    _deferred: DeferredFrees
+    _deferred_queue: Any
+    _eager: bool
+    _borrowed: int
+    _peak: int
+    _live_peak: int
+    _allocations: int
+    _allocated_bytes: int
+    _frees: int
+    _freed_bytes: int
+    _free: Any
+    _drain: Any
+    reap_completed: Any
+    _deallocate_locked: Any
+
+    def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,
+               stream_owner: Any = None, keep: Any = None) -> Block:
+        """Track ``nbytes`` of device memory at ``ptr`` that another library
+        allocated and hands over on ``stream``, as a live *borrowed* block.
+
+        The block is ready after everything queued on ``stream`` so far (its
+        last write is the stream's current mark, as an allocation's is): the
+        caller has ordered the producer's work before ``stream``. Its uses are
+        then tracked as any block's. The library never frees it: its release
+        (:meth:`deallocate` or :meth:`defer_free`) makes ``stream`` wait for
+        every use on other streams, as a free does, and then holds ``keep``
+        (what keeps the memory alive: the producer's objects) until
+        ``stream`` has completed that point (a synchronise at
+        :meth:`reap_pending`, or found idle at the next allocation or
+        borrow), so the producer cannot reuse the memory under a use still
+        in flight. ``stream_owner`` is kept alive as an allocation's is.
+
+        A borrowed block counts in no byte or allocation figure. A checking
+        driver is told of the range (``Driver.register_foreign``).
+
+        Raises
+        ------
+        InvalidArgument
+            ``ptr`` is not a positive address, ``nbytes`` not a positive int,
+            or the range overlaps a live block (free it, or borrow that
+            block's range no more than once); nothing is registered.
+        StreamMisuse
+            ``stream`` is no stream of this device.
+        """
+        if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
+            raise InvalidArgument(f"borrow: the address {ptr!r} must be a positive int (a "
+                                  "device pointer of the memory lent)")
+        nbytes = positive_size(nbytes, tag)
+        if stream > MAX_DEFAULT_STREAM:
+            self.driver.check_stream(stream)
+        if self._pending_slots:
+            self.reap_completed()  # drop what released borrowed blocks kept, once done
+        with self._lock:
+            if self._deferred_queue:
+                self._deferred.drain(self._deallocate_locked)
+            clash = self._table.overlapping(ptr, nbytes)
+            if clash is not None:
+                raise InvalidArgument(
+                    f"borrow: {nbytes} B at {ptr:#x} overlap the live {clash.describe()}; "
+                    "memory is tracked by one block at a time: use that block's arrays, "
+                    "or release them first")
+            self.driver.register_foreign(ptr, nbytes, stream)
+            block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
+                          self._table.epoch, _LIVE, stream_owner, True, keep)
+            mark = self._open.get(stream)
+            if mark is None or (stream_owner is not None and mark.owner is None):
+                mark = self.marks.current(stream, stream_owner)
+            if self._eager:
+                try:
+                    self.marks.seal(mark)
+                except BaseException:
+                    if mark.refs == 0:
+                        mark.owner = None
+                    self.driver.release_foreign(ptr, stream)
+                    raise
+            mark.refs += 1
+            self._live[ptr] = Entry(block, mark)
+            self._table.index = None
+            self._borrowed += 1
+            if tracehook.active is not None:
+                tracehook.active.allocated(self, block, stream)
+        return block
+
+    def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:
+        """The release of a borrowed block (:meth:`borrow`); caller holds the lock."""
+        stream = block.stream
+        if entry.reads or entry.last_write.stream != stream:
+            marks = entry.waits_for(stream, Access.READ_WRITE)
+            if marks:
+                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
+        self.driver.release_foreign(block.ptr, stream)
+        # The waits are queued: from here on nothing can fail.
+        del self._live[block.ptr]
+        self._table.index = None
+        self._borrowed -= 1
+        entry.release(self.marks)
+        self._pending.add(stream, 0, block.stream_owner, block.keep)
+        block.state = _FREED
+        block.stream_owner = None
+        block.keep = None
+        if tracehook.active is not None:
+            tracehook.active.freed(self, block, stream, "released")

@@ -1,0 +1,114 @@
+"""Uses of a device's blocks by streams of other devices: the marks they
+wait for and the events they leave (:class:`~.async_resource.AsyncResource`)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numba_streamsafe.resources.rules as rules
+from numba_streamsafe._driver.base import Driver
+from numba_streamsafe.blocks import Block, BlockState
+from numba_streamsafe.resources.base import Use
+from numba_streamsafe.resources.block_table import BlockTable, Entry
+from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
+from numba_streamsafe.resources.marks import EventPool, ForeignMark, Lock, Mark, MarkBook
+
+_LIVE = BlockState.LIVE
+_FREED = BlockState.FREED
+
+__all__ = ["PeerUses"]
+
+
+class PeerUses:
+    """The calls of :class:`~.async_resource.AsyncResource` that order uses by
+    other devices' streams (it holds the state)."""
+
+    # The state and the calls of AsyncResource these methods use (for type checkers).
+    driver: Driver
+    device: int
+    marks: MarkBook
+    events: EventPool
+    _lock: Lock
+    _reap_lock: threading.RLock
+    _table: BlockTable
+    _live: dict[int, Entry]
+    _open: dict[Any, Mark]
+    _pending: PendingFrees
+    _pending_slots: Any
+    _kept: KeptBlocks
+    _deferred: DeferredFrees
+    _deferred_queue: Any
+    _eager: bool
+    _borrowed: int
+    _peak: int
+    _live_peak: int
+    _allocations: int
+    _allocated_bytes: int
+    _frees: int
+    _freed_bytes: int
+    _free: Any
+    _drain: Any
+    reap_completed: Any
+
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Mark]:
+        """The marks a stream of another device must wait for before ``uses``
+        (blocks of this device), sealed, each held (one more use) until
+        :meth:`release_foreign`: their events stay recorded while the caller
+        queues the waits on its stream (``cuStreamWaitEvent`` takes an event of
+        another device). ``key`` is the stream's key in this device's state
+        (``DeviceRuntime.stream_key``): uses recorded under it need no wait.
+
+        Nothing is held when this raises (a block freed or stale).
+        """
+        if self._deferred:
+            self._drain()
+        with self._lock:
+            held: list[Mark] = []
+            try:
+                for entry, access in self._table.entries(uses, "preflight"):
+                    for mark in entry.waits_for(key, access):
+                        if isinstance(mark, ForeignMark) and mark.stale:
+                            continue
+                        if not any(m is mark for m in held):
+                            self.marks.seal(mark)
+                            mark.refs += 1
+                            held.append(mark)
+            except BaseException:
+                for mark in held:
+                    self.marks.release(mark)
+                raise
+            return held
+
+    def release_foreign(self, held: Sequence[Mark]) -> None:
+        """Drop the holds of :meth:`preflight_foreign` (the waits are queued)."""
+        with self._lock:
+            for mark in held:
+                self.marks.release(mark)
+
+    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: EventPool,
+                       owner: Any = None) -> None:
+        """Record ``uses`` of this device's blocks by a stream of another device,
+        known here as ``key``, whose launch ``event`` (of ``pool``, that device's
+        event pool) was recorded after the work: later uses and the blocks'
+        frees on this device wait for it. ``owner`` (the stream's object) is kept
+        alive while a use refers to it. On an error the event goes back to ``pool``.
+        """
+        try:
+            with self._lock:
+                entries = rules.resolve(self._table, uses, "commit")
+                mark = ForeignMark(key, owner, event, pool)
+                rules.commit_locked(self.marks, entries, key, None, False, False, mark)
+        except BaseException:
+            pool.release(event)
+            raise
+        if not mark.refs:
+            mark.give_back()
+
+    def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
+        """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live block."""
+        with self._lock:
+            entry = self._table.entry(block, "block_events")
+            return entry.last_write, dict(entry.reads)
