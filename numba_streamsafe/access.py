@@ -11,7 +11,7 @@ import enum
 
 from numba_streamsafe.errors import InvalidArgument
 
-__all__ = ["Access", "Read", "Write", "ReadWrite", "as_access"]
+__all__ = ["Access", "Read", "Write", "ReadWrite", "as_access", "annotation_access"]
 
 
 class Access(enum.IntEnum):
@@ -69,3 +69,20 @@ def as_access(value: object) -> Access:
     raise InvalidArgument(
         f"{value!r} is not an access kind; use Read, Write, ReadWrite or one of {sorted(_NAMES)}"
     )
+
+
+def annotation_access(annotation: object) -> Access | None:
+    """The access a parameter's annotation declares (``Read``, ``"r"``, or
+    such a name quoted, as an unresolved annotation under ``from __future__
+    import annotations`` arrives), or None when it declares none."""
+    if isinstance(annotation, Access):
+        return annotation
+    if isinstance(annotation, str):
+        text = annotation.strip()
+        if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+            text = text[1:-1]
+        try:
+            return as_access(text)
+        except ValueError:
+            return None
+    return None

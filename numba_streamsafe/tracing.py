@@ -21,7 +21,6 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe import tracehook
@@ -29,6 +28,7 @@ from numba_streamsafe.access import Access
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.protocol import _REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
+from numba_streamsafe.trace_records import EventRecord, MemoryEvent, Op, Wait, _hazard  # noqa: F401
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
@@ -36,102 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["Trace", "Op", "Wait", "MemoryEvent", "trace"]
 
 _WRITE = Access.WRITE
-
-
-@dataclass(frozen=True)
-class Op:
-    """A fenced launch, copy or memset.
-
-    ``kind`` is ``"launch"``, ``"copy"`` or ``"memset"``; ``uses`` holds
-    ``(argument, access name, address)`` per block; ``t0``/``t1`` are host
-    times (ns since the trace began) around preflight, the work and commit;
-    ``device_t0``/``device_t1`` the device times (ns) of the work when the
-    trace measured them, else None. ``tracked`` is False for a launch with
-    tracking switched off (no waits, nothing recorded).
-    """
-
-    id: int
-    kind: str
-    label: str
-    device: int
-    stream: int
-    uses: tuple[tuple[str, str, int], ...]
-    t0: int
-    t1: int
-    tracked: bool = True
-    device_t0: int | None = None
-    device_t1: int | None = None
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Why operation ``op`` waited (or needed no new wait) for an earlier one.
-
-    ``stream`` (of ``device``) waits for ``on_stream``: argument ``param`` of
-    ``op`` (its access ``access``) conflicts with ``after_param`` of the
-    earlier operation ``after`` (id 0: the block's allocation, label
-    ``"allocation"``, or a borrowed block's hand-over, label ``"borrow"``,
-    or work queued before the trace began, label
-    ``"(before the trace)"``), a
-    ``hazard`` of ``"read-after-write"``, ``"write-after-write"`` or
-    ``"write-after-read"``. ``inserted`` is True when this operation queued
-    the ``cuStreamWaitEvent``; False when the stream already waited for the
-    same point before (stream order covers it). ``same_stream`` marks a use
-    whose earlier operation ran on the same stream: no wait at all.
-    """
-
-    op: int
-    label: str
-    param: str
-    access: str
-    device: int
-    stream: int
-    on_stream: int
-    after: int
-    after_label: str
-    after_param: str
-    hazard: str
-    inserted: bool
-    same_stream: bool
-    t: int
-
-
-@dataclass(frozen=True)
-class MemoryEvent:
-    """An allocation or free. ``what`` is ``"alloc"``, ``"free"`` (queued on
-    its stream with ``cuMemFreeAsync``, after the waits its uses need),
-    ``"kept"`` (kept for reuse by the next allocation of its size on its
-    stream), ``"deferred"`` (a finalizer queued it; it runs at the next
-    allocation, launch or flush), ``"borrow"`` or ``"release"`` (a borrowed
-    block of another library's memory became tracked, or was released after
-    the waits its uses need; ``AsyncResource.borrow``). ``live_bytes`` and ``pending_bytes`` are
-    the resource's figures right after it."""
-
-    what: str
-    device: int
-    stream: int
-    ptr: int
-    nbytes: int
-    tag: str
-    live_bytes: int
-    pending_bytes: int
-    t: int
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    """An event the protocol recorded on ``stream`` (sealing a mark), during ``op``."""
-
-    op: int
-    device: int
-    stream: int
-    t: int
-
-
-def _hazard(waiter: Access, earlier_write: bool) -> str:
-    if earlier_write:
-        return "write-after-write" if waiter & _WRITE else "read-after-write"
-    return "write-after-read"
 
 
 class Trace:

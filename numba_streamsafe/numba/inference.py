@@ -26,15 +26,20 @@ kernel's accesses, never under-approximate them. Control flow is ignored
 
 from __future__ import annotations
 
-import cmath
-import math
-import operator
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from numba_streamsafe.access import Access
+from numba_streamsafe.numba.inference_calls import (
+    _METADATA_CALLS,
+    _MISSING,
+    _atomics,
+    _device_py_func,
+    _is_read_only_call,
+    _resolve_attr,
+)
 
 __all__ = ["ParamUse", "infer_access", "infer_params"]
 
@@ -44,16 +49,6 @@ _METADATA = frozenset({"shape", "size", "ndim", "dtype", "strides", "itemsize", 
 #: Array methods that return a view and touch no element.
 _VIEW_METHODS = frozenset({"reshape", "view", "ravel", "transpose", "swapaxes", "squeeze",
                            "T", "real", "imag", "flat", "bind"})
-#: Calls that only read their array arguments (besides metadata-only ``len``).
-_READ_ONLY_MODULES = (math, cmath)
-_METADATA_CALLS = frozenset({len})
-_READ_ONLY_BUILTINS = frozenset({
-    range, min, max, abs, int, float, bool, complex, round, sum, any, all, enumerate, zip,
-    print, divmod, pow, isinstance, tuple, slice, reversed, hash, type, iter, next,
-    operator.getitem, operator.add, operator.sub, operator.mul, operator.truediv,
-    operator.floordiv, operator.mod, operator.neg, operator.pos,
-})
-
 _lock = threading.Lock()
 _cache: dict[Any, tuple[ParamUse, ...]] = {}
 
@@ -95,68 +90,6 @@ class _Analysis:
     tuples: dict[str, list[tuple[set[int], set[int]]]] = field(default_factory=dict)
     #: vars that hold a slice (or a tuple with one): indexing with them makes a view.
     slices: set[str] = field(default_factory=set)
-
-
-def _atomics() -> frozenset[Any]:
-    try:
-        from numba.cuda import stubs
-    except ImportError:  # pragma: no cover - Numba is a dependency
-        return frozenset()
-    atomic = getattr(stubs, "atomic", None)
-    if atomic is None:
-        return frozenset()
-    out = set()
-    for name in dir(atomic):
-        if not name.startswith("_"):
-            try:
-                out.add(getattr(atomic, name))
-            except Exception:
-                continue
-    return frozenset(out)
-
-
-def _resolve_attr(base: Any, attr: str) -> Any:
-    """``getattr(base, attr)``, or :data:`_MISSING`. Under Numba's CUDA
-    simulator the ``numba.cuda`` module a kernel names holds no device
-    functions (the simulator swaps them in while a kernel runs): they are
-    looked up in ``numba.cuda.stubs``, where the GPU target's come from too."""
-    try:
-        return getattr(base, attr)
-    except Exception:
-        pass
-    if getattr(base, "__name__", None) == "numba.cuda":
-        try:
-            from numba.cuda import stubs
-
-            return getattr(stubs, attr)
-        except Exception:
-            pass
-    return _MISSING
-
-
-def _device_py_func(value: Any) -> Callable[..., Any] | None:
-    """The Python function of a CUDA device function (dispatcher or simulator kernel)."""
-    py = getattr(value, "py_func", None)
-    if py is not None and hasattr(py, "__code__"):
-        return py  # type: ignore[no-any-return]
-    return None
-
-
-def _is_read_only_call(value: Any) -> bool:
-    if value in _READ_ONLY_BUILTINS:
-        return True
-    module = getattr(value, "__module__", None) or ""
-    if any(value is getattr(m, getattr(value, "__name__", ""), None) for m in _READ_ONLY_MODULES):
-        return True
-    if isinstance(value, type) and value.__module__ == "builtins":
-        return True
-    # numba.cuda's thread-index and sync helpers, numpy's scalar and reading functions.
-    if module.startswith(("numba.cuda", "numba_cuda")) and getattr(value, "__name__", "") in {
-            "grid", "gridsize", "syncthreads", "syncwarp", "threadfence", "threadfence_block",
-            "threadfence_system", "laneid", "warpsize", "nanosleep", "fma", "cbrt", "selp",
-            "popc", "brev", "clz", "ffs", "activemask", "lanemask_lt"}:
-        return True
-    return module.startswith("numpy") and callable(value)
 
 
 class _Walker:
@@ -471,7 +404,6 @@ def _method_name(w: _Walker, var: Any) -> str | None:
     return None
 
 
-_MISSING = object()
 _MAX_DEPTH = 8
 
 

@@ -1,0 +1,96 @@
+"""Configured launches of a tracked kernel: ``k[grid, block, stream, shmem]``
+(:class:`_Launch`, over the compiled :class:`~.launcher.Launcher`) and
+``k.forall(n)`` (:class:`_ForAll`), and Numba's low-occupancy warning for
+direct launches."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from numba_streamsafe.numba import access_check, direct, launcher, target
+
+if TYPE_CHECKING:
+    from numba_streamsafe.numba.kernel import TrackedKernel
+
+__all__: list[str] = []
+
+
+def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
+    """Numba's low-occupancy warning for a direct launch: once per kernel and
+    grid, when Numba's settings ask for it (Numba warns once per configuration)."""
+    size = grid[0] * grid[1] * grid[2]
+    if size >= 128 or grid in kernel._warned_grids:
+        return
+    from numba.cuda.core import config as numba_config
+
+    if (getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+            and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False)):
+        from numba.cuda.core.errors import NumbaPerformanceWarning
+
+        kernel._warned_grids.add(grid)
+        warnings.warn(NumbaPerformanceWarning(
+            f"Grid size {size} will likely result in GPU under-utilization due to low "
+            "occupancy."), stacklevel=access_check.user_stacklevel())
+
+
+class _Launch(launcher.Launcher):  # type: ignore[misc]
+    """One configured launch of a :class:`TrackedKernel`: ``k[grid, block, stream, shmem]``.
+
+    Its fields are ``kernel``, ``config`` and ``stream`` (the configuration's
+    stream, 0 when it names none). Calling it launches: through the compiled
+    launch path when it applies, else :meth:`_slow`.
+    """
+
+    __slots__ = ()
+
+    def _numba(self) -> Callable[..., Any]:
+        config = self.config
+        if len(config) > 2:
+            config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
+        return self.kernel._configure(config)
+
+    def _slow(self, *args: Any) -> None:
+        """The launch on the Python path: direct when the configuration's
+        dimensions are plain, else through Numba."""
+        config = self.config
+        kernel = self.kernel
+        shmem = config[3] if len(config) > 3 else 0
+        if kernel._checks_config:  # what CUDA refuses, refused here, before anything is queued
+            dims = kernel._check_config(config[0], config[1], shmem)
+        else:
+            dims = None
+            grid = direct.normalize_dims(config[0])
+            if grid is not None:
+                block = direct.normalize_dims(config[1])
+                if block is not None and type(shmem) is int:
+                    dims = (grid, block, shmem)
+        kernel._launch(self.stream, args, dims, self._numba)
+
+
+class _ForAll:
+    """A configured ``k.forall(n, tpb, stream, sharedmem)``."""
+
+    __slots__ = ("kernel", "ntasks", "tpb", "stream", "sharedmem")
+
+    def __init__(self, kernel: TrackedKernel, ntasks: int, tpb: int, stream: Any,
+                 sharedmem: int) -> None:
+        self.kernel = kernel
+        self.ntasks = ntasks
+        self.tpb = tpb
+        self.stream = stream
+        self.sharedmem = sharedmem
+
+    def _numba(self) -> Callable[..., Any]:
+        return self.kernel.dispatcher.forall(self.ntasks, self.tpb,
+                                             target.numba_stream(self.stream), self.sharedmem)
+
+    def __call__(self, *args: Any) -> None:
+        dims = None
+        tpb, ntasks = self.tpb, self.ntasks
+        # With no threads per block given Numba asks the occupancy calculator.
+        if (type(tpb) is int and tpb > 0 and type(ntasks) is int and ntasks > 0
+                and type(self.sharedmem) is int):
+            dims = self.kernel._check_config((ntasks + tpb - 1) // tpb, tpb, self.sharedmem)
+        self.kernel._launch(self.stream, args, dims, self._numba)
