@@ -18,7 +18,7 @@ from typing import Any
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, check_block, check_int
-from numba_streamsafe.errors import GraphCaptureError, InvalidArgument, StreamMisuse
+from numba_streamsafe.errors import GraphCaptureError, InvalidArgument
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
@@ -28,13 +28,10 @@ from numba_streamsafe.resources import (
     ResourceStats,
 )
 from numba_streamsafe.resources.marks import retired_stream_id
+from numba_streamsafe.runtime_streams import RuntimeStreams
 from numba_streamsafe.settings import settings
 from numba_streamsafe.streams import (
-    MAX_DEFAULT_STREAM,
-    StreamRef,
     default_stream_handle,
-    is_default_stream,
-    stream_handle,
 )
 
 __all__ = [
@@ -80,7 +77,7 @@ def default_driver(device: int = 0) -> Driver:
     return CudaDriver(device)
 
 
-class DeviceRuntime:
+class DeviceRuntime(RuntimeStreams):
     """The library's state for one device: a resource stack and its policy.
 
     Parameters
@@ -170,105 +167,6 @@ class DeviceRuntime:
         """A context manager making this device's context current inside it (on
         a GPU, when another device's is current; nothing on the simulator)."""
         return self.driver.activate()
-
-    # ----------------------------------------------------------------- streams
-    def stream_ref(self, stream: Any) -> StreamRef:
-        """``(handle, owner)`` of ``stream``: its driver handle
-        (:meth:`stream_handle`) and the object that keeps it alive (None for a
-        raw handle or the default stream). The one place a user's stream is
-        resolved; the owner is what the tracker keeps alive while it relies on
-        the handle."""
-        owner = None if stream is None or isinstance(stream, int) else stream
-        return self.stream_handle(stream), owner
-
-    def stream_handle(self, stream: Any) -> int:
-        """The driver handle of ``stream`` (see :func:`numba_streamsafe.streams.stream_handle`).
-
-        Stream objects that carry no handle (those of Numba's CUDA simulator)
-        get a blocking stream of this runtime's driver (as ``numba.cuda.stream()``
-        makes on a GPU), created on first sight and kept for the object's lifetime.
-        """
-        handle = stream_handle(stream)
-        if handle is not None:
-            destroyed = self._destroyed
-            if destroyed and handle in destroyed:
-                if stream.__class__ is int:
-                    raise StreamMisuse(
-                        f"stream {handle:#x} was destroyed (destroy_stream); its handle names "
-                        "no stream any more. Pass a live stream, e.g. one from "
-                        "numba.cuda.stream()"
-                    )
-                destroyed.discard(handle)  # a live stream object has that address now
-            elif stream.__class__ is int and handle > MAX_DEFAULT_STREAM and \
-                    handle not in self._checked_handles:
-                # A bare handle is checked once: one never created is refused here,
-                # not by whichever driver call meets it first.
-                self.driver.check_stream(handle)
-                self._checked_handles.add(handle)
-            return handle
-        with self._stream_lock:
-            handle = self._stream_objects.get(stream)
-            if handle is None:
-                # Numba's cuda.stream() makes blocking streams: so does its stand-in here.
-                handle = self.driver.create_stream(blocking=True)
-                self._stream_objects[stream] = handle
-        return handle
-
-    def destroy_stream(self, stream: Any) -> None:
-        """Destroy a stream made by the driver, refusing while blocks live on it.
-
-        Frees queued by finalizers run first (so ``del array`` then
-        ``destroy_stream`` works). The stream's history ends with it: a stream
-        created later with the same handle (CUDA may reuse handles) inherits no
-        waits and no uses. Work queued on the stream still completes.
-
-        Raises
-        ------
-        StreamMisuse
-            ``stream`` is a default stream (None, 0, 1 or 2), which cannot be
-            destroyed; or live blocks are allocated on it (they are named).
-        """
-        handle = self.stream_handle(stream)
-        if is_default_stream(handle):
-            raise StreamMisuse(
-                f"stream {stream!r} is the default stream {handle} and cannot be destroyed; "
-                "destroy only streams you created (driver.create_stream(), numba.cuda.stream())"
-            )
-        with self.driver.activate():
-            self.resource.flush()
-        on_it = self.resource.blocks_on_stream(handle)
-        if on_it:
-            names = "; ".join(b.describe() for b in on_it[:5])
-            raise StreamMisuse(
-                f"stream {handle:#x} still orders {len(on_it)} live block(s): {names}. "
-                "Free them (their frees are queued on this stream) before destroying it"
-            )
-        # Seal the uses recorded on the stream and reap its queued frees while
-        # the stream still exists (afterwards neither could be done), forget
-        # its history, and destroy it with no reap in between.
-        with self.driver.activate():
-            self.resource.retire_stream(handle, self.driver.destroy_stream)
-        self._keys.pop(handle, None)  # other devices' uses by it keep its old key
-        self._checked_handles.discard(handle)
-
-    def order_after_stream(self, stream: int, producer: int) -> None:
-        """Make ``stream`` wait for everything queued so far on ``producer``."""
-        if producer == stream:
-            return
-        pool = self.resource.events
-        if pool is None:
-            handle = self.driver.event_create()
-            try:
-                self.driver.event_record(handle, producer)
-                self.driver.stream_wait_event(stream, handle)
-            finally:
-                self.driver.event_destroy(handle)
-            return
-        handle = pool.record(producer)
-        try:
-            self.driver.stream_wait_event(stream, handle)
-        finally:
-            pool.release(handle)
 
     # ------------------------------------------------------------------ blocks
     def allocate(self, nbytes: int, stream: Any = None, tag: str = "") -> Block:

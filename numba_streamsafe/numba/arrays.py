@@ -14,38 +14,22 @@ like a kernel.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from numba_streamsafe.access import Access, as_access
+from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
-from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.exports import order_export
-from numba_streamsafe.numba.policy import launch_policy
-from numba_streamsafe.numba.scope import current_stream, numba_call
-from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
-from numba_streamsafe.runtime import get_runtime
+from numba_streamsafe.numba.array_args import _device_block, _stream, _strict, _tracking
+from numba_streamsafe.numba.boundaries import export_interface
+from numba_streamsafe.numba.scope import numba_call
+from numba_streamsafe.protocol import CopyUses, fenced, single
 
 __all__ = ["device_array", "to_device", "copy_to_host", "copy", "memset", "block_of"]
-
-
-def _tracking(rt: Any) -> bool:
-    return launch_policy(rt).tracking
-
-
-def _strict(rt: Any) -> bool:
-    return rt.mode is RecorderMode.STRICT
-
-
-def _stream(stream: Any) -> Any:
-    return current_stream() if stream is None else stream
 
 
 #: The most bytes a device array may span: its size, shape and strides are int64.
@@ -215,16 +199,6 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
 def block_of(array: Any) -> Block | None:
     """The live block behind ``array`` (or any view of it), or None."""
     return target.resolve(target.runtime(), array)[1]
-
-
-def _device_block(rt: Any, array: Any, what: str) -> Block | None:
-    kind, block, _ = target.resolve(rt, array)
-    if kind != target.DEVICE:
-        raise InvalidArgument(
-            f"{what} must be a device array, got {type(array).__name__}; "
-            "copy host data with numba_streamsafe.to_device(host, stream=...) first"
-        )
-    return block
 
 
 def to_device(host: Any, *, stream: Any = None, to: Any = None,
@@ -477,76 +451,6 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
            owner, numba_call, target.memset, array, int(value), target.numba_stream(stream),
            tracking=_tracking(rt))
-
-
-# ------------------------------------------------------------------ boundaries
-def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
-    """Order the consumer of ``array``'s ``__cuda_array_interface__`` (``desc``).
-
-    The interface (version 3) names a stream its consumer synchronises with
-    before using the data. That stream (the array's; for the default stream
-    the legacy stream, named ``1``) is made to wait here for every use of the
-    block the library knows of, whichever stream made it, and the export is
-    recorded as a read-write use on it: later tracked uses wait for the
-    work queued on it up to now. A consumer that keeps using the data on its
-    own stream afterwards is outside the library: wrap that in :func:`lend`.
-    """
-    rt = target.runtime()
-    kind, block, _ = target.resolve(rt, array)
-    if kind != target.DEVICE or block is None or not _tracking(rt):
-        return desc
-    named = desc.get("stream")
-    order_export(block, 0 if named in (None, 1, 2) else int(named), "exported array")
-    if named is None:
-        desc = dict(desc, stream=1)  # the legacy default stream, which was ordered
-    return desc
-
-
-@contextlib.contextmanager
-def lend(array: Any, *, stream: Any, access: Access | str = "rw") -> Iterator[Any]:
-    """Lend ``array`` to work the library does not see, queued on ``stream``
-    (a PyTorch, CuPy, cuda.core or Numba stream, or a handle) inside the block.
-
-    On entry ``stream`` waits for the array's earlier uses that ``access``
-    conflicts with; on exit the array's later tracked uses are ordered after
-    everything queued on ``stream`` by then (recorded as a use of ``access``
-    there). The stream object is kept alive while that use is recorded.
-
-    Parameters
-    ----------
-    array : device array
-        An array of the library (views included).
-    stream : stream-like
-        The foreign stream the borrowed work runs on.
-    access : Access or str
-        What the foreign work does: ``"r"``, ``"w"`` or ``"rw"`` (default).
-
-    Yields
-    ------
-    The array.
-
-    Raises
-    ------
-    InvalidArgument
-        ``array`` is not an array of the library, or ``access`` names no access.
-    """
-    access = as_access(access)
-    rt = target.runtime()
-    block = _device_block(rt, array, "lend: array")
-    if block is None:
-        raise InvalidArgument("lend: the array was not allocated by numba_streamsafe; only "
-                              "its arrays have uses to order")
-    if block.device != rt.device:
-        rt = get_runtime(block.device)
-    handle, owner = rt.stream_ref(stream)
-    uses = single(block, access, "lent array")
-    with rt.activate():
-        preflight(rt, handle, uses, False, owner)
-    try:
-        yield array
-    finally:
-        with rt.activate():
-            commit(rt, handle, uses, owner)
 
 
 target.export_hook = export_interface

@@ -244,7 +244,7 @@ else:
         """A Numba device array over a library block whose
         ``__cuda_array_interface__`` orders its consumer: the stream it names
         is made to wait for every use the library knows of
-        (:func:`numba_streamsafe.numba.arrays.export_interface`). Views made
+        (:func:`numba_streamsafe.numba.boundaries.export_interface`). Views made
         by indexing keep the class."""
 
         @property

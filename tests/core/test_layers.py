@@ -22,7 +22,7 @@ LAYERS = {
     "compiled": 0,
     "_driver": 1, "blocks": 1,
     "resources": 2,
-    "runtime": 3,
+    "runtime": 3, "runtime_streams": 3,
     "protocol": 4, "recorder": 4, "memstats": 4, "races": 4, "trace_records": 4, "tracing": 5,
     "trace_export": 5,
     "graphs": 5,

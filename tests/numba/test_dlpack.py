@@ -252,7 +252,7 @@ def test_a_consumer_stream_destroyed_later_does_not_block_the_free(rt, streams, 
     if export == "dlpack":
         _consume(dlpack.export_dlpack(x, stream=c))
     else:
-        from numba_streamsafe.numba.arrays import export_interface
+        from numba_streamsafe.numba.boundaries import export_interface
 
         export_interface(x, {"stream": c, "version": 3})
     rt.driver.destroy_stream(c)                      # behind the library's back
