@@ -109,29 +109,8 @@ def plot(t: Trace, path: str | None = None) -> Any:
     lanes = _lanes(t)
     fig, (ax, mem) = plt.subplots(2, 1, figsize=(12, 1.2 + 0.6 * max(len(lanes), 1) + 2),
                                   sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    ops = {op.id: op for op in t.ops}
-    spans = [_span(op) for op in t.ops]
-    total = max((a + b for a, b in spans), default=1.0) - min((a for a, _ in spans), default=0.0)
-    last_label: dict[int, tuple[str, float]] = {}
-    for op, (ts, dur) in zip(t.ops, spans, strict=True):
-        y = lanes[(op.device, op.stream)]
-        ax.broken_barh([(ts / 1e3, dur / 1e3)], (y - 0.35, 0.7),
-                       facecolors=_COLORS.get(op.kind, "tab:blue"), edgecolors="white",
-                       linewidth=0.3, alpha=0.85)
-        # A label where there is room: not the same name again right after itself.
-        prev = last_label.get(y)
-        if prev is None or (prev[0] != op.label and ts - prev[1] > 0.04 * total):
-            ax.text(ts / 1e3, y + 0.38, op.label[:20], fontsize=6, va="bottom")
-            last_label[y] = (op.label, ts)
-    for w in t.waits:
-        earlier, waiter = ops.get(w.after), ops.get(w.op)
-        if not w.inserted or earlier is None or waiter is None:
-            continue
-        ets, edur = _span(earlier)
-        wts, _ = _span(waiter)
-        ax.annotate("", xy=(wts / 1e3, lanes[(w.device, w.stream)]),
-                    xytext=((ets + edur) / 1e3, lanes[(earlier.device, earlier.stream)]),
-                    arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 0.8})
+    _draw_ops(ax, t, lanes)
+    _draw_waits(ax, t, lanes)
     ax.set_yticks(list(lanes.values()))
     ax.set_yticklabels([f"dev {d} stream {s:#x}" for d, s in lanes])
     ax.set_ylim(0.3, len(lanes) + 0.9)
@@ -148,3 +127,34 @@ def plot(t: Trace, path: str | None = None) -> Any:
     if path is not None:
         fig.savefig(path, dpi=130)
     return fig
+
+
+def _draw_ops(ax: Any, t: Trace, lanes: dict[tuple[int, int], int]) -> None:
+    """A bar per operation in its stream's lane, labelled where there is room."""
+    spans = [_span(op) for op in t.ops]
+    total = max((a + b for a, b in spans), default=1.0) - min((a for a, _ in spans), default=0.0)
+    last_label: dict[int, tuple[str, float]] = {}
+    for op, (ts, dur) in zip(t.ops, spans, strict=True):
+        y = lanes[(op.device, op.stream)]
+        ax.broken_barh([(ts / 1e3, dur / 1e3)], (y - 0.35, 0.7),
+                       facecolors=_COLORS.get(op.kind, "tab:blue"), edgecolors="white",
+                       linewidth=0.3, alpha=0.85)
+        # A label where there is room: not the same name again right after itself.
+        prev = last_label.get(y)
+        if prev is None or (prev[0] != op.label and ts - prev[1] > 0.04 * total):
+            ax.text(ts / 1e3, y + 0.38, op.label[:20], fontsize=6, va="bottom")
+            last_label[y] = (op.label, ts)
+
+
+def _draw_waits(ax: Any, t: Trace, lanes: dict[tuple[int, int], int]) -> None:
+    """An arrow per inserted wait, from the earlier operation to the waiting one."""
+    ops = {op.id: op for op in t.ops}
+    for w in t.waits:
+        earlier, waiter = ops.get(w.after), ops.get(w.op)
+        if not w.inserted or earlier is None or waiter is None:
+            continue
+        ets, edur = _span(earlier)
+        wts, _ = _span(waiter)
+        ax.annotate("", xy=(wts / 1e3, lanes[(w.device, w.stream)]),
+                    xytext=((ets + edur) / 1e3, lanes[(earlier.device, earlier.stream)]),
+                    arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 0.8})

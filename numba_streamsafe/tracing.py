@@ -330,28 +330,40 @@ def _replay_op(t: Trace, raw: tuple[Any, ...],
     if not tracking:
         return op, waits, events
     for (block, access), name in zip(blocks, names, strict=False):
-        key = (block.device, block.ptr, block.generation)
-        conflicts: list[tuple[_Earlier, bool]] = []
-        writer = writers.get(key)
-        if writer is not None:
-            conflicts.append((writer, True))
-        if access & _WRITE:
-            conflicts += [(r, False) for s, r in readers.get(key, {}).items() if s != stream]
-        for earlier, was_write in conflicts:
-            on = earlier[3]
-            same = on == stream
-            inserted = not same and queued[on] > 0
-            if inserted:
-                queued[on] -= 1
-            waits.append(Wait(op_id, label, name, access.name, block.device, stream, on,
-                              earlier[0], earlier[1], earlier[2], _hazard(access, was_write),
-                              inserted, same, t0))
-        if access & _WRITE:
-            writers[key] = (op_id, label, name, stream)
-            readers.pop(key, None)
-        else:
-            readers.setdefault(key, {})[stream] = (op_id, label, name, stream)
+        waits += _replay_use(op_id, label, name, block, access, stream, t0, queued, writers,
+                             readers)
     return op, waits, events
+
+
+def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, stream: int,
+                t0: int, queued: collections.Counter[int],
+                writers: dict[tuple[int, int, int], _Earlier],
+                readers: dict[tuple[int, int, int], dict[int, _Earlier]]) -> list[Wait]:
+    """The waits one use of an operation needed (each marked inserted, or
+    ordered by its stream), and the use recorded as the block's newest."""
+    key = (block.device, block.ptr, block.generation)
+    conflicts: list[tuple[_Earlier, bool]] = []
+    writer = writers.get(key)
+    if writer is not None:
+        conflicts.append((writer, True))
+    if access & _WRITE:
+        conflicts += [(r, False) for s, r in readers.get(key, {}).items() if s != stream]
+    waits = []
+    for earlier, was_write in conflicts:
+        on = earlier[3]
+        same = on == stream
+        inserted = not same and queued[on] > 0
+        if inserted:
+            queued[on] -= 1
+        waits.append(Wait(op_id, label, name, access.name, block.device, stream, on,
+                          earlier[0], earlier[1], earlier[2], _hazard(access, was_write),
+                          inserted, same, t0))
+    if access & _WRITE:
+        writers[key] = (op_id, label, name, stream)
+        readers.pop(key, None)
+    else:
+        readers.setdefault(key, {})[stream] = (op_id, label, name, stream)
+    return waits
 
 
 def _run(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool, owner: object,

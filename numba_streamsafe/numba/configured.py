@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe.numba import access_check, direct, launcher, target
+from numba_streamsafe.numba.policy import launch_policy
 
 if TYPE_CHECKING:
     from numba_streamsafe.numba.kernel import TrackedKernel
@@ -94,3 +95,22 @@ class _ForAll:
                 and type(self.sharedmem) is int):
             dims = self.kernel._check_config((ntasks + tpb - 1) // tpb, tpb, self.sharedmem)
         self.kernel._launch(self.stream, args, dims, self._numba)
+
+
+def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | None:
+    """What the compiled launch path reads for ``kernel`` on ``rt``, or
+    None where it does not apply: a resource other than
+    :class:`AsyncResource`, a checking driver, or no libcuda in the process."""
+    from numba_streamsafe.resources.async_resource import AsyncResource
+
+    if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
+            or not launcher.available()):
+        return None
+    from numba.cuda.core import config as numba_config
+
+    no_warn = not (kernel._warns
+                   and getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+                   and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
+    accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
+    return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel._warned_grids,
+                                no_warn, rt.driver.launch_kernel)

@@ -109,12 +109,7 @@ def _open_interface(obj: Any, rt: Any, handle: int, ordered: bool, what: str) ->
     if desc.get("mask") is not None:
         raise InvalidArgument(f"{what}: masked arrays (the interface's 'mask') are not "
                               "supported; pass the data without its mask")
-    try:
-        dtype = np.dtype(desc["typestr"]) if "descr" not in desc or len(desc["descr"]) < 2 \
-            else np.dtype(desc["descr"])
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{what}: the interface's typestr {desc.get('typestr')!r} is "
-                              f"no dtype ({exc})") from None
+    dtype = _interface_dtype(desc, what)
     shape = tuple(int(n) for n in desc["shape"])
     strides = desc.get("strides")
     strides = (target.c_strides(shape, dtype.itemsize) if strides is None
@@ -122,12 +117,28 @@ def _open_interface(obj: Any, rt: Any, handle: int, ordered: bool, what: str) ->
     ptr, readonly = desc["data"]
     producer = desc.get("stream") if desc.get("version", 0) >= 3 else None
     if producer is not None and ordered:
-        if producer == 0 or isinstance(producer, bool) or not isinstance(producer, int):
-            raise InvalidArgument(f"{what}: the interface names stream {producer!r}, which the "
-                                  "CUDA Array Interface does not allow (1: legacy default "
-                                  "stream, 2: per-thread default stream, else a handle)")
-        rt.order_after_stream(handle, 0 if producer == 1 else producer)
+        _order_after_producer(rt, handle, producer, what)
     return _Foreign(int(ptr or 0), shape, strides, dtype, bool(readonly), (obj,))
+
+
+def _interface_dtype(desc: dict[str, Any], what: str) -> np.dtype:
+    """The dtype a CUDA Array Interface description names."""
+    try:
+        if "descr" not in desc or len(desc["descr"]) < 2:
+            return np.dtype(desc["typestr"])
+        return np.dtype(desc["descr"])
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what}: the interface's typestr {desc.get('typestr')!r} is "
+                              f"no dtype ({exc})") from None
+
+
+def _order_after_producer(rt: Any, handle: int, producer: Any, what: str) -> None:
+    """Make ``handle`` wait for the producer stream an interface names."""
+    if producer == 0 or isinstance(producer, bool) or not isinstance(producer, int):
+        raise InvalidArgument(f"{what}: the interface names stream {producer!r}, which the "
+                              "CUDA Array Interface does not allow (1: legacy default "
+                              "stream, 2: per-thread default stream, else a handle)")
+    rt.order_after_stream(handle, 0 if producer == 1 else producer)
 
 
 def _not_a_producer(obj: Any, what: str, wanted: str, other: str, use: str

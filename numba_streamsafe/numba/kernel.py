@@ -21,7 +21,12 @@ from numba_streamsafe.errors import (
 )
 from numba_streamsafe.modes import RecorderMode
 from numba_streamsafe.numba import access_check, arrays, direct, launcher, target
-from numba_streamsafe.numba.configured import _ForAll, _Launch, _warn_low_occupancy
+from numba_streamsafe.numba.configured import (
+    _ForAll,
+    _Launch,
+    _warn_low_occupancy,
+    launch_state_for,
+)
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import numba_call, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
@@ -140,7 +145,7 @@ class TrackedKernel:
         #: Grids Numba's low-occupancy warning was given for (direct launches).
         self._warned_grids: set[tuple[int, int, int]] = set()
         #: What the compiled launch path reads for this kernel on one runtime
-        #: (:meth:`_launch_state`), built after its first direct launch there.
+        #: (:func:`~.configured.launch_state_for`), built after its first direct launch there.
         self.launch_state: launcher.LaunchState | None = None
 
     @staticmethod
@@ -375,20 +380,9 @@ class TrackedKernel:
         strict = self._strict(rt)
         policy = launch_policy(rt)
         tracking = self._tracking(policy)
-        if dims is not None and not host and policy.direct_launch:
-            plan = self._plan(rt, args)
-            if plan is not None:
-                params = plan.pack(args)
-                if params is not None:
-                    grid, block, shmem = dims
-                    if grid[0] * grid[1] * grid[2] < 128 and self._warns:
-                        _warn_low_occupancy(self, grid)
-                    fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
-                           plan.function, grid, block, shmem, handle, params, tracking=tracking)
-                    if rt.capture is not None or (launcher.COMPILED and tracking and
-                                                  not uses.untracked and not uses.producers):
-                        self._after_direct(rt, plan, args, handle, owner)
-                    return
+        if (dims is not None and not host and policy.direct_launch
+                and self._direct(rt, args, uses, dims, handle, owner, strict, tracking)):
+            return
         # Numba's launch path: the copies and launches Numba makes inside it
         # (auto-transfers, a forall's specialised launch) are this launch's.
         launch = numba_call(numba_launch)
@@ -399,6 +393,28 @@ class TrackedKernel:
         else:
             fenced(rt, handle, uses, self.__name__, strict, owner, numba_call, launch, *args,
                    tracking=tracking)
+
+    def _direct(self, rt: Any, args: tuple[Any, ...], uses: Uses,
+                dims: tuple[tuple[int, int, int], tuple[int, int, int], int], handle: int,
+                owner: Any, strict: bool, tracking: bool) -> bool:
+        """The launch as one ``cuLaunchKernel`` of the overload's plan, fenced;
+        False (nothing queued) when no plan applies or a value does not fit
+        its parameter."""
+        plan = self._plan(rt, args)
+        if plan is None:
+            return False
+        params = plan.pack(args)
+        if params is None:
+            return False
+        grid, block, shmem = dims
+        if grid[0] * grid[1] * grid[2] < 128 and self._warns:
+            _warn_low_occupancy(self, grid)
+        fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
+               plan.function, grid, block, shmem, handle, params, tracking=tracking)
+        if rt.capture is not None or (launcher.COMPILED and tracking and
+                                      not uses.untracked and not uses.producers):
+            self._after_direct(rt, plan, args, handle, owner)
+        return True
 
     def _tracking(self, policy: Any) -> bool:
         """Whether this launch is fenced (else only shown to a checking driver)."""
@@ -427,12 +443,12 @@ class TrackedKernel:
         """After a direct launch on the Python path: let the compiled launch
         path (:func:`numba_streamsafe.numba.launcher.launch`) take the next
         launches like it. It needs this kernel's state on ``rt``
-        (:meth:`_launch_state`), the plan under its argument types, each
+        (:func:`~.configured.launch_state_for`), the plan under its argument types, each
         array's launch fields cached on the array and the stream's handle
         cached on the stream object."""
         state = self.launch_state
         if state is None or state.rt is not rt:
-            state = self.launch_state = self._launch_state(rt)
+            state = self.launch_state = launch_state_for(self, rt)
             if state is None:
                 return
         argtypes = direct.argtypes_of(args)
@@ -454,23 +470,6 @@ class TrackedKernel:
                 except AttributeError:  # a stream object that takes no attributes
                     pass
 
-    def _launch_state(self, rt: Any) -> launcher.LaunchState | None:
-        """What the compiled launch path reads for this kernel on ``rt``, or
-        None where it does not apply: a resource other than
-        :class:`AsyncResource`, a checking driver, or no libcuda in the process."""
-        from numba_streamsafe.resources.async_resource import AsyncResource
-
-        if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
-                or not launcher.available()):
-            return None
-        from numba.cuda.core import config as numba_config
-
-        no_warn = not (self._warns
-                       and getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
-                       and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
-        accesses = tuple(-1 if access is None else int(access) for _, access in self.params)
-        return launcher.LaunchState(rt, launch_policy(rt), accesses, self._warned_grids,
-                                    no_warn, rt.driver.launch_kernel)
 
 
 def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:

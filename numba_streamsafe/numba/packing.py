@@ -93,6 +93,24 @@ def _store(code: cython.int, value: Any, buffer: Any, address: cython.size_t,
     return 1
 
 
+@cython.cfunc
+@cython.exceptval(-2)
+def _store_complex(code: cython.int, value: Any, buffer: Any, address: cython.size_t,
+                   offset: cython.Py_ssize_t) -> cython.int:
+    """A complex64 (``C``) or complex128 (``Z``) into two slots at ``offset``;
+    0 when its parts do not fit."""
+    if isinstance(value, (str, bytes)):
+        return 0
+    try:
+        z = complex(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    part: cython.int = 102 if code == 67 else 100
+    if _store(part, z.real, buffer, address, offset) == 0:
+        return 0
+    return _store(part, z.imag, buffer, address, offset + 8)
+
+
 def pack_into(codes: bytes, args: tuple, fields: list, buffer: Any, address: cython.size_t,
               capacity: cython.Py_ssize_t) -> cython.Py_ssize_t:
     """Pack a direct launch's parameters into ``buffer`` (at ``address``), one
@@ -126,15 +144,8 @@ def pack_into(codes: bytes, args: tuple, fields: list, buffer: Any, address: cyt
                 buffer[8 * slot:8 * slot + size] = data
             slot += size // 8
         elif code == 67 or code == 90:  # 'C', 'Z'
-            if 8 * slot + 16 > capacity or isinstance(value, (str, bytes)):
-                return -1
-            try:
-                z = complex(value)
-            except (TypeError, ValueError, OverflowError):
-                return -1
-            part: cython.int = 102 if code == 67 else 100
-            if (_store(part, z.real, buffer, base, 8 * slot) == 0
-                    or _store(part, z.imag, buffer, base, 8 * slot + 8) == 0):
+            if 8 * slot + 16 > capacity or not _store_complex(code, value, buffer, base,
+                                                              8 * slot):
                 return -1
             slot += 2
         else:

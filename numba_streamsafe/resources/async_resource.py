@@ -216,31 +216,42 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             # Queued frees and the kept block under one lock: the common
             # free-then-allocate cycle of one size makes no driver call.
             with self._lock:
-                queue = self._deferred_queue
-                if queue:
-                    if (len(queue) == 1 and not self._eager and tracehook.active is None
-                            and not self._deferred.held):
-                        block = self._recycle_locked(queue, nbytes, stream, tag, stream_owner)
-                        if block is not None:
-                            return block
-                    self._deferred.drain(self._deallocate_locked)
-                key = (stream, nbytes)
-                ptrs = self._kept_blocks.get(key)
-                if ptrs:
-                    ptr = ptrs.pop()  # KeptBlocks.take, inline
-                    if not ptrs:
-                        del self._kept_blocks[key]
-                    self._kept.nbytes -= nbytes
-                    block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
-                                  self._table.epoch, _LIVE, stream_owner)
-                    try:
-                        self._register(block, stream, stream_owner)
-                    except BaseException:
-                        # Only an eager fence can fail; its block went back to the pool.
-                        block.state = _FREED
-                        raise
+                block = self._reuse_locked(nbytes, stream, tag, stream_owner)
+                if block is not None:
                     return block
         return self._allocate_new(nbytes, stream, tag, stream_owner)
+
+    def _reuse_locked(self, nbytes: int, stream: int, tag: str, stream_owner: Any
+                      ) -> Block | None:
+        """Run the queued frees (the one queued free of this size on this stream
+        fused with the allocation, :meth:`_recycle_locked`), then take a kept
+        block of ``nbytes`` on ``stream``; None when there is none. Caller
+        holds the lock."""
+        queue = self._deferred_queue
+        if queue:
+            if (len(queue) == 1 and not self._eager and tracehook.active is None
+                    and not self._deferred.held):
+                block = self._recycle_locked(queue, nbytes, stream, tag, stream_owner)
+                if block is not None:
+                    return block
+            self._deferred.drain(self._deallocate_locked)
+        key = (stream, nbytes)
+        ptrs = self._kept_blocks.get(key)
+        if not ptrs:
+            return None
+        ptr = ptrs.pop()  # KeptBlocks.take, inline
+        if not ptrs:
+            del self._kept_blocks[key]
+        self._kept.nbytes -= nbytes
+        block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
+                      self._table.epoch, _LIVE, stream_owner)
+        try:
+            self._register(block, stream, stream_owner)
+        except BaseException:
+            # Only an eager fence can fail; its block went back to the pool.
+            block.state = _FREED
+            raise
+        return block
 
     def _recycle_locked(self, queue: Any, nbytes: int, stream: int, tag: str,
                         stream_owner: Any) -> Block | None:
@@ -258,10 +269,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         except IndexError:  # drained meanwhile by a flush on another thread
             return None
         entry = self._live.get(old.ptr)
-        if (queue or entry is None or entry.block is not old or old.nbytes != nbytes
-                or old.stream != stream or entry.reads or entry.last_write.stream != stream
-                or old.borrowed or nbytes > self.reuse_bytes
-                or (old.stream_owner is None and stream > MAX_DEFAULT_STREAM)):
+        if queue or entry is None or not self._recyclable(old, entry, nbytes, stream):
             queue.appendleft(old)
             return None
         last = entry.last_write
@@ -285,6 +293,15 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         self._allocations += 1
         self._allocated_bytes += nbytes
         return block
+
+    def _recyclable(self, old: Block, entry: Entry, nbytes: int, stream: int) -> bool:
+        """Whether the queued ``old`` may be freed and reallocated in one step
+        (:meth:`_recycle_locked`): the live block of its entry, of ``nbytes`` on
+        ``stream``, used on no other stream, owned, and small enough to keep."""
+        return (entry.block is old and old.nbytes == nbytes and old.stream == stream
+                and not entry.reads and entry.last_write.stream == stream
+                and not old.borrowed and nbytes <= self.reuse_bytes
+                and (old.stream_owner is not None or stream <= MAX_DEFAULT_STREAM))
 
     def _allocate_new(self, nbytes: int, stream: int, tag: str, stream_owner: Any) -> Block:
         """A block from the driver's pool (``cuMemAllocAsync``), retried once after
@@ -419,13 +436,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)
         nbytes = block.nbytes
         owner = block.stream_owner
-        # Kept for reuse: only blocks of streams whose owning object is known
-        # (kept alive while they wait) and of the default streams (a raw handle
-        # may be destroyed and reused by another stream).
-        if nbytes <= self.reuse_bytes and (owner is not None or stream <= MAX_DEFAULT_STREAM):
-            keep = self._kept.nbytes + nbytes <= self.reuse_bytes or self._make_room(nbytes)
-        else:
-            keep = False
+        keep = self._keeps(nbytes, stream, owner)
         if not keep:
             self._free(block.ptr, stream)
         # The free is queued (or the block kept): from here on nothing can fail.
@@ -453,25 +464,14 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         if tracehook.active is not None:
             tracehook.active.freed(self, block, stream, "kept" if keep else "queued")
 
-    def _alloc_legacy(self, nbytes: int, stream: int) -> int:
-        """IPC mode: an exportable ``cuMemAlloc`` allocation (ready at once)."""
-        return self.driver.alloc(nbytes)
-
-    def _free_legacy(self, ptr: int, stream: int) -> None:
-        """IPC mode: free after everything queued on ``stream`` (the block's uses,
-        which its waits ordered there) is done: ``cuMemFree`` is not stream-ordered."""
-        self.driver.stream_synchronize(stream)
-        self.driver.free(ptr)
-
-    def _make_room(self, nbytes: int) -> bool:
-        """Free the oldest kept blocks until ``nbytes`` more fit under
-        ``reuse_bytes``; False if a free failed. Caller holds the lock."""
-        try:
-            self._kept.free_oldest(self.reuse_bytes - nbytes, self._free,
-                                   self._pending)
-        except DriverError:
+    def _keeps(self, nbytes: int, stream: int, owner: Any) -> bool:
+        """Whether a freed block is kept for reuse (making room if need be):
+        only blocks of streams whose owning object is known (kept alive while
+        they wait) and of the default streams (a raw handle may be destroyed
+        and reused by another stream). Caller holds the lock."""
+        if nbytes > self.reuse_bytes or (owner is None and stream > MAX_DEFAULT_STREAM):
             return False
-        return True
+        return self._kept.nbytes + nbytes <= self.reuse_bytes or self._make_room(nbytes)
 
     def defer_free(self, block: Block) -> None:
         if block.__class__ is not Block:

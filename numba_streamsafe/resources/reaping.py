@@ -55,6 +55,7 @@ class Reaping:
     _free: Any
     _drain: Any
     _alloc: Any
+    reuse_bytes: int
     flush: Any
 
     def bytes_outstanding(self) -> int:
@@ -234,6 +235,26 @@ class Reaping:
             self.driver.pool_trim(0)
         except DriverError as exc:
             _log.warning("pool trim after out-of-memory failed: %s", exc)
+
+    def _alloc_legacy(self, nbytes: int, stream: int) -> int:
+        """IPC mode: an exportable ``cuMemAlloc`` allocation (ready at once)."""
+        return self.driver.alloc(nbytes)
+
+    def _free_legacy(self, ptr: int, stream: int) -> None:
+        """IPC mode: free after everything queued on ``stream`` (the block's uses,
+        which its waits ordered there) is done: ``cuMemFree`` is not stream-ordered."""
+        self.driver.stream_synchronize(stream)
+        self.driver.free(ptr)
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Free the oldest kept blocks until ``nbytes`` more fit under
+        ``reuse_bytes``; False if a free failed. Caller holds the lock."""
+        try:
+            self._kept.free_oldest(self.reuse_bytes - nbytes, self._free,
+                                   self._pending)
+        except DriverError:
+            return False
+        return True
 
     # ---------------------------------------------------------------- lifecycle
     @property
