@@ -30,7 +30,7 @@ _INT_RANGES = {ord("b"): (-(1 << 7), (1 << 7) - 1), ord("B"): (0, (1 << 8) - 1),
                ord("h"): (-(1 << 15), (1 << 15) - 1), ord("H"): (0, (1 << 16) - 1),
                ord("i"): (-(1 << 31), (1 << 31) - 1), ord("I"): (0, (1 << 32) - 1),
                ord("q"): (-(1 << 63), (1 << 63) - 1), ord("Q"): (0, (1 << 64) - 1)}
-_STRUCTS = {c: struct.Struct("=" + chr(c)) for c in b"bBhHiIqQfd?"}
+_STRUCTS = {ord(c): struct.Struct("=" + c) for c in "bBhHiIqQfd?"}
 
 
 @cython.cfunc
