@@ -12,10 +12,11 @@ both).
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+import engine_env
 import engine_runs
 import programs as P
 import pytest
@@ -25,22 +26,25 @@ from hypothesis import strategies as st
 from numba_streamsafe.compiled import ENGINE
 
 
-def _pool(pure: bool) -> Any:
-    """A one-process pool whose child imports the engine's ``pure`` build."""
-    saved = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON")
-    os.environ["NUMBA_STREAMSAFE_PURE_PYTHON"] = "1" if pure else "0"
-    try:
-        return multiprocessing.get_context("spawn").Pool(1)
-    finally:
-        if saved is None:
-            del os.environ["NUMBA_STREAMSAFE_PURE_PYTHON"]
-        else:
-            os.environ["NUMBA_STREAMSAFE_PURE_PYTHON"] = saved
+class _Child:
+    """A child process that imports the engine's ``pure`` build and runs
+    functions of :mod:`engine_runs`; one that dies fails the test (no hang)."""
+
+    def __init__(self, pure: bool) -> None:
+        self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=engine_env.choose_build,
+                                        initargs=("1" if pure else "0",))
+
+    def apply(self, fn: Any, args: tuple[Any, ...] = ()) -> Any:
+        return self.pool.submit(fn, *args).result(timeout=300)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
-def children() -> Iterator[tuple[Any, Any]]:
-    source, compiled = _pool(True), _pool(False)
+def children() -> Iterator[tuple[_Child, _Child]]:
+    source, compiled = _Child(True), _Child(False)
     try:
         built = compiled.apply(engine_runs.builds)
         if not all(b.startswith("compiled") for b in built.values()):
@@ -48,8 +52,8 @@ def children() -> Iterator[tuple[Any, Any]]:
         assert source.apply(engine_runs.builds) == dict.fromkeys(ENGINE, "Python source")
         yield source, compiled
     finally:
-        source.terminate()
-        compiled.terminate()
+        source.close()
+        compiled.close()
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[
