@@ -3,18 +3,14 @@ and released, never freed, by :class:`~.async_resource.AsyncResource`."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from numba_streamsafe import tracehook
-from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block, BlockState, next_generation_fast, positive_size
 from numba_streamsafe.errors import InvalidArgument
-from numba_streamsafe.resources.block_table import BlockTable, Entry
-from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, Lock, Mark, MarkBook
+from numba_streamsafe.resources.async_state import AsyncState
+from numba_streamsafe.resources.block_table import Entry
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 _LIVE = BlockState.LIVE
@@ -23,37 +19,9 @@ _FREED = BlockState.FREED
 __all__ = ["Borrowing"]
 
 
-class Borrowing:
+class Borrowing(AsyncState):
     """The borrowing calls of :class:`~.async_resource.AsyncResource` (which
     holds the state)."""
-
-    # The state and the calls of AsyncResource these methods use (for type checkers).
-    driver: Driver
-    device: int
-    marks: MarkBook
-    events: EventPool
-    _lock: Lock
-    _reap_lock: threading.RLock
-    _table: BlockTable
-    _live: dict[int, Entry]
-    _open: dict[Any, Mark]
-    _pending: PendingFrees
-    _pending_slots: Any
-    _kept: KeptBlocks
-    _deferred: DeferredFrees
-    _deferred_queue: Any
-    _eager: bool
-    _borrowed: int
-    _peak: int
-    _live_peak: int
-    _allocations: int
-    _allocated_bytes: int
-    _frees: int
-    _freed_bytes: int
-    _free: Any
-    _drain: Any
-    reap_completed: Any
-    _deallocate_locked: Any
 
     def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,
                stream_owner: Any = None, keep: Any = None) -> Block:

@@ -3,18 +3,14 @@ wait for and the events they leave (:class:`~.async_resource.AsyncResource`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numba_streamsafe.resources.rules as rules
-from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.blocks import Block, BlockState
+from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.base import Use
-from numba_streamsafe.resources.block_table import BlockTable, Entry
-from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, ForeignMark, Lock, Mark, MarkBook
+from numba_streamsafe.resources.marks import EventPool, ForeignMark, Mark
 
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
@@ -22,36 +18,9 @@ _FREED = BlockState.FREED
 __all__ = ["PeerUses"]
 
 
-class PeerUses:
+class PeerUses(AsyncState):
     """The calls of :class:`~.async_resource.AsyncResource` that order uses by
     other devices' streams (it holds the state)."""
-
-    # The state and the calls of AsyncResource these methods use (for type checkers).
-    driver: Driver
-    device: int
-    marks: MarkBook
-    events: EventPool
-    _lock: Lock
-    _reap_lock: threading.RLock
-    _table: BlockTable
-    _live: dict[int, Entry]
-    _open: dict[Any, Mark]
-    _pending: PendingFrees
-    _pending_slots: Any
-    _kept: KeptBlocks
-    _deferred: DeferredFrees
-    _deferred_queue: Any
-    _eager: bool
-    _borrowed: int
-    _peak: int
-    _live_peak: int
-    _allocations: int
-    _allocated_bytes: int
-    _frees: int
-    _freed_bytes: int
-    _free: Any
-    _drain: Any
-    reap_completed: Any
 
     def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Mark]:
         """The marks a stream of another device must wait for before ``uses``

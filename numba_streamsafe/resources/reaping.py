@@ -5,18 +5,14 @@ of :class:`~.async_resource.AsyncResource`."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
+from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY
 from numba_streamsafe.blocks import Block, BlockState
 from numba_streamsafe.errors import DriverError, OutOfMemory
+from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.base import ResourceStats
-from numba_streamsafe.resources.block_table import BlockTable, Entry
-from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, Lock, Mark, MarkBook
 
 _log = logging.getLogger("numba_streamsafe")
 _LIVE = BlockState.LIVE
@@ -25,38 +21,9 @@ _FREED = BlockState.FREED
 __all__ = ["Reaping"]
 
 
-class Reaping:
+class Reaping(AsyncState):
     """The reaping, retiring and accounting calls of
     :class:`~.async_resource.AsyncResource` (which holds the state)."""
-
-    # The state and the calls of AsyncResource these methods use (for type checkers).
-    driver: Driver
-    device: int
-    marks: MarkBook
-    events: EventPool
-    _lock: Lock
-    _reap_lock: threading.RLock
-    _table: BlockTable
-    _live: dict[int, Entry]
-    _open: dict[Any, Mark]
-    _pending: PendingFrees
-    _pending_slots: Any
-    _kept: KeptBlocks
-    _deferred: DeferredFrees
-    _deferred_queue: Any
-    _eager: bool
-    _borrowed: int
-    _peak: int
-    _live_peak: int
-    _allocations: int
-    _allocated_bytes: int
-    _frees: int
-    _freed_bytes: int
-    _free: Any
-    _drain: Any
-    _alloc: Any
-    reuse_bytes: int
-    flush: Any
 
     def bytes_outstanding(self) -> int:
         with self._lock:
