@@ -1,4 +1,4 @@
-"""The compiled hot path (``numba_streamsafe.numba.launcher``, compiled) on a real GPU: it takes
+"""The compiled launch (``numba_streamsafe.numba.launcher``, compiled) on a real GPU: it takes
 repeated launches, queues exactly the waits and events the Python path
 queues, orders racing kernels (with a negative control), and stays right
 with several threads launching at once."""
@@ -14,7 +14,7 @@ import numba_streamsafe as nss
 from numba_streamsafe.numba import launcher
 
 pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not launcher.COMPILED, reason="the compiled hot path is not built "
+              pytest.mark.skipif(not launcher.COMPILED, reason="the compiled engine is not built "
                                  "(or NUMBA_STREAMSAFE_PURE_PYTHON is set)")]
 
 N = 1 << 16
