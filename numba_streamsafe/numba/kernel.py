@@ -36,9 +36,6 @@ from numba_streamsafe.settings import settings
 __all__ = ["tracked_kernel", "TrackedKernel"]
 
 
-#: The Python scalar types the compiled launch path packs itself.
-_PY_SCALARS = (int, float, bool, complex)
-
 #: How a declared access is written in a kernel's signature.
 _ACCESS_NAMES = {Access.READ: "Read", Access.WRITE: "Write", Access.READ_WRITE: "ReadWrite"}
 
@@ -455,7 +452,7 @@ class TrackedKernel:
         if argtypes is None:
             return
         # Python scalars are matched by their type, arrays by their Numba type.
-        keys = tuple(type(a) if type(a) in _PY_SCALARS else t
+        keys = tuple(type(a) if type(a) in direct._PY_SCALARS else t
                      for a, t in zip(args, argtypes, strict=True))
         state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan._cache,
                                      plan._cufunc, rt.device))

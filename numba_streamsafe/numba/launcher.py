@@ -37,7 +37,6 @@ _launches = cython.declare(cython.ulonglong, 0)
 _retried = cython.declare(cython.ulonglong, 0)
 
 
-
 def available() -> bool:
     """Whether :func:`launch` can queue kernels itself: compiled, with libcuda
     loaded in this process."""

@@ -5,9 +5,7 @@ stream, its newest read since that write)."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
 
-from numba_streamsafe.access import Access
 from numba_streamsafe.blocks import Block
 from numba_streamsafe.errors import InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.marks import Mark, retired_stream_id
@@ -83,18 +81,6 @@ class BlockTable:
                 "Do not use a block after deallocate; keep the array alive while it is in use."
             )
         return entry  # another handle of the same allocation
-
-    def entries(self, uses: Sequence[tuple[Block, Access]], what: str
-                ) -> list[tuple[Entry, Access]]:
-        """The validated entries of ``uses`` (see :meth:`entry`)."""
-        live = self.live
-        out: list[tuple[Entry, Access]] = []
-        for block, access in uses:
-            entry = live.get(block.ptr)
-            if entry is None or entry.block is not block:
-                entry = self.entry(block, what)
-            out.append((entry, access))
-        return out
 
     def find(self, address: int) -> Block | None:
         """The live block that holds ``address``, or None."""

@@ -73,18 +73,30 @@ def entry_point(name: str) -> int:
 
 @cython.cfunc
 @cython.exceptval(check=False)
+def _handles(event: Any, stream: Any, out: cython.p_size_t) -> cython.bint:
+    """``event`` and ``stream`` as the addresses libcuda takes, into ``out[0]``
+    and ``out[1]``; False for a value that is none (the driver layer then
+    makes the call)."""
+    try:
+        out[0] = int(event)
+        out[1] = int(stream)
+    except (TypeError, OverflowError, ValueError):
+        return False
+    return True
+
+
+@cython.cfunc
+@cython.exceptval(check=False)
 def _record_direct(event: Any, stream: Any) -> cython.int:
     """``cuEventRecord`` through libcuda; nonzero when not done (the driver
     layer then records, retrying in the right context or raising)."""
     if not cython.compiled or _cu_record == 0:
         return 1
-    try:
-        ev: cython.size_t = int(event)
-        st: cython.size_t = stream
-    except (TypeError, OverflowError, ValueError):
+    h = cython.declare(cython.size_t[2])
+    if not _handles(event, stream, h):
         return 1
     fn = cython.cast(record_fn, _cu_record)  # type: ignore[name-defined]  # noqa: F821
-    return fn(cython.cast(cython.p_void, ev), cython.cast(cython.p_void, st))  # type: ignore[no-any-return]
+    return fn(cython.cast(cython.p_void, h[0]), cython.cast(cython.p_void, h[1]))
 
 
 @cython.cfunc
@@ -93,13 +105,11 @@ def _wait_direct(stream: Any, event: Any) -> cython.int:
     """``cuStreamWaitEvent`` through libcuda; nonzero when not done."""
     if not cython.compiled or _cu_wait == 0:
         return 1
-    try:
-        ev: cython.size_t = int(event)
-        st: cython.size_t = stream
-    except (TypeError, OverflowError, ValueError):
+    h = cython.declare(cython.size_t[2])
+    if not _handles(event, stream, h):
         return 1
     fn = cython.cast(wait_fn, _cu_wait)  # type: ignore[name-defined]  # noqa: F821
-    return fn(cython.cast(cython.p_void, st), cython.cast(cython.p_void, ev), 0)  # type: ignore[no-any-return]
+    return fn(cython.cast(cython.p_void, h[1]), cython.cast(cython.p_void, h[0]), 0)
 
 
 # ----------------------------------------------------------------------- marks
@@ -121,7 +131,6 @@ class Mark:
     handle), kept alive while the mark is in use. Callers change a mark only
     under their resource's lock.
     """
-
 
     def __init__(self, stream: int, owner: Any = None) -> None:
         self.stream = stream
@@ -148,7 +157,6 @@ class ForeignMark(Mark):
     (``pool.generation`` moved on) its work is complete and its event gone:
     the mark is *stale*, waits skip it and its event is not given back.
     """
-
 
     def __init__(self, key: int, owner: Any, event: Any, pool: Any) -> None:
         Mark.__init__(self, key, owner)
@@ -263,17 +271,16 @@ class EventPool:
         Idle handles kept; more are destroyed on release.
     """
 
-    #: Events recorded over the pool's life (:meth:`record`).
-    #: Advanced by :meth:`forget` (a context reset): handles given out before
-    #: belong to a destroyed context; :class:`ForeignMark` compares it.
-
     def __init__(self, driver: Any, max_idle: int = 1024) -> None:
         self.driver = driver
         self._idle = collections.deque()
         self.max_idle = max_idle
         self._lock = Lock()
         self.in_use = 0
+        #: Events recorded over the pool's life (:meth:`record`).
         self.recorded = 0
+        #: Advanced by :meth:`forget` (a context reset): handles given out before
+        #: belong to a destroyed context; :class:`ForeignMark` compares it.
         self.generation = 0
 
     @property
@@ -365,13 +372,12 @@ class MarkBook:
         Records the marks' events.
     """
 
-    #: The open (not yet sealed) mark of each stream.
-    #: Waits queued over the book's life (``cuStreamWaitEvent`` calls).
-
     def __init__(self, driver: Any, events: EventPool) -> None:
         self.driver = driver
         self.events = events
+        #: The open (not yet sealed) mark of each stream.
         self.open = {}
+        #: Waits queued over the book's life (``cuStreamWaitEvent`` calls).
         self.waits = 0
         #: Uses that stayed on their block's last writer's stream (no wait needed).
         self.same_stream = 0

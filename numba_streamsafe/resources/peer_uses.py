@@ -37,8 +37,9 @@ class PeerUses(AsyncState):
         with self._lock:
             held: list[Mark] = []
             try:
-                for entry, access in self._table.entries(uses, "preflight"):
-                    for mark in entry.waits_for(key, access):
+                entries = rules.resolve(self._table, uses, "preflight")
+                for i in range(0, len(entries), 2):
+                    for mark in entries[i].waits_for(key, entries[i + 1]):
                         if isinstance(mark, ForeignMark) and mark.stale:
                             continue
                         if not any(m is mark for m in held):

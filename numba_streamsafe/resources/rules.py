@@ -30,7 +30,6 @@ class Entry:
     of its allocation) and, per stream, the mark of its newest read since that
     write (a later mark on a stream covers the earlier ones)."""
 
-
     def __init__(self, block: Any, ready: Mark) -> None:
         self.block = block
         self.last_write = ready
@@ -38,15 +37,8 @@ class Entry:
 
     def waits_for(self, stream: Any, access: cython.int) -> list:
         """Marks of other streams that ``access`` on ``stream`` must wait for."""
-        out = []
-        lw = self.last_write
-        if lw.stream != stream:
-            out.append(lw)
-        if access & _WRITE:
-            for s, mark in self.reads.items():
-                if s != stream:
-                    out.append(mark)
-        return out
+        out = _waits(self, stream, access, None)
+        return [] if out is None else out
 
     def release(self, marks: MarkBook) -> None:
         """Drop the entry's uses of its marks (the block is gone)."""
@@ -58,6 +50,28 @@ class Entry:
 
 
 # ------------------------------------------------------------------- the rules
+@cython.cfunc
+def _waits(entry: Entry, stream: Any, access: cython.int, marks: list | None) -> list | None:
+    """The rule: a use of ``entry``'s block on ``stream`` waits for its last
+    write on another stream, and a write also for its reads on other
+    streams. Appends those marks to ``marks`` (made when None and one is
+    needed) and returns it."""
+    lw = entry.last_write
+    if lw.stream != stream:
+        if marks is None:
+            marks = [lw]
+        else:
+            marks.append(lw)
+    if access & _WRITE and entry.reads:
+        for s, mark in entry.reads.items():
+            if s != stream:
+                if marks is None:
+                    marks = [mark]
+                else:
+                    marks.append(mark)
+    return marks
+
+
 def resolve(table: Any, uses: Any, what: str) -> list:
     """The validated entries of ``uses`` (``(block, access)`` pairs), flattened
     as ``[entry, access, entry, access, ...]``; ``table.entry(block, what)``
@@ -89,22 +103,9 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     i: cython.Py_ssize_t
     for i in range(0, n, 2):
         entry = entries[i]
-        access: cython.int = entries[i + 1]
-        lw = entry.last_write
-        if lw.stream != stream:
-            if marks is None:
-                marks = [lw]
-            else:
-                marks.append(lw)
-        else:
+        if entry.last_write.stream == stream:
             same += 1
-        if access & _WRITE and entry.reads:
-            for s, mark in entry.reads.items():
-                if s != stream:
-                    if marks is None:
-                        marks = [mark]
-                    else:
-                        marks.append(mark)
+        marks = _waits(entry, stream, entries[i + 1], marks)
     if same:
         book.same_stream += same
     if marks is not None:
@@ -150,12 +151,12 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
                 entry.reads = {}
         else:
             reads = entry.reads
-            found = reads.get(stream)
-            if found is not mark:
+            earlier = reads.get(stream)
+            if earlier is not mark:
                 reads[stream] = mark
                 mark.refs += 1
-                if found is not None:
-                    prev = found
+                if earlier is not None:
+                    prev = earlier
                     book.release(prev)
     if eager:
         book.seal(mark, direct)
