@@ -170,12 +170,12 @@ suite)
     cat "$OUT/race.txt"
     ;;
 hot)
-    # The compiled hot path: build it in place (the abi3 module may be carried already),
-    # its GPU tests, the direct-launch and race suites through it, then the launch and
-    # allocation benchmarks: .base (the tree before the hot path) against this tree, and
-    # this tree with the pure-Python path, taking turns.
+    # The compiled engine: build it in place, its GPU tests, the direct-launch and race
+    # suites through it, then the launch benchmark: .base (an earlier tree) against this
+    # tree, and this tree on the engine's Python source, taking turns.
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
-    python3 -c "from numba_streamsafe.hot import hot; print('hot path:', hot)"
+    python3 -c "import numba_streamsafe.numba.launcher, numba_streamsafe.compiled as c; \
+print(c.engine_builds())"
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run gpu_hot python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_hot_path.py \
         tests/gpu/test_direct_launch.py tests/gpu/test_races.py ${HOT_TESTS:-} -rs
