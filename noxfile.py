@@ -41,7 +41,7 @@ def gpu(session: nox.Session) -> None:
     """Tests that need a CUDA GPU."""
     session.install("-e", ".[test,cpu]")
     # tests/gpu on its own: the CPU suite's conftest switches the simulator on.
-    session.run("pytest", "-m", "gpu", *(session.posargs or ["tests/gpu"]))
+    session.run("pytest", "-n", "0", "-m", "gpu", *(session.posargs or ["tests/gpu"]))
 
 
 @nox.session

@@ -8,7 +8,6 @@ pyproject.toml.
 
 import os
 import shutil
-
 import sys
 
 from setuptools import Extension, setup
@@ -33,8 +32,9 @@ class BuildPyWithPth(build_py):
 
 
 #: The engine: modules compiled from their own (pure-Python mode) source.
-ENGINE = ["numba_streamsafe/resources/marks.py", "numba_streamsafe/resources/rules.py",
-          "numba_streamsafe/numba/packing.py", "numba_streamsafe/numba/launcher.py"]
+ENGINE = ["numba_streamsafe/resources/tracelog.py", "numba_streamsafe/resources/marks.py",
+          "numba_streamsafe/resources/rules.py", "numba_streamsafe/numba/packing.py",
+          "numba_streamsafe/numba/launcher.py"]
 
 
 def engine_extensions() -> list[Extension]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,9 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe import tracehook
 from numba_streamsafe.access import Access
+from numba_streamsafe.blocks import BlockId
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.protocol import _REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
+from numba_streamsafe.resources.tracelog import TraceLog
 from numba_streamsafe.trace_records import EventRecord, MemoryEvent, Op, Wait, _hazard  # noqa: F401
 
 if TYPE_CHECKING:
@@ -67,13 +68,12 @@ class Trace:
         self.device_times = device_times
         self.record = record
         self._nvtx = _load_nvtx() if nvtx else None
-        self._seq = itertools.count(1)
         self._t0 = time.perf_counter_ns()
         #: Raw records: operations, memory events, waits queued, events recorded.
         self._raw: list[tuple[Any, ...]] = []
         self._mem: list[tuple[Any, ...]] = []
-        self._waitlog: list[tuple[int, int, bool]] = []
-        self._seallog: list[tuple[int, int]] = []
+        #: Ids, waits queued, events recorded, launches of the compiled path.
+        self._log = TraceLog(self._t0)
         #: Blocks live when the trace began: key -> (last writer's stream, reader streams).
         self._initial: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {}
         #: Device timing: per device (base event, driver, host ns); per op id its events.
@@ -103,7 +103,8 @@ class Trace:
 
     # ------------------------------------------------------------ the queries
     def _build(self) -> None:
-        size = (len(self._raw), len(self._mem), len(self._waitlog), len(self._seallog),
+        log = self._log
+        size = (len(self._raw), len(log.launches), len(self._mem), len(log.waits), len(log.seals),
                 len(self._device_ns))
         if size == self._built:
             return
@@ -181,7 +182,7 @@ class Trace:
 
     # ---------------------------------------------------------- the recording
     def _memory_event(self, what: str, resource: Any, block: Any, stream: int) -> None:
-        self._mem.append((next(self._seq), what, block.device, stream, block.ptr, block.nbytes,
+        self._mem.append((self._log.next_id(), what, block.device, stream, block.ptr, block.nbytes,
                           block.tag, resource.live_bytes, resource.pending_bytes,
                           time.perf_counter_ns() - self._t0, block.generation))
 
@@ -201,15 +202,6 @@ class Trace:
         if self.record:
             self._memory_event("deferred", resource, block, block.stream)
 
-    def waited(self, stream: int, on_stream: int, free: bool = False) -> None:
-        """Hook of the mark book: ``stream`` now waits for ``on_stream``'s event
-        (for a free queued on ``stream`` when ``free``)."""
-        self._waitlog.append((stream, on_stream, free))
-
-    def sealed(self, device: int, stream: int) -> None:
-        """Hook of the mark book: an event was recorded on ``stream``."""
-        self._seallog.append((device, stream))
-
     def fenced(self, rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
                owner: object, work: Callable[..., Any], args: tuple[Any, ...],
                tracking: bool) -> Any:
@@ -221,8 +213,9 @@ class Trace:
             if not self.record:
                 return _run(rt, stream, uses, label, strict, owner, work, args, tracking)
             t0 = time.perf_counter_ns() - self._t0
-            op_id = next(self._seq)
-            w0, e0 = len(self._waitlog), len(self._seallog)
+            op_id = self._log.next_id()
+            log = self._log
+            w0, e0 = len(log.waits), len(log.seals)
             timing = self._start_timing(rt, stream, t0) if self.device_times else None
             result = _run(rt, stream, uses, label, strict, owner, work, args, tracking)
             if timing is not None:
@@ -230,7 +223,7 @@ class Trace:
             # The uses themselves: blocks and names do not change after a launch.
             self._raw.append((op_id, label, uses.copy, rt.device, stream, uses.blocks,
                               uses.names, t0, time.perf_counter_ns() - self._t0, tracking,
-                              w0, len(self._waitlog), e0, len(self._seallog)))
+                              w0, len(log.waits), e0, len(log.seals)))
             return result
         finally:
             if nvtx is not None:
@@ -282,6 +275,17 @@ class Trace:
 _Earlier = tuple[int, str, str, int]  # (op id, label, argument, stream)
 
 
+def _expand(record: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A launch of the compiled path (:meth:`TraceLog.launched`) as a raw
+    record of the Python path."""
+    op_id, t0, w0, e0, t1, w1, e1, label, device, stream = record[:10]
+    uses = record[10:]
+    blocks = [(BlockId(uses[i + 2], uses[i + 3], uses[i + 4]), Access(uses[i + 1]))
+              for i in range(0, len(uses), 5)]
+    return (op_id, label, False, device, stream, blocks, list(uses[::5]), t0, t1, True,
+            w0, w1, e0, e1)
+
+
 def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
     """The operations, waits and events, from the raw records in order."""
     writers: dict[tuple[int, int, int], _Earlier] = {}
@@ -291,6 +295,8 @@ def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
         readers[key] = {s: (0, "(before the trace)", "", s) for s in r_streams}
     mem = {m[0]: m for m in list(t._mem)}
     raws = {r[0]: r for r in list(t._raw)}
+    for r in list(t._log.launches):
+        raws[r[0]] = _expand(r)
     ops: list[Op] = []
     waits: list[Wait] = []
     events: list[EventRecord] = []
@@ -324,9 +330,9 @@ def _replay_op(t: Trace, raw: tuple[Any, ...],
             t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
     waits: list[Wait] = []
     # The waits this op queued (not those of frees run inside its preflight).
-    queued = collections.Counter(on for s, on, free in t._waitlog[w0:w1]
+    queued = collections.Counter(on for s, on, free in t._log.waits[w0:w1]
                                  if s == stream and not free)
-    events = [EventRecord(op_id, d, s, t1) for d, s in t._seallog[e0:e1]]
+    events = [EventRecord(op_id, d, s, t1) for d, s in t._log.seals[e0:e1]]
     if not tracking:
         return op, waits, events
     for (block, access), name in zip(blocks, names, strict=False):
@@ -451,10 +457,16 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
         t._snapshot(trackers)
         tracehook.active = t
         tracehook.keep_names = True
+        if record:
+            tracehook.log = t._log
+            if not nvtx and not device_times:
+                tracehook.observer = t._log
     try:
         yield t
     finally:
         with _active_lock:
+            tracehook.observer = None
+            tracehook.log = None
             tracehook.active = None
             tracehook.keep_names = tracehook.sim_names
         t._resolve_device_times()

@@ -33,6 +33,9 @@ else
     echo "warning: no wheels in .whl/; using the installed packages" >&2
 fi
 export PYTHONPATH="$SITE:$PWD"
+# GPU runs are in-process and in order (the repository default spreads tests over
+# pytest-xdist workers, carried in .whl).
+export PYTEST_ADDOPTS="-n 0 ${PYTEST_ADDOPTS:-}"
 
 python3 - <<'PY'
 import sys

@@ -20,6 +20,9 @@ done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" "${wheels[@]}" 2>&1 | tail -2
 export PYTHONPATH="$SITE:$PWD"
+# GPU runs are in-process and in order (the repository default spreads tests over
+# pytest-xdist workers, carried in .whl).
+export PYTEST_ADDOPTS="-n 0 ${PYTEST_ADDOPTS:-}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line

@@ -67,6 +67,9 @@ if [[ "${NSS_SKIP_WHEELS:-0}" != 1 ]] && compgen -G ".whl/*.whl" > /dev/null; th
     fi
 fi
 export PYTHONPATH="$SITE:$PWD"
+# GPU runs are in-process and in order (the repository default spreads tests over
+# pytest-xdist workers, carried in .whl).
+export PYTEST_ADDOPTS="-n 0 ${PYTEST_ADDOPTS:-}"
 export NUMBA_DISABLE_PERFORMANCE_WARNINGS=1
 export NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10}
 export NSS_STRESS_THREADS=${NSS_STRESS_THREADS:-4}

@@ -112,5 +112,6 @@ def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | N
                    and getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
                    and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
     accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
+    names = tuple(name for name, access in kernel.params if access is not None)
     return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel._warned_grids,
-                                no_warn, rt.driver.launch_kernel)
+                                no_warn, rt.driver.launch_kernel, kernel.__name__, names)

@@ -2,6 +2,7 @@
 from numba_streamsafe.numba.packing cimport pack_into
 from numba_streamsafe.resources.marks cimport Lock, MarkBook
 from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
+from numba_streamsafe.resources.tracelog cimport TraceLog
 
 ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
                           unsigned int, unsigned int, unsigned int, void *, void **,
@@ -11,6 +12,7 @@ ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsi
 cdef class ArgFields:
     cdef readonly object block
     cdef readonly object ptr
+    cdef readonly tuple key
     cdef readonly object argtype
     cdef readonly bytes fields
 
@@ -39,6 +41,9 @@ cdef class LaunchState:
     cdef readonly bint no_warn
     cdef readonly bint eager
     cdef readonly object driver_launch
+    cdef readonly str label
+    cdef readonly tuple names
+    cdef readonly object device
 
 
 cdef class Launcher:

@@ -22,6 +22,7 @@ from numba_streamsafe import tracehook
 from numba_streamsafe.numba.packing import MAX_PARAM_BYTES, pack_into
 from numba_streamsafe.resources.marks import entry_point
 from numba_streamsafe.resources.rules import Entry, commit_locked, preflight_locked
+from numba_streamsafe.resources.tracelog import TraceLog
 from numba_streamsafe.runtime import sole_runtime
 
 __all__ = ["Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches", "retried",
@@ -62,11 +63,13 @@ def retried() -> int:
 class ArgFields:
     """What a direct launch reads of a device array over a tracked block,
     cached on the array (fixed for its life): the block, its address, the
-    array's Numba type and its launch fields."""
+    array's Numba type and its launch fields, and the block's identity as a
+    trace keeps it (``(ptr, generation, device)``)."""
 
     def __init__(self, block: Any, argtype: Any, fields: bytes) -> None:
         self.block = block
         self.ptr = block.ptr
+        self.key = (block.ptr, block.generation, block.device)
         self.argtype = argtype
         self.fields = fields
 
@@ -94,10 +97,12 @@ class Plan:
 class LaunchState:
     """What :func:`launch` reads for one tracked kernel on one runtime: the
     runtime, its resource's table, mark book and lock, the launch policy, the
-    kernel's access per parameter (-1: none) and its known plans."""
+    kernel's access per parameter (-1: none) and its known plans, and what a
+    trace records of its launches: the kernel's name and the names of the
+    parameters with an access."""
 
     def __init__(self, rt: Any, policy: Any, accesses: tuple, warned: set, no_warn: bool,
-                 driver_launch: Any) -> None:
+                 driver_launch: Any, label: str = "", names: tuple = ()) -> None:
         resource = rt.resource
         self.rt = rt
         self.table = resource.table
@@ -113,6 +118,9 @@ class LaunchState:
         self.no_warn = no_warn
         self.eager = resource.eager
         self.driver_launch = driver_launch
+        self.label = label
+        self.names = names
+        self.device = rt.device
 
     def add_plan(self, plan: Plan) -> None:
         """Know ``plan`` (the newest eight are kept)."""
@@ -151,8 +159,10 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     """Queue ``kernel[config](*args)`` directly: when every argument with an
     access is a device array with cached :class:`ArgFields` over the live
     block, the others Python scalars, a plan for these argument types is
-    known, and nothing asks for the Python path (a trace, a graph capture,
-    queued frees, a switched-off policy, another sole runtime). The waits
+    known, and nothing asks for the Python path (a graph capture, a trace
+    with NVTX ranges or device times, queued frees, a switched-off policy,
+    another sole runtime). A trace that records is told of the launch
+    (:data:`~numba_streamsafe.tracehook.observer`). The waits
     and the commit follow :mod:`~numba_streamsafe.resources.rules` under the
     resource's lock, which also checks, on every path, that the blocks are
     live and the stream not destroyed.
@@ -190,7 +200,8 @@ def _takes(state: LaunchState) -> cython.bint:
     """Whether nothing asks for the Python path."""
     rt: Any = state.rt
     policy = state.policy
-    return not (tracehook.active is not None or rt.capture is not None
+    return not ((tracehook.active is not None and tracehook.observer is None)
+                or rt.capture is not None
                 or sole_runtime() is not rt or not policy.tracking or not policy.direct_launch
                 or state.deferred)
 
@@ -279,6 +290,18 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     function: cython.size_t = plan.function
     book = state.book
     lock = state.lock
+    log: TraceLog = None
+    op_id: cython.longlong = 0
+    t0: cython.longlong = 0
+    w0: cython.Py_ssize_t = 0
+    e0: cython.Py_ssize_t = 0
+    observer = tracehook.observer
+    if observer is not None:  # a trace records: where its logs stand before
+        log = cython.cast(TraceLog, observer, typecheck=True)
+        op_id = log.next_id()
+        t0 = log.now()
+        w0 = len(log.waits)
+        e0 = len(log.seals)
     lock.take()
     try:
         if handle in state.destroyed:
@@ -306,7 +329,37 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     finally:
         lock.give()
     _launches += 1
+    if log is not None:
+        log.launched(op_id, t0, w0, e0, state.label, state.device, handle,
+                     _uses_of(arrays, state.names))
     return True
+
+
+@cython.cfunc
+def _uses_of(arrays: list, names: tuple) -> tuple:
+    """The launch's uses as a trace keeps them, flat: ``name, access, ptr,
+    generation, device`` per block, in argument order; a block's accesses
+    joined and its names joined with ``+``, as
+    :class:`~numba_streamsafe.protocol.Uses` joins them."""
+    out: list = []
+    f: ArgFields
+    i: cython.Py_ssize_t
+    j: cython.Py_ssize_t
+    for i in range(0, len(arrays), 2):
+        f = arrays[i]
+        name = names[i // 2]
+        access = arrays[i + 1]
+        key = f.key
+        for j in range(0, len(out), 5):
+            if out[j + 2] == key[0] and out[j + 3] == key[1] and out[j + 4] == key[2]:
+                out[j] = out[j] + "+" + name
+                out[j + 1] = out[j + 1] | access
+                break
+        else:
+            out.append(name)
+            out.append(access)
+            out.extend(key)
+    return tuple(out)
 
 
 @cython.cfunc

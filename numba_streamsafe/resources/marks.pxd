@@ -9,6 +9,8 @@ from cpython.pythread cimport (
     PyThread_type_lock,
 )
 
+from numba_streamsafe.resources.tracelog cimport TraceLog
+
 
 cdef extern from "Python.h":
     int PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,

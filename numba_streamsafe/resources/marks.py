@@ -27,6 +27,7 @@ import cython
 
 from numba_streamsafe import tracehook
 from numba_streamsafe.errors import DriverError
+from numba_streamsafe.resources.tracelog import TraceLog
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "Lock", "retired_stream_id",
            "entry_point", "COMPILED"]
@@ -405,9 +406,9 @@ class MarkBook:
             mark.handle = handle
             if self.open.get(mark.stream) is mark:
                 del self.open[mark.stream]
-            tracer = tracehook.active
-            if tracer is not None:
-                tracer.sealed(self.driver.device, mark.stream)
+            log = tracehook.log
+            if log is not None:
+                cython.cast(TraceLog, log, typecheck=True).sealed(self.driver.device, mark.stream)
         return handle
 
     def wait_all(self, stream: Any, marks: list, owner: Any = None, free: cython.bint = False,
@@ -441,9 +442,9 @@ class MarkBook:
                 self.driver.stream_wait_event(stream, handle)
             waiters[stream] = owner
             self.waits += 1
-            tracer = tracehook.active
-            if tracer is not None:
-                tracer.waited(stream, mark.stream, free)
+            log = tracehook.log
+            if log is not None:
+                cython.cast(TraceLog, log, typecheck=True).waited(stream, mark.stream, free)
 
     def release(self, mark: Mark) -> None:
         """Drop one use of ``mark``; at none, its event goes back to the pool and

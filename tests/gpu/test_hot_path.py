@@ -81,6 +81,48 @@ def test_same_waits_and_events_as_the_python_path(gpu, kernels, fresh_runtime, m
         np.testing.assert_array_equal(a, b)
 
 
+def _trace_view(t):
+    """The trace's operations, waits and events, with op ids and addresses
+    replaced by their positions (they differ between runs)."""
+    ids = {o.id: i for i, o in enumerate(t.ops)}
+    ptrs = {p: i for i, p in enumerate(dict.fromkeys(u[2] for o in t.ops for u in o.uses))}
+    ops = [(o.label, o.stream, tuple((n, a, ptrs[p]) for n, a, p in o.uses)) for o in t.ops]
+    waits = sorted((ids[w.op], w.param, w.access, w.on_stream, ids.get(w.after, -1), w.hazard,
+                    w.inserted, w.same_stream) for w in t.waits)
+    events = sorted((ids[e.op], e.stream) for e in t.events)
+    return ops, waits, events
+
+
+def test_a_trace_records_the_compiled_launches_as_the_python_path_does(
+        gpu, kernels, fresh_runtime, monkeypatch):
+    """A recording trace keeps launches on the compiled path, and the trace
+    reads the same operations, waits and events as one of the Python path."""
+    streams = [gpu.stream() for _ in range(3)]
+    views = {}
+    for use_hot in (True, False):
+        xs = [nss.device_array(N, np.int32, stream=streams[0]) for _ in range(3)]
+        for x in xs:
+            kernels.fill[GRID, BLOCK, streams[0]](x, -1)
+        _program(kernels, streams, xs)  # warm: the arrays' fields cached
+        gpu.synchronize()
+        if not use_hot:
+            for k in (kernels.fill, kernels.copy):
+                monkeypatch.setattr(k, "_remember", lambda *a, **kw: None)
+                monkeypatch.setattr(k, "launch_state", None)
+        fast0 = launcher.launches()
+        with nss.trace() as t:
+            kernels.copy[GRID, BLOCK, streams[1]](xs[0], xs[0])  # one block, merged
+            _program(kernels, streams, xs)
+        gpu.synchronize()
+        monkeypatch.undo()
+        views[use_hot] = (launcher.launches() - fast0, *_trace_view(t))
+    hot, py = views[True], views[False]
+    assert hot[0] == 91 and py[0] == 0
+    assert hot[1][0][2] == (("src+dst", "READ_WRITE", 0),), hot[1][0]
+    assert hot[1:] == py[1:]
+    assert any(w[6] for w in hot[2])  # the program does need waits
+
+
 def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
     """slow_fill on a, then copy on b: b must wait. The arrays are reused, so
     every trial after the first launches through the hot path."""

@@ -1,0 +1,88 @@
+"""What a trace records on the hot paths (:class:`TraceLog`): operation ids,
+the waits the mark book queues, the events it records, and the launches of
+the compiled path, each as a flat tuple of plain values.
+
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode (C declarations in ``tracelog.pxd``): the mark book and the
+compiled launch call it as C while a trace records
+(:data:`numba_streamsafe.tracehook.log`); :class:`~numba_streamsafe.tracing.Trace`
+reads it back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import cython
+
+__all__ = ["TraceLog", "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
+
+_perf_ns = time.perf_counter_ns
+
+
+@cython.cclass
+class TraceLog:
+    """The hot-path records of one trace, begun at ``t0``
+    (:func:`time.perf_counter_ns`).
+
+    Every record is a tuple of ints and strings only, which the garbage
+    collector stops tracking at its first collection: a long trace adds no
+    work to later collections. Calls come with the GIL held, which orders
+    them.
+
+    Attributes
+    ----------
+    waits : list of tuple
+        ``(stream, on_stream, free)`` per wait queued.
+    seals : list of tuple
+        ``(device, stream)`` per event recorded.
+    launches : list of tuple
+        One per launch of the compiled path (:meth:`launched`): ``op_id, t0,
+        waits before, seals before, t1, waits after, seals after, label,
+        device, stream``, then ``argument, access, ptr, generation, device``
+        per block.
+    """
+
+    def __init__(self, t0: int) -> None:
+        self.t0 = t0
+        self.seq = 0
+        self.waits = []
+        self.seals = []
+        self.launches = []
+
+    @cython.ccall
+    def next_id(self) -> cython.longlong:
+        """A new operation id (1, 2, ...), shared by all of the trace's records."""
+        self.seq += 1
+        return self.seq
+
+    @cython.ccall
+    def now(self) -> cython.longlong:
+        """Nanoseconds since the trace began."""
+        return _perf_ns() - self.t0
+
+    @cython.ccall
+    def waited(self, stream: Any, on_stream: Any, free: cython.bint) -> None:
+        """``stream`` now waits for ``on_stream``'s event (for a free queued on
+        ``stream`` when ``free``)."""
+        self.waits.append((stream, on_stream, free))
+
+    @cython.ccall
+    def sealed(self, device: Any, stream: Any) -> None:
+        """An event was recorded on ``stream`` of ``device``."""
+        self.seals.append((device, stream))
+
+    @cython.ccall
+    def launched(self, op_id: cython.longlong, t0: cython.longlong, w0: cython.Py_ssize_t,
+                 e0: cython.Py_ssize_t, label: str, device: Any, stream: Any,
+                 uses: tuple) -> None:
+        """Record a launch of the compiled path, begun at ``t0`` with ``w0``
+        waits and ``e0`` seals logged: ``uses`` holds ``argument, access, ptr,
+        generation, device`` per block, flat."""
+        head = (op_id, t0, w0, e0, self.now(), len(self.waits), len(self.seals), label,
+                device, stream)
+        self.launches.append(head + uses)
