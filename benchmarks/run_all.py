@@ -54,17 +54,22 @@ def load(name: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of every benchmark but the race (default: each one's "
+                        "own); fewer make a before/after pair fit one session")
     args = parser.parse_args()
-    quick = ["--launches", "4", "--rounds", "1"] if args.quick else []
-    run("launch_overhead.py", *quick)
-    run("plain_launch.py", *quick)
-    run("alloc_free.py", *(["--cycles", "4", "--rounds", "1"] if args.quick else []))
-    tiny = ["--n", "256", "--rounds", "1"] if args.quick else []
-    run("pipeline.py", *tiny)
-    run("pipeline.py", "--sort", "bucket", *tiny)
-    run("pipeline.py", "--build-memory", "pageable", *tiny)
-    run("graph_replay.py", *(["--n", "256", "--batches", "2", "--rounds", "1"] if args.quick
-                             else []))
+    if args.quick:
+        args.rounds = 1
+    rounds = [] if args.rounds is None else ["--rounds", str(args.rounds)]
+    quick = ["--launches", "4"] if args.quick else []
+    run("launch_overhead.py", *quick, *rounds)
+    run("plain_launch.py", *quick, *rounds)
+    run("alloc_free.py", *(["--cycles", "4"] if args.quick else []), *rounds)
+    tiny = ["--n", "256"] if args.quick else []
+    run("pipeline.py", *tiny, *rounds)
+    run("pipeline.py", "--sort", "bucket", *tiny, *rounds)
+    run("pipeline.py", "--build-memory", "pageable", *tiny, *rounds)
+    run("graph_replay.py", *(["--n", "256", "--batches", "2"] if args.quick else []), *rounds)
     run("graph_replay.py", "--race", *(["--trials", "2"] if args.quick else []))
 
     launch = load("launch_overhead").get("results", {})
