@@ -54,29 +54,24 @@ class TraceLog:
         self.seals = []
         self.launches = []
 
-    @cython.ccall
     def next_id(self) -> cython.longlong:
         """A new operation id (1, 2, ...), shared by all of the trace's records."""
         self.seq += 1
         return self.seq
 
-    @cython.ccall
     def now(self) -> cython.longlong:
         """Nanoseconds since the trace began."""
         return _perf_ns() - self.t0
 
-    @cython.ccall
     def waited(self, stream: Any, on_stream: Any, free: cython.bint) -> None:
         """``stream`` now waits for ``on_stream``'s event (for a free queued on
         ``stream`` when ``free``)."""
         self.waits.append((stream, on_stream, free))
 
-    @cython.ccall
     def sealed(self, device: Any, stream: Any) -> None:
         """An event was recorded on ``stream`` of ``device``."""
         self.seals.append((device, stream))
 
-    @cython.ccall
     def launched(self, op_id: cython.longlong, t0: cython.longlong, w0: cython.Py_ssize_t,
                  e0: cython.Py_ssize_t, label: str, device: Any, stream: Any,
                  uses: tuple) -> None:
