@@ -339,8 +339,10 @@ def _driver_of(resource: MemoryResource) -> Driver:
 _runtimes: dict[int, DeviceRuntime] = {}
 _runtimes_lock = threading.Lock()
 #: The installed runtime while there is exactly one, else None: the Numba
-#: layer's launches take it without asking which device is current.
-_sole: DeviceRuntime | None = None
+#: layer's launches take it without asking which device is current. Read
+#: :func:`sole_runtime`; the compiled launch reads this attribute itself (a
+#: call into Python code there could hand the GIL to another thread mid-launch).
+sole: DeviceRuntime | None = None
 
 
 #: Advanced whenever the installed runtimes change (:func:`set_runtime`,
@@ -350,12 +352,12 @@ installed_generation = 0
 
 
 def _installed_changed() -> None:
-    """Caller holds ``_runtimes_lock``: refresh :data:`_sole` and every installed
+    """Caller holds ``_runtimes_lock``: refresh :data:`sole` and every installed
     runtime's ``multi_device``."""
-    global _sole, installed_generation
+    global sole, installed_generation
     installed_generation += 1
     several = len(_runtimes) > 1
-    _sole = None if several or not _runtimes else next(iter(_runtimes.values()))
+    sole = None if several or not _runtimes else next(iter(_runtimes.values()))
     for rt in _runtimes.values():
         rt.multi_device = several
 
@@ -390,7 +392,7 @@ def installed_devices() -> list[int]:
 
 def sole_runtime() -> DeviceRuntime | None:
     """The process-wide runtime while exactly one device has one, else None."""
-    return _sole
+    return sole
 
 
 def enable_peer_access(device: int, peer: int) -> None:

@@ -18,12 +18,12 @@ from typing import Any
 
 import cython
 
+from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe import tracehook
 from numba_streamsafe.numba.packing import MAX_PARAM_BYTES, pack_into
 from numba_streamsafe.resources.marks import entry_point
 from numba_streamsafe.resources.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.resources.tracelog import TraceLog
-from numba_streamsafe.runtime import sole_runtime
 
 __all__ = ["Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches", "retried",
            "available", "COMPILED"]
@@ -197,12 +197,13 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
 
 @cython.cfunc
 def _takes(state: LaunchState) -> cython.bint:
-    """Whether nothing asks for the Python path."""
+    """Whether nothing asks for the Python path. Reads attributes only: a call
+    into Python code here could hand the GIL to another thread mid-launch."""
     rt: Any = state.rt
     policy = state.policy
     return not ((tracehook.active is not None and tracehook.observer is None)
                 or rt.capture is not None
-                or sole_runtime() is not rt or not policy.tracking or not policy.direct_launch
+                or _runtime_module.sole is not rt or not policy.tracking or not policy.direct_launch
                 or state.deferred)
 
 
