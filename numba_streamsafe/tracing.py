@@ -28,6 +28,7 @@ from numba_streamsafe.blocks import BlockId
 from numba_streamsafe.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.protocol import _REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
+from numba_streamsafe.resources import tracelog
 from numba_streamsafe.resources.tracelog import TraceLog
 from numba_streamsafe.trace_records import EventRecord, MemoryEvent, Op, Wait, _hazard  # noqa: F401
 
@@ -457,16 +458,13 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
         t._snapshot(trackers)
         tracehook.active = t
         tracehook.keep_names = True
-        if record:
-            tracehook.log = t._log
-            if not nvtx and not device_times:
-                tracehook.observer = t._log
+        tracelog.observe(t._log if record else None,
+                         not nvtx and not (record and device_times))
     try:
         yield t
     finally:
         with _active_lock:
-            tracehook.observer = None
-            tracehook.log = None
+            tracelog.observe(None, True)
             tracehook.active = None
             tracehook.keep_names = tracehook.sim_names
         t._resolve_device_times()

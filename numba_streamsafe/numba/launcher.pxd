@@ -2,7 +2,7 @@
 from numba_streamsafe.numba.packing cimport pack_into
 from numba_streamsafe.resources.marks cimport Lock, MarkBook
 from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
-from numba_streamsafe.resources.tracelog cimport TraceLog
+from numba_streamsafe.resources.tracelog cimport TraceLog, current_log, launches_direct
 
 ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
                           unsigned int, unsigned int, unsigned int, void *, void **,
@@ -13,6 +13,7 @@ cdef class ArgFields:
     cdef readonly object block
     cdef readonly object ptr
     cdef readonly tuple key
+    cdef public Entry entry
     cdef readonly object argtype
     cdef readonly bytes fields
 

@@ -19,11 +19,10 @@ from typing import Any
 import cython
 
 from numba_streamsafe import runtime as _runtime_module
-from numba_streamsafe import tracehook
 from numba_streamsafe.numba.packing import MAX_PARAM_BYTES, pack_into
 from numba_streamsafe.resources.marks import entry_point
 from numba_streamsafe.resources.rules import Entry, commit_locked, preflight_locked
-from numba_streamsafe.resources.tracelog import TraceLog
+from numba_streamsafe.resources.tracelog import TraceLog, current_log, launches_direct
 
 __all__ = ["Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches", "retried",
            "available", "COMPILED"]
@@ -63,13 +62,16 @@ def retried() -> int:
 class ArgFields:
     """What a direct launch reads of a device array over a tracked block,
     cached on the array (fixed for its life): the block, its address, the
-    array's Numba type and its launch fields, and the block's identity as a
-    trace keeps it (``(ptr, generation, device)``)."""
+    array's Numba type and its launch fields, the block's identity as a
+    trace keeps it (``(ptr, generation, device)``), and the block's entry
+    once a launch found it (read and written under the resource's lock; an
+    entry that is ``gone`` is looked up again)."""
 
     def __init__(self, block: Any, argtype: Any, fields: bytes) -> None:
         self.block = block
         self.ptr = block.ptr
         self.key = (block.ptr, block.generation, block.device)
+        self.entry = None
         self.argtype = argtype
         self.fields = fields
 
@@ -162,7 +164,7 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     known, and nothing asks for the Python path (a graph capture, a trace
     with NVTX ranges or device times, queued frees, a switched-off policy,
     another sole runtime). A trace that records is told of the launch
-    (:data:`~numba_streamsafe.tracehook.observer`). The waits
+    (:func:`~numba_streamsafe.resources.tracelog.current_log`). The waits
     and the commit follow :mod:`~numba_streamsafe.resources.rules` under the
     resource's lock, which also checks, on every path, that the blocks are
     live and the stream not destroyed.
@@ -201,8 +203,7 @@ def _takes(state: LaunchState) -> cython.bint:
     into Python code here could hand the GIL to another thread mid-launch."""
     rt: Any = state.rt
     policy = state.policy
-    return not ((tracehook.active is not None and tracehook.observer is None)
-                or rt.capture is not None
+    return not (not launches_direct() or rt.capture is not None
                 or _runtime_module.sole is not rt or not policy.tracking or not policy.direct_launch
                 or state.deferred)
 
@@ -291,14 +292,12 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     function: cython.size_t = plan.function
     book = state.book
     lock = state.lock
-    log: TraceLog = None
     op_id: cython.longlong = 0
     t0: cython.longlong = 0
     w0: cython.Py_ssize_t = 0
     e0: cython.Py_ssize_t = 0
-    observer = tracehook.observer
-    if observer is not None:  # a trace records: where its logs stand before
-        log = cython.cast(TraceLog, observer, typecheck=True)
+    log: TraceLog = current_log()
+    if log is not None:  # a trace records: where its logs stand before
         op_id = log.next_id()
         t0 = log.now()
         w0 = len(log.waits)
@@ -398,12 +397,16 @@ def _entries(state: LaunchState, arrays: list) -> list | None:
     j: cython.Py_ssize_t
     for i in range(0, len(arrays), 2):
         f = arrays[i]
-        found = live.get(f.ptr)
-        if found is None:
-            return None
-        entry = found
-        if entry.block is not f.block:
-            return None
+        if f.entry is None or f.entry.gone:
+            found = live.get(f.ptr)
+            if found is None:
+                return None
+            entry = found
+            if entry.block is not f.block:
+                return None
+            f.entry = entry
+        else:
+            entry = f.entry
         for j in range(0, len(out), 2):
             if out[j] is entry:
                 out[j + 1] = out[j + 1] | arrays[i + 1]
@@ -419,12 +422,11 @@ def _recheck(state: LaunchState, entries: list) -> list:
     """``entries`` again at the commit, under the lock: a block freed by
     another thread since the preflight is refused here with the same error
     the Python path's commit raises (``BlockTable.entry``)."""
-    live = state.live
     entry: Entry  # noqa: F821 (rules.pxd)
     i: cython.Py_ssize_t
     for i in range(0, len(entries), 2):
         entry = entries[i]
-        if live.get(entry.block.ptr) is not entry:
+        if entry.gone:
             state.table.entry(entry.block, "commit")
     return entries
 

@@ -287,6 +287,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
         # Same address: the table's sorted index and its byte counts stand.
+        entry.gone = True
         self._live[ptr] = Entry(block, mark)
         self._frees += 1
         self._freed_bytes += nbytes
@@ -442,6 +443,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         # The free is queued (or the block kept): from here on nothing can fail.
         table = self._table
         del self._live[block.ptr]  # BlockTable.remove, inline
+        entry.gone = True
         table.index = None
         table.live_bytes -= nbytes
         entry.release(self.marks)

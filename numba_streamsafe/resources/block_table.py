@@ -43,6 +43,7 @@ class BlockTable:
 
     def remove(self, entry: Entry) -> None:
         del self.live[entry.block.ptr]
+        entry.gone = True
         self.index = None
         self.live_bytes -= entry.block.nbytes
 
@@ -135,6 +136,8 @@ class BlockTable:
     def clear(self) -> list[Entry]:
         """Forget every block, advance the epoch, and return the entries."""
         entries = list(self.live.values())
+        for entry in entries:
+            entry.gone = True
         self.live.clear()
         self.index = None
         self.live_bytes = 0

@@ -101,6 +101,7 @@ class Borrowing(AsyncState):
         self.driver.release_foreign(block.ptr, stream)
         # The waits are queued: from here on nothing can fail.
         del self._live[block.ptr]
+        entry.gone = True
         self._table.index = None
         self._borrowed -= 1
         entry.release(self.marks)

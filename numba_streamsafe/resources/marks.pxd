@@ -9,7 +9,7 @@ from cpython.pythread cimport (
     PyThread_type_lock,
 )
 
-from numba_streamsafe.resources.tracelog cimport TraceLog
+from numba_streamsafe.resources.tracelog cimport TraceLog, current_log
 
 
 cdef extern from "Python.h":
@@ -34,12 +34,14 @@ cdef class ForeignMark(Mark):
 
 
 cdef class Lock:
-    cdef PyThread_type_lock _handle
+    cdef PyThread_type_lock _wake
     cdef object _py
     cdef bint _held
+    cdef Py_ssize_t _waiters
 
     cdef int take(self) except -1
     cdef void give(self) noexcept
+    cdef bint _wait(self, long long micros) except -1
 
 
 cdef class EventPool:

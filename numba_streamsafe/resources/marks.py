@@ -20,14 +20,15 @@ import ctypes
 import itertools
 import logging
 import os
+import sys
 import threading
+import time
 from typing import Any
 
 import cython
 
-from numba_streamsafe import tracehook
 from numba_streamsafe.errors import DriverError
-from numba_streamsafe.resources.tracelog import TraceLog
+from numba_streamsafe.resources.tracelog import current_log
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "Lock", "retired_stream_id",
            "entry_point", "COMPILED"]
@@ -113,6 +114,10 @@ def _wait_direct(stream: Any, event: Any) -> cython.int:
     return fn(cython.cast(cython.p_void, h[1]), cython.cast(cython.p_void, h[0]), 0)
 
 
+#: Whether this interpreter has a GIL (the compiled :class:`Lock` relies on it).
+_GIL = cython.declare(cython.bint, getattr(sys, "_is_gil_enabled", lambda: True)())
+
+
 # ----------------------------------------------------------------------- marks
 @cython.cclass
 class Mark:
@@ -185,27 +190,47 @@ class Lock:
     """A mutual-exclusion lock with :class:`threading.Lock`'s interface
     (``acquire``, ``release``, ``locked``, ``with``), which the compiled
     engine also takes from C, without a Python call. A thread that has to
-    wait for it waits with the GIL released."""
+    wait for it waits with the GIL released.
+
+    Compiled, under a GIL, the lock is its ``_held`` flag, which only code
+    holding the GIL reads or writes: taking a free lock is one test and one
+    store. A thread that finds it held counts itself in ``_waiters`` and
+    sleeps on ``_wake`` (a CPython lock used as a semaphore, held while
+    nobody is woken); each release that finds waiters wakes one, which
+    takes the lock or, when another thread took it first, sleeps again.
+    Where there is no GIL (a free-threaded build), ``_wake`` is the lock
+    itself.
+    """
 
     def __init__(self) -> None:
         self._held = False
+        self._waiters = 0
         if cython.compiled:
-            self._handle = PyThread_allocate_lock()  # noqa: F821 (marks.pxd)
-            if self._handle == cython.NULL:
+            self._wake = PyThread_allocate_lock()  # noqa: F821 (marks.pxd)
+            if self._wake == cython.NULL:
                 raise MemoryError("could not allocate a lock")
+            if _GIL:
+                PyThread_acquire_lock(self._wake, 0)  # noqa: F821 (nobody is woken yet)
         else:
             self._py = threading.Lock()
 
     def __dealloc__(self) -> None:
-        if cython.compiled and self._handle != cython.NULL:
-            PyThread_free_lock(self._handle)  # noqa: F821 (marks.pxd)
+        if cython.compiled and self._wake != cython.NULL:
+            if _GIL:  # CPython's lock must be released before it is freed
+                PyThread_release_lock(self._wake)  # noqa: F821
+            PyThread_free_lock(self._wake)  # noqa: F821 (marks.pxd)
 
     def take(self) -> cython.int:
         """Acquire, waiting as long as it takes (the GIL released meanwhile)."""
         if cython.compiled:
-            if not PyThread_acquire_lock(self._handle, 0):  # noqa: F821
+            if _GIL:
+                if self._held:
+                    self._wait(-1)
+                self._held = True
+                return 0
+            if not PyThread_acquire_lock(self._wake, 0):  # noqa: F821
                 with cython.nogil:
-                    PyThread_acquire_lock(self._handle, 1)  # noqa: F821
+                    PyThread_acquire_lock(self._wake, 1)  # noqa: F821
         else:
             self._py.acquire()
         self._held = True
@@ -215,9 +240,29 @@ class Lock:
         """Release (the caller holds the lock)."""
         self._held = False
         if cython.compiled:
-            PyThread_release_lock(self._handle)  # noqa: F821
+            if not _GIL or self._waiters:
+                PyThread_release_lock(self._wake)  # noqa: F821 (wake one waiter)
         else:
             self._py.release()
+
+    def _wait(self, micros: cython.longlong) -> cython.bint:
+        """Compiled, with a GIL: sleep until the lock is free or ``micros``
+        (-1: no limit) have passed; True when it is free (the caller takes
+        it). The GIL is released while asleep."""
+        deadline = 0.0 if micros < 0 else time.monotonic() + micros * 1e-6
+        left: cython.longlong = micros
+        self._waiters += 1
+        try:
+            while self._held:
+                with cython.nogil:
+                    PyThread_acquire_lock_timed(self._wake, left, 0)  # noqa: F821
+                if micros >= 0 and self._held:
+                    left = int((deadline - time.monotonic()) * 1e6)
+                    if left <= 0:
+                        return False
+        finally:
+            self._waiters -= 1
+        return True
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """As :meth:`threading.Lock.acquire`."""
@@ -225,14 +270,18 @@ class Lock:
             raise ValueError("can't specify a timeout for a non-blocking call")
         if timeout < 0 and timeout != -1:
             raise ValueError("timeout value must be a non-negative number")
-        if cython.compiled:
-            micros: cython.longlong = -1 if timeout == -1 else int(timeout * 1e6)
-            got: cython.int = PyThread_acquire_lock_timed(self._handle, 0, 0)  # noqa: F821
-            if not got and blocking:
-                with cython.nogil:
-                    got = PyThread_acquire_lock_timed(self._handle, micros, 0)  # noqa: F821
-        else:
+        got: cython.bint
+        if not cython.compiled:
             got = self._py.acquire(blocking, timeout)
+        else:
+            micros: cython.longlong = -1 if timeout == -1 else int(timeout * 1e6)
+            if _GIL:
+                got = not self._held or (blocking and self._wait(micros))
+            else:
+                got = PyThread_acquire_lock_timed(self._wake, 0, 0)  # noqa: F821
+                if not got and blocking:
+                    with cython.nogil:
+                        got = PyThread_acquire_lock_timed(self._wake, micros, 0)  # noqa: F821
         if got:
             self._held = True
         return bool(got)
@@ -406,9 +455,9 @@ class MarkBook:
             mark.handle = handle
             if self.open.get(mark.stream) is mark:
                 del self.open[mark.stream]
-            log = tracehook.log
+            log = current_log()
             if log is not None:
-                cython.cast(TraceLog, log, typecheck=True).sealed(self.driver.device, mark.stream)
+                log.sealed(self.driver.device, mark.stream)
         return handle
 
     def wait_all(self, stream: Any, marks: list, owner: Any = None, free: cython.bint = False,
@@ -442,9 +491,9 @@ class MarkBook:
                 self.driver.stream_wait_event(stream, handle)
             waiters[stream] = owner
             self.waits += 1
-            log = tracehook.log
+            log = current_log()
             if log is not None:
-                cython.cast(TraceLog, log, typecheck=True).waited(stream, mark.stream, free)
+                log.waited(stream, mark.stream, free)
 
     def release(self, mark: Mark) -> None:
         """Drop one use of ``mark``; at none, its event goes back to the pool and

@@ -7,6 +7,7 @@ cdef class Entry:
     cdef public object block
     cdef public Mark last_write
     cdef public dict reads
+    cdef public bint gone
 
 
 cpdef list resolve(object table, object uses, str what)

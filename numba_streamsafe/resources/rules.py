@@ -28,12 +28,16 @@ _WRITE = cython.declare(cython.int, 2)  # Access.WRITE
 class Entry:
     """Dependency state of one live block: the mark of its last write (first,
     of its allocation) and, per stream, the mark of its newest read since that
-    write (a later mark on a stream covers the earlier ones)."""
+    write (a later mark on a stream covers the earlier ones). ``gone`` is set
+    when the entry leaves its table (the block freed, released, replaced at
+    its address, or the table cleared): whoever holds the entry can tell
+    without a lookup."""
 
     def __init__(self, block: Any, ready: Mark) -> None:
         self.block = block
         self.last_write = ready
         self.reads = {}
+        self.gone = False
 
     def waits_for(self, stream: Any, access: cython.int) -> list:
         """Marks of other streams that ``access`` on ``stream`` must wait for."""

@@ -13,3 +13,11 @@ cdef class TraceLog:
     cpdef sealed(self, object device, object stream)
     cpdef launched(self, long long op_id, long long t0, Py_ssize_t w0, Py_ssize_t e0,
                    str label, object device, object stream, tuple uses)
+
+
+cdef TraceLog _log
+cdef bint _direct
+
+cpdef observe(TraceLog log, bint direct)
+cpdef TraceLog current_log()
+cpdef bint launches_direct() except -1

@@ -1,12 +1,14 @@
-"""What a trace records on the hot paths (:class:`TraceLog`): operation ids,
-the waits the mark book queues, the events it records, and the launches of
-the compiled path, each as a flat tuple of plain values.
+"""The engine's observer of a trace: what a trace records on the hot paths
+(:class:`TraceLog`: operation ids, the waits the mark book queues, the events
+it records, and the launches of the compiled path, each as a flat tuple of
+plain values), and the slot that holds it while a trace records
+(:func:`observe`; the engine reads it with :func:`current_log` and
+:func:`launches_direct`).
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
-pure-Python mode (C declarations in ``tracelog.pxd``): the mark book and the
-compiled launch call it as C while a trace records
-(:data:`numba_streamsafe.tracehook.log`); :class:`~numba_streamsafe.tracing.Trace`
-reads it back.
+pure-Python mode (C declarations in ``tracelog.pxd``): compiled, the mark
+book and the compiled launch read the slot and call the log as C.
+:class:`~numba_streamsafe.tracing.Trace` installs it and reads it back.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import cython
 
-__all__ = ["TraceLog", "COMPILED"]
+__all__ = ["TraceLog", "observe", "current_log", "launches_direct", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -81,3 +83,28 @@ class TraceLog:
         head = (op_id, t0, w0, e0, self.now(), len(self.waits), len(self.seals), label,
                 device, stream)
         self.launches.append(head + uses)
+
+
+# --------------------------------------------------------------------- the slot
+_log = None  # the type: tracelog.pxd
+_direct = True
+
+
+def observe(log: TraceLog | None, direct: bool) -> None:
+    """Install ``log`` as the active trace's log (None: no trace records).
+    ``direct`` False sends every launch to the Python path (a trace with NVTX
+    ranges or device times, which the compiled launch does not make)."""
+    global _log, _direct
+    _log = log
+    _direct = direct
+
+
+def current_log() -> TraceLog | None:
+    """The log of the trace that records, or None."""
+    return _log
+
+
+def launches_direct() -> cython.bint:
+    """Whether the compiled launch may take launches (no trace asks for the
+    Python path)."""
+    return _direct

@@ -117,3 +117,36 @@ def test_mark_book_seals_once_waits_once_and_releases_its_event():
     assert marks.current(a) is not mark, "a sealed mark is no longer open"
     marks.release(mark)
     assert mark.handle is None and mark.waiters is None and pool.in_use == 0
+
+
+# ------------------------------------------------------------ an entry's end
+class Owner:
+    """Stands for a stream's owning object."""
+
+
+def _entry(res, block):
+    entry = res.table.live.get(block.ptr)
+    assert entry is not None and entry.block is block and not entry.gone
+    return entry
+
+
+def test_an_entry_is_gone_whichever_way_its_block_leaves_the_table(sim, res):
+    """The compiled launch keeps a block's entry on the array and trusts it
+    while it is not ``gone``: every way out of the table must set it."""
+    s = sim.create_stream()
+    freed = _entry(res, a := res.allocate(4096, s, "freed"))
+    res.deallocate(a)
+    kept = _entry(res, b := res.allocate(4096, s, "kept"))  # the freed block was kept
+    res.deallocate(b)
+    owner = Owner()
+    recycled = _entry(res, c := res.allocate(4096, s, "recycled", stream_owner=owner))
+    res.defer_free(c)
+    d = res.allocate(4096, s, "recycler", stream_owner=owner)  # the fused cycle
+    assert d.ptr == c.ptr and res.stats().allocations == 4
+    borrowed = _entry(res, e := res.borrow(0x7F00_0000_0000, 4096, s, "borrowed"))
+    res.deallocate(e)
+    cleared = _entry(res, d)
+    assert all(x.gone for x in (freed, kept, recycled, borrowed))
+    assert not cleared.gone
+    res.reset_context()  # the table is cleared
+    assert cleared.gone
