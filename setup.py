@@ -32,7 +32,8 @@ class BuildPyWithPth(build_py):
 
 
 #: The engine: modules compiled from their own (pure-Python mode) source.
-ENGINE = ["numba_streamsafe/resources/tracelog.py", "numba_streamsafe/resources/marks.py",
+ENGINE = ["numba_streamsafe/resources/lock.py", "numba_streamsafe/resources/tracelog.py",
+          "numba_streamsafe/resources/marks.py",
           "numba_streamsafe/resources/rules.py", "numba_streamsafe/numba/packing.py",
           "numba_streamsafe/numba/launcher.py"]
 

@@ -26,7 +26,8 @@ from types import ModuleType
 __all__ = ["ENGINE", "pure_python", "engine_builds"]
 
 #: The modules compiled from their own source where a compiler is present.
-ENGINE = ("numba_streamsafe.resources.tracelog", "numba_streamsafe.resources.marks",
+ENGINE = ("numba_streamsafe.resources.lock", "numba_streamsafe.resources.tracelog",
+          "numba_streamsafe.resources.marks",
           "numba_streamsafe.resources.rules",
           "numba_streamsafe.numba.packing", "numba_streamsafe.numba.launcher")
 

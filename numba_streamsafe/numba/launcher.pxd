@@ -1,6 +1,7 @@
 # C declarations of launcher.py for its compiled build (see resources/marks.pxd).
 from numba_streamsafe.numba.packing cimport pack_into
-from numba_streamsafe.resources.marks cimport Lock, MarkBook
+from numba_streamsafe.resources.lock cimport Lock
+from numba_streamsafe.resources.marks cimport MarkBook
 from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
 from numba_streamsafe.resources.tracelog cimport TraceLog, current_log, launches_direct
 

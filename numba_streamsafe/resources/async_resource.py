@@ -33,7 +33,8 @@ from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.borrowing import Borrowing
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, Lock, MarkBook
+from numba_streamsafe.resources.lock import Lock
+from numba_streamsafe.resources.marks import EventPool, MarkBook
 from numba_streamsafe.resources.peer_uses import PeerUses
 from numba_streamsafe.resources.reaping import Reaping
 from numba_streamsafe.streams import MAX_DEFAULT_STREAM

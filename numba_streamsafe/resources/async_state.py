@@ -11,7 +11,8 @@ from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, Lock, Mark, MarkBook
+from numba_streamsafe.resources.lock import Lock
+from numba_streamsafe.resources.marks import EventPool, Mark, MarkBook
 
 __all__ = ["AsyncState"]
 

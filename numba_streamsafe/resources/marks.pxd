@@ -1,20 +1,8 @@
 # C declarations of marks.py for its compiled build (Cython's pure-Python mode
 # reads them beside the module; other engine modules cimport them).
 
-from cpython.pythread cimport (
-    PyThread_acquire_lock,
-    PyThread_allocate_lock,
-    PyThread_free_lock,
-    PyThread_release_lock,
-    PyThread_type_lock,
-)
-
+from numba_streamsafe.resources.lock cimport Lock
 from numba_streamsafe.resources.tracelog cimport TraceLog, current_log
-
-
-cdef extern from "Python.h":
-    int PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
-                                    int intr_flag) nogil
 
 ctypedef int (*record_fn)(void *, void *) noexcept nogil
 ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil
@@ -32,16 +20,6 @@ cdef class ForeignMark(Mark):
     cdef public object pool
     cdef public object generation
 
-
-cdef class Lock:
-    cdef PyThread_type_lock _wake
-    cdef object _py
-    cdef bint _held
-    cdef Py_ssize_t _waiters
-
-    cdef int take(self) except -1
-    cdef void give(self) noexcept
-    cdef bint _wait(self, long long micros) except -1
 
 
 cdef class EventPool:

@@ -1,4 +1,4 @@
-"""The engine's lock (``resources.marks.Lock``): mutual exclusion under
+"""The engine's lock (``resources.lock.Lock``): mutual exclusion under
 threads that hand the GIL over inside the critical section, timeouts,
 non-blocking acquires, and :class:`threading.Lock`'s errors, on whichever
 build runs (CI runs the suite on both)."""
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from numba_streamsafe.resources.marks import Lock
+from numba_streamsafe.resources.lock import Lock
 
 
 def test_threads_that_yield_inside_never_overlap():
