@@ -25,7 +25,7 @@
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash leaves a stack in the log
 SITE=/tmp/site
 if [[ "${NSS_SKIP_WHEELS:-0}" != 1 ]] && compgen -G ".whl/*.whl" > /dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

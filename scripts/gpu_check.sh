@@ -9,7 +9,7 @@ set -uo pipefail
 OUT=${OUT:-./gpu-out}
 GPU_BENCH=${GPU_BENCH:-0}
 ONLY=${1:-}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash leaves a stack in the log
 
 case "$ONLY" in
     ""|tests|examples|bench) ;;

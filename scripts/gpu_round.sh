@@ -11,7 +11,7 @@
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash leaves a stack in the log
 SITE=/tmp/site
 wheels=()
 for d in .whl-dask .whl-plot .whl-suite .whl-build .whl; do

@@ -44,7 +44,7 @@ DEADLINE=${SANITIZER_DEADLINE:-0}
 mkdir -p "$OUT"
 LOG="$OUT/sanitizer.log"
 : > "$LOG"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash leaves a stack in the log
 
 SAN=$(command -v compute-sanitizer || true)
 if [[ -z "$SAN" && -x /usr/local/cuda/bin/compute-sanitizer ]]; then
