@@ -76,12 +76,20 @@ class RuntimeStreams:
         return handle
 
     def destroy_stream(self, stream: Any) -> None:
-        """Destroy a stream made by the driver, refusing while blocks live on it.
+        """Destroy a stream, refusing while blocks live on it.
 
         Frees queued by finalizers run first (so ``del array`` then
         ``destroy_stream`` works). The stream's history ends with it: a stream
         created later with the same handle (CUDA may reuse handles) inherits no
         waits and no uses. Work queued on the stream still completes.
+
+        A handle (an int, as ``driver.create_stream()`` returns) is destroyed
+        here. A stream object that carries its own handle (``numba.cuda.stream()``
+        on a GPU, a CuPy or PyTorch stream) belongs to its library, which
+        destroys the handle when the object is dropped: its history ends here,
+        and the handle stays valid until then (destroying it here too would
+        make the library destroy it twice, or destroy a newer stream that got
+        the same handle).
 
         Raises
         ------
@@ -90,6 +98,7 @@ class RuntimeStreams:
             destroyed; or live blocks are allocated on it (they are named).
         """
         handle = self.stream_handle(stream)
+        owned_elsewhere = stream.__class__ is not int and stream_handle(stream) is not None
         if is_default_stream(handle):
             raise StreamMisuse(
                 f"stream {stream!r} is the default stream {handle} and cannot be destroyed; "
@@ -108,7 +117,8 @@ class RuntimeStreams:
         # the stream still exists (afterwards neither could be done), forget
         # its history, and destroy it with no reap in between.
         with self.driver.activate():
-            self.resource.retire_stream(handle, self.driver.destroy_stream)
+            self.resource.retire_stream(
+                handle, None if owned_elsewhere else self.driver.destroy_stream)
         self._keys.pop(handle, None)  # other devices' uses by it keep its old key
         self._checked_handles.discard(handle)
 

@@ -165,3 +165,29 @@ def test_using_a_destroyed_stream_is_a_typed_error(gpu, child_env):
     assert "DESTROYED CHILD OK" in proc.stdout.splitlines(), out
     assert "ACCEPTED" not in proc.stdout, out
     assert proc.stdout.count("TYPED ") == 4, out
+
+
+def test_destroying_a_numba_stream_leaves_its_handle_to_numba(gpu, kernels, fresh_runtime):
+    """``destroy_stream(numba.cuda.stream())`` ends the stream's history; the
+    handle stays Numba's, which destroys it once, when the object goes. Were
+    it destroyed here, the stream object would hold a dead handle and Numba's
+    finalizer would destroy it again, or destroy a newer stream that got the
+    same handle (the threaded stress crashed so)."""
+    rt = nss.get_runtime()
+    t = gpu.stream()
+    x = nss.device_array(N, np.int32, stream=t)
+    for value in range(20):
+        s = gpu.stream()
+        kernels.fill[GRID, BLOCK, s](x, value)
+        rt.destroy_stream(s)
+        s.synchronize()  # the handle is still a live stream
+        del s
+        gc.collect()
+        gpu.current_context().deallocations.clear()  # Numba destroys it, once
+        fresh = gpu.stream()  # may get the same handle
+        kernels.fill[GRID, BLOCK, fresh](x, value + 100)  # waits for the fill on s
+        fresh.synchronize()
+        assert (nss.copy_to_host(x, stream=t) == value + 100).all()
+    del x
+    _settle(gpu, rt)
+    assert rt.bytes_outstanding() == 0
