@@ -55,3 +55,11 @@ def demo(session: nox.Session) -> None:
     """The sort -> join pipeline (simulator when no GPU is present)."""
     session.install("-e", ".[cpu]")
     session.run("python", "examples/sort_join_pipeline.py", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (docs/), warnings as errors, built offline."""
+    session.install("-e", ".[cpu,docs]")
+    session.run("python", "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs",
+                "docs/_build/html")
