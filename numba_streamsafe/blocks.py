@@ -31,7 +31,17 @@ next_generation_fast = _generations.__next__
 
 
 class BlockId(NamedTuple):
-    """Full identity of a block: address, generation and device ordinal."""
+    """Full identity of a block: address, generation and device ordinal.
+
+    Attributes
+    ----------
+    ptr : int
+        Device address of the block's first byte.
+    generation : Generation
+        Unique per allocation (an address handed out again gets a new one).
+    device : int
+        Device ordinal.
+    """
 
     ptr: int
     generation: Generation

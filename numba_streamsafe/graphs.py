@@ -279,6 +279,13 @@ def graph(stream: Any, *, device: int | None = None, strict: bool | None = None)
     strict : bool, optional
         Refuse untracked memory at capture and replay (default: the runtime's mode).
 
+    Returns
+    -------
+    Graph
+        A context manager: the work queued on ``stream`` inside the block is
+        recorded, not run; ``Graph.launch`` replays it, ordered after the
+        uses of its blocks that came before.
+
     Raises
     ------
     GraphCaptureError

@@ -68,6 +68,16 @@ def memory_stats(device: int | None = None) -> dict[str, int]:
     Frees queued by arrays dropped since the last allocation are carried out
     first, so the bytes of an array that is gone no longer count as allocated
     (unless ``defer_cleanup`` holds them).
+
+    Parameters
+    ----------
+    device : int, optional
+        The device ordinal (default: the only installed runtime, else 0).
+
+    Returns
+    -------
+    dict of str to int
+        One figure per key of :data:`STAT_KEYS`.
     """
     rt = _runtime(device)
     rt.flush()
@@ -108,7 +118,12 @@ def memory_stats(device: int | None = None) -> dict[str, int]:
 
 def reset_peak_stats(device: int | None = None) -> None:
     """Start every ``*.peak`` figure of :func:`memory_stats` again from its
-    current value (the pool's high-water marks too)."""
+    current value (the pool's high-water marks too).
+
+    Parameters
+    ----------
+    device : int, optional
+        The device ordinal (default: the only installed runtime, else 0)."""
     rt = _runtime(device)
     reset = getattr(rt.resource.tracker, "reset_peaks", None)
     if reset is not None:

@@ -32,7 +32,13 @@ def hazards() -> list[sim.Hazard]:
     """Every hazard the simulated driver of an installed runtime found so far
     (empty on a GPU, which has no checker). Each names both accesses:
     ``h.first`` and ``h.second`` (kernel or copy, argument, stream, the
-    ``file:line`` of the user's call)."""
+    ``file:line`` of the user's call).
+
+    Returns
+    -------
+    list of Hazard
+        In the order found; empty where no simulated driver is installed.
+    """
     out: list[sim.Hazard] = []
     for system in _systems():
         out.extend(system.hazards)
@@ -40,7 +46,12 @@ def hazards() -> list[sim.Hazard]:
 
 
 class RaceCheck:
-    """The hazards found inside one :func:`race_check` block (``hazards``)."""
+    """The hazards found inside one :func:`race_check` block (``hazards``).
+
+    Parameters
+    ----------
+    stop_at_first : bool
+        Whether the block raises at the first hazard (see :func:`race_check`)."""
 
     def __init__(self, stop_at_first: bool) -> None:
         self.stop_at_first = stop_at_first
@@ -79,6 +90,23 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     Runs the checks only where the simulated driver is in use (Numba's CUDA
     simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``); on a GPU it warns that
     nothing is checked.
+
+    Parameters
+    ----------
+    stop_at_first : bool
+        Raise at the first hazard (default); False collects them all in
+        ``RaceCheck.hazards`` and raises nothing.
+
+    Yields
+    ------
+    RaceCheck
+        Holds the hazards found inside the block.
+
+    Raises
+    ------
+    RaceDetected
+        With ``stop_at_first``: at the launch or copy that makes the first
+        hazard (or at the block's end, for one found at a free).
 
     Examples
     --------

@@ -367,6 +367,21 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
 
     Threads racing on the first call all get the same runtime; exactly one is
     built, by :func:`default_stack` over :func:`default_driver`.
+
+    Parameters
+    ----------
+    device : int
+        The device ordinal (default 0).
+
+    Returns
+    -------
+    DeviceRuntime
+        The runtime installed for ``device``.
+
+    Raises
+    ------
+    InvalidArgument
+        ``device`` is not a device of this machine (or of the simulator).
     """
     rt = _runtimes.get(device)
     if rt is not None:
@@ -401,6 +416,13 @@ def enable_peer_access(device: int, peer: int) -> None:
     ``device`` records it: a launch there then accepts arrays of ``peer``,
     ordered after their uses on ``peer``'s streams (and ``peer``'s later uses
     and frees after the launch). Both devices' runtimes are built if needed.
+
+    Parameters
+    ----------
+    device : int
+        The device whose kernels may use ``peer``'s arrays.
+    peer : int
+        The device whose arrays they use.
 
     Raises
     ------
@@ -446,7 +468,19 @@ def _warn_direct() -> None:
 
 
 def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRuntime | None:
-    """Install ``runtime`` as the process-wide runtime of its device; return the old one."""
+    """Install ``runtime`` as the process-wide runtime of its device; return the old one.
+
+    Parameters
+    ----------
+    runtime : DeviceRuntime
+        The runtime to install.
+    device : int, optional
+        The device it serves (default: its driver's device).
+
+    Returns
+    -------
+    DeviceRuntime or None
+        The runtime installed for that device before, if any."""
     key = runtime.device if device is None else device
     with _runtimes_lock:
         old = _runtimes.get(key)

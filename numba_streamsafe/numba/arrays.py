@@ -197,7 +197,18 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
 
 
 def block_of(array: Any) -> Block | None:
-    """The live block behind ``array`` (or any view of it), or None."""
+    """The live block behind ``array`` (or any view of it), or None.
+
+    Parameters
+    ----------
+    array : device array
+        Any device array, view or not.
+
+    Returns
+    -------
+    Block or None
+        The block of the library the array lies in; None for memory the
+        library does not track."""
     return target.resolve(target.runtime(), array)[1]
 
 
@@ -219,6 +230,12 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
         1 aside); default: a new array allocated on ``stream``.
     tag : str
         Label of a new array's block.
+
+    Returns
+    -------
+    device array
+        ``to``, or the new array; the copy is queued on ``stream``, and later
+        tracked uses on other streams wait for it.
 
     Raises
     ------
@@ -438,7 +455,24 @@ def _across_devices(rt: Any, *blocks: Block | None) -> bool:
 
 
 def memset(array: Any, value: int, *, stream: Any = None) -> None:
-    """Set every byte of ``array`` to ``value`` (0–255) on ``stream``."""
+    """Set every byte of ``array`` to ``value`` (0–255) on ``stream``.
+
+    The fill is a tracked write: it waits for the array's uses on other
+    streams, and later uses there wait for it.
+
+    Parameters
+    ----------
+    array : device array
+        A contiguous array of the library.
+    value : int
+        The byte, 0 to 255.
+    stream : stream-like, optional
+        Where the fill is queued (default: the array's allocation stream).
+
+    Raises
+    ------
+    InvalidArgument
+        ``value`` out of range, or an array that is not contiguous."""
     if not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
         raise InvalidArgument(f"memset value must be a byte (0-255), got {value!r}")
     stream = _stream(stream)

@@ -29,6 +29,18 @@ def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
     recorded as a read-write use on it: later tracked uses wait for the
     work queued on it up to now. A consumer that keeps using the data on its
     own stream afterwards is outside the library: wrap that in :func:`lend`.
+
+    Parameters
+    ----------
+    array : device array
+        The exported array.
+    desc : dict
+        The interface Numba built for it.
+
+    Returns
+    -------
+    dict
+        ``desc`` with the stream its consumer must synchronise with.
     """
     rt = target.runtime()
     kind, block, _ = target.resolve(rt, array)

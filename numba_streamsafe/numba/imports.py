@@ -237,7 +237,15 @@ def from_cuda_array_interface(obj: Any, *, stream: Any,
         An object with ``__cuda_array_interface__`` over memory of the current
         device, with no mask and no negative stride.
     stream : stream-like
+        The stream the data is wanted on.
     tag : str
+        Names the array in reports.
+
+    Returns
+    -------
+    device array
+        A tracked array over ``obj``'s memory (borrowed: the producer is kept
+        alive until the uses recorded on it are complete).
 
     Raises
     ------
@@ -346,6 +354,11 @@ def import_array(obj: Any, *, stream: Any, tag: str = "imported") -> Any:
         The stream the data is wanted on.
     tag : str
         Names the new array in reports.
+
+    Returns
+    -------
+    device array
+        A new array of the library holding the copy, written on ``stream``.
 
     Raises
     ------

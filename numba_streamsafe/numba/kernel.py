@@ -484,6 +484,26 @@ def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> An
             ...
 
     See :class:`TrackedKernel` for the options and the launch protocol.
+
+    Parameters
+    ----------
+    func : function, optional
+        The kernel's Python function; omitted when the decorator is called
+        with options (``@tracked_kernel(access=...)``).
+    **options
+        ``access`` (a dict of parameter name to ``"r"``, ``"w"``, ``"rw"`` or
+        an :class:`Access`), ``mode`` (``"strict"`` or ``"permissive"``) and
+        the options ``numba.cuda.jit`` takes.
+
+    Returns
+    -------
+    TrackedKernel or callable
+        The tracked kernel; with options only, a decorator that makes one.
+
+    Raises
+    ------
+    InvalidArgument
+        An unknown option or access name (the message names the fix).
     """
     if func is None:
         return lambda f: TrackedKernel(f, **options)

@@ -47,6 +47,21 @@ def stream_scope(stream: Any) -> Iterator[Any]:
     auto-transfers) and to :func:`numba_streamsafe.device_array` calls given no
     ``stream``. Scopes nest; the innermost wins.
 
+    Parameters
+    ----------
+    stream : stream-like
+        A stream of the current device (not a bare handle never created).
+
+    Yields
+    ------
+    stream-like
+        ``stream``.
+
+    Raises
+    ------
+    StreamMisuse
+        ``stream`` is an integer handle that names no stream.
+
     Examples
     --------
     >>> with stream_scope(s):            # doctest: +SKIP
@@ -81,6 +96,15 @@ def transparent(enabled: bool) -> Iterator[None]:
     Tracked kernels and the library's copies are fenced either way (see
     :func:`tracking` to switch those off).
 
+    Parameters
+    ----------
+    enabled : bool
+        Transparent mode inside the block, on this thread.
+
+    Yields
+    ------
+    None
+
     Examples
     --------
     >>> with transparent(False):                 # doctest: +SKIP
@@ -111,7 +135,12 @@ def numba_call(work: Any, *args: Any) -> Any:
 
 
 def current_stream() -> Any:
-    """The stream of the innermost :func:`stream_scope` on this thread, or None."""
+    """The stream of the innermost :func:`stream_scope` on this thread, or None.
+
+    Returns
+    -------
+    stream-like or None
+        The stream given to that scope."""
     stack = _local.stack
     return stack[-1] if stack else None
 
@@ -132,6 +161,21 @@ def use_device(device: int) -> Iterator[int]:
     ``with cuda.gpus[device]:`` (so plain Numba calls go there too; entering
     that directly works as well); on Numba's CUDA simulator it is the only way
     to choose a device. The device's runtime is built on entry if needed.
+
+    Parameters
+    ----------
+    device : int
+        The device ordinal.
+
+    Yields
+    ------
+    int
+        ``device``.
+
+    Raises
+    ------
+    InvalidArgument
+        ``device`` is not a device of this machine (or of the simulator).
 
     Examples
     --------
@@ -183,6 +227,10 @@ def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
         The ``tracking`` setting inside the block.
     device : int
         Whose runtime to switch.
+
+    Yields
+    ------
+    None
 
     Notes
     -----
