@@ -69,7 +69,7 @@ def components() -> None:
     """Time each piece of the tracked launch path on its own (µs per call)."""
     import timeit
 
-    from numba_streamsafe.access import Access
+    from numba_streamsafe.core.access import Access
     from numba_streamsafe.numba import target
 
     tracked = tracked_kernel(body, access={"a": Read, "b": Read, "c": Write})

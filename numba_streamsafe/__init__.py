@@ -15,9 +15,9 @@ from typing import Any
 
 # First: it decides which build of the engine the imports below load.
 from numba_streamsafe import compiled as _compiled  # noqa: F401
-from numba_streamsafe.access import Access, Read, ReadWrite, Write
-from numba_streamsafe.blocks import Block, BlockId, BlockState, Generation
-from numba_streamsafe.errors import (
+from numba_streamsafe.core.access import Access, Read, ReadWrite, Write
+from numba_streamsafe.core.blocks import Block, BlockId, BlockState, Generation
+from numba_streamsafe.core.errors import (
     AccessMismatch,
     AccessWarning,
     DriverError,
@@ -33,10 +33,15 @@ from numba_streamsafe.errors import (
     StreamSafeError,
     UseAfterFree,
 )
+from numba_streamsafe.diagnostics.memstats import memory_stats, reset_peak_stats
+from numba_streamsafe.diagnostics.races import RaceCheck, hazards, race_check
+from numba_streamsafe.diagnostics.recorder import (
+    LaunchRecorder,
+    RecorderMode,
+    UncommittedLaunchWarning,
+)
+from numba_streamsafe.diagnostics.tracing import Trace, trace
 from numba_streamsafe.graphs import Graph, GraphCaptureError, graph
-from numba_streamsafe.memstats import memory_stats, reset_peak_stats
-from numba_streamsafe.races import RaceCheck, hazards, race_check
-from numba_streamsafe.recorder import LaunchRecorder, RecorderMode, UncommittedLaunchWarning
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
     AsyncResource,
@@ -52,7 +57,6 @@ from numba_streamsafe.runtime import (
     get_runtime,
     set_runtime,
 )
-from numba_streamsafe.tracing import Trace, trace
 
 __version__ = "0.1.0"
 

@@ -50,7 +50,7 @@ def report() -> str:
     """The report's text."""
     from numba_streamsafe import __version__
     from numba_streamsafe.compiled import pure_python
-    from numba_streamsafe.settings import reload_settings
+    from numba_streamsafe.core.settings import reload_settings
 
     lines = [f"numba_streamsafe {__version__} (Python {sys.version.split()[0]})"]
     for dist in ("numba", "numba-cuda", "cuda-bindings", "cuda-core", "numpy"):

@@ -35,15 +35,15 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from numba_streamsafe.errors import InvalidArgument
-from numba_streamsafe.memstats import memory_stats
+from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.settings import reload_settings
+from numba_streamsafe.diagnostics.memstats import memory_stats
 from numba_streamsafe.runtime import (
     enable_peer_access,
     get_runtime,
     installed_devices,
     installed_runtime,
 )
-from numba_streamsafe.settings import reload_settings
 
 try:
     from distributed import WorkerPlugin

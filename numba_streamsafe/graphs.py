@@ -46,7 +46,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from numba_streamsafe.errors import DriverError, GraphCaptureError
+from numba_streamsafe.core.errors import DriverError, GraphCaptureError
 from numba_streamsafe.protocol import Uses, _accesses, fenced, refuse_untracked
 from numba_streamsafe.runtime import DeviceRuntime
 
@@ -73,7 +73,7 @@ class Graph:
     so the arrays it reads and writes cannot be freed (and their memory
     reused) while it may still be replayed. An array freed explicitly
     (``DeviceRuntime.deallocate``) makes the next replay raise
-    :class:`~numba_streamsafe.errors.UseAfterFree`, with nothing queued.
+    :class:`~numba_streamsafe.core.errors.UseAfterFree`, with nothing queued.
     """
 
     def __init__(self, rt: DeviceRuntime, stream: Any, strict: bool) -> None:
@@ -291,7 +291,7 @@ def graph(stream: Any, *, device: int | None = None, strict: bool | None = None)
     GraphCaptureError
         A default stream, several devices, a capture already under way.
     """
-    from numba_streamsafe.modes import RecorderMode
+    from numba_streamsafe.core.modes import RecorderMode
     from numba_streamsafe.runtime import get_runtime, sole_runtime
 
     rt = sole_runtime() if device is None else None

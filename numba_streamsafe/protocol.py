@@ -18,7 +18,7 @@ these steps on one stream:
 Blocks of another device than the launch runtime's (section 7 of
 ``docs/architecture.md``) are looked for only while runtimes of several
 devices are installed (``DeviceRuntime.multi_device``). A kernel or memset
-needs peer access to them (:class:`~numba_streamsafe.errors.PeerAccessRequired`
+needs peer access to them (:class:`~numba_streamsafe.core.errors.PeerAccessRequired`
 otherwise, before anything is queued); a copy (:class:`CopyUses`) does not.
 Their device's resource gives the marks the launch stream waits for
 (``preflight_foreign``), and records the launch after the work against an
@@ -35,10 +35,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from numba_streamsafe import tracehook
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
+from numba_streamsafe.diagnostics import tracehook
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime

@@ -16,10 +16,14 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, check_block, check_int
-from numba_streamsafe.errors import GraphCaptureError, InvalidArgument
-from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block, check_block, check_int
+from numba_streamsafe.core.errors import GraphCaptureError, InvalidArgument
+from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.core.settings import settings
+from numba_streamsafe.core.streams import (
+    default_stream_handle,
+)
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
     AsyncResource,
@@ -29,10 +33,6 @@ from numba_streamsafe.resources import (
 )
 from numba_streamsafe.resources.marks import retired_stream_id
 from numba_streamsafe.runtime_streams import RuntimeStreams
-from numba_streamsafe.settings import settings
-from numba_streamsafe.streams import (
-    default_stream_handle,
-)
 
 __all__ = [
     "DeviceRuntime",
@@ -63,7 +63,7 @@ class RuntimeStats(ResourceStats):
 
 def default_driver(device: int = 0) -> Driver:
     """The driver a runtime uses when none is given: ``NUMBA_STREAMSAFE_DRIVER``
-    (:mod:`numba_streamsafe.settings`) picks the CUDA or the simulated one."""
+    (:mod:`numba_streamsafe.core.settings`) picks the CUDA or the simulated one."""
     if settings().driver == "sim":
         from numba_streamsafe._driver.sim import SimDriver
 
@@ -246,13 +246,13 @@ class DeviceRuntime(RuntimeStreams):
         Raises
         ------
         InvalidArgument
-            ``block`` is not a :class:`~numba_streamsafe.blocks.Block`.
+            ``block`` is not a :class:`~numba_streamsafe.core.blocks.Block`.
         UseAfterFree
             ``block`` was already freed.
         StreamMisuse
             A graph is being captured on ``block``'s stream, or the block's
             stream is the legacy default stream while one is
-            (:class:`~numba_streamsafe.errors.GraphCaptureError`).
+            (:class:`~numba_streamsafe.core.errors.GraphCaptureError`).
         """
         if block.__class__ is not Block:
             check_block(block, "deallocate")
@@ -266,7 +266,7 @@ class DeviceRuntime(RuntimeStreams):
         Raises
         ------
         InvalidArgument
-            ``block`` is not a :class:`~numba_streamsafe.blocks.Block` (checked
+            ``block`` is not a :class:`~numba_streamsafe.core.blocks.Block` (checked
             now, not when the queue runs).
         """
         if block.__class__ is not Block:
@@ -316,7 +316,7 @@ class DeviceRuntime(RuntimeStreams):
         """The CUDA context was reset: forget every block and advance the epoch.
 
         Handles from before are refused with
-        :class:`~numba_streamsafe.errors.StaleContext`; their finalizers do nothing.
+        :class:`~numba_streamsafe.core.errors.StaleContext`; their finalizers do nothing.
         """
         self.resource.reset_context()
         self._checked_handles.clear()
@@ -436,7 +436,7 @@ def enable_peer_access(device: int, peer: int) -> None:
 
 def default_stack(driver: Driver) -> MemoryResource:
     """The resource stack of a process-wide runtime, chosen by the settings
-    (:mod:`numba_streamsafe.settings`).
+    (:mod:`numba_streamsafe.core.settings`).
 
     ``NUMBA_STREAMSAFE_RESOURCE``: ``async`` (default, stream-ordered and
     tracked) or ``direct`` (``cuMemAlloc`` / ``cuMemFree``, untracked: for

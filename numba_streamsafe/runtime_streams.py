@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
-from numba_streamsafe.errors import StreamMisuse
-from numba_streamsafe.resources import (
-    MemoryResource,
-)
-from numba_streamsafe.streams import (
+from numba_streamsafe.core.errors import StreamMisuse
+from numba_streamsafe.core.streams import (
     MAX_DEFAULT_STREAM,
     StreamRef,
     is_default_stream,
     stream_handle,
+)
+from numba_streamsafe.resources import (
+    MemoryResource,
 )
 
 __all__ = ["RuntimeStreams"]
@@ -43,7 +43,8 @@ class RuntimeStreams:
         return self.stream_handle(stream), owner
 
     def stream_handle(self, stream: Any) -> int:
-        """The driver handle of ``stream`` (see :func:`numba_streamsafe.streams.stream_handle`).
+        """The driver handle of ``stream``
+        (see :func:`numba_streamsafe.core.streams.stream_handle`).
 
         Stream objects that carry no handle (those of Numba's CUDA simulator)
         get a blocking stream of this runtime's driver (as ``numba.cuda.stream()``

@@ -4,7 +4,7 @@ Two backends implement it: :class:`~numba_streamsafe._driver.cuda.CudaDriver`
 over ``cuda.bindings.driver`` and :class:`~numba_streamsafe._driver.sim.SimDriver`,
 a CPU model with a happens-before hazard checker. Streams are integer handles
 (``CUstream`` values; 0 is the legacy default stream); events are opaque.
-Every method raises :class:`~numba_streamsafe.errors.DriverError` on failure.
+Every method raises :class:`~numba_streamsafe.core.errors.DriverError` on failure.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Driver(Protocol):
         ...
 
     def check_stream(self, stream: int) -> None:
-        """Raise :class:`~numba_streamsafe.errors.StreamMisuse` if ``stream`` is not usable."""
+        """Raise :class:`~numba_streamsafe.core.errors.StreamMisuse` if ``stream`` is not usable."""
         ...
 
     def pool_trim(self, keep_bytes: int = 0) -> None:

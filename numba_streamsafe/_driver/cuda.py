@@ -1,7 +1,7 @@
 """The CUDA backend: :class:`CudaDriver` over ``cuda.bindings.driver``.
 
 Every call checks its ``CUresult`` and raises
-:class:`~numba_streamsafe.errors.DriverError` with the call's name, the code and
+:class:`~numba_streamsafe.core.errors.DriverError` with the call's name, the code and
 the driver's own message. The device's primary context (the one Numba uses) is
 made current on a thread that has no current context before its first call.
 
@@ -25,8 +25,8 @@ from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
 from numba_streamsafe._driver.limits import LaunchLimits, check_launch
-from numba_streamsafe.errors import DriverError, StreamMisuse
-from numba_streamsafe.streams import MAX_DEFAULT_STREAM
+from numba_streamsafe.core.errors import DriverError, StreamMisuse
+from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["CudaDriver"]
 

@@ -12,7 +12,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from numba_streamsafe.errors import InvalidLaunchConfig
+from numba_streamsafe.core.errors import InvalidLaunchConfig
 
 __all__ = ["LaunchLimits", "SIMULATED", "check_launch"]
 

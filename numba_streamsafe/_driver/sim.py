@@ -43,7 +43,6 @@ import collections
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import (
     CUDA_ERROR_INVALID_HANDLE,
     CUDA_ERROR_INVALID_VALUE,
@@ -70,7 +69,8 @@ from numba_streamsafe._driver.sim_model import (
     _Op,
     _Stream,
 )
-from numba_streamsafe.errors import DriverError, StreamMisuse
+from numba_streamsafe.core.errors import DriverError, StreamMisuse
+from numba_streamsafe.diagnostics import tracehook
 
 __all__ = ["SimDriver", "SimSystem", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
 
@@ -481,7 +481,7 @@ class SimDriver(SimMemory, HappensBefore):
     def enable_peer_access(self, peer: int) -> None:
         """Let this device's kernels access ``peer``'s memory (``cuCtxEnablePeerAccess``).
 
-        Idempotent. Raises :class:`~numba_streamsafe.errors.DriverError` when
+        Idempotent. Raises :class:`~numba_streamsafe.core.errors.DriverError` when
         ``peer`` is this device or no device of the system.
         """
         with self._lock:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
-from numba_streamsafe.errors import DriverError
-from numba_streamsafe.streams import CU_STREAM_LEGACY, LEGACY_DEFAULT
+from numba_streamsafe.core.errors import DriverError
+from numba_streamsafe.core.streams import CU_STREAM_LEGACY, LEGACY_DEFAULT
 
 __all__ = ["Captures", "SimGraph", "CUDA_ERROR_ILLEGAL_STATE",
            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",

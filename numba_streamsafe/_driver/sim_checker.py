@@ -17,7 +17,7 @@ from numba_streamsafe._driver.sim_model import (
     _watchers,
     tell_watchers,
 )
-from numba_streamsafe.access import Access
+from numba_streamsafe.core.access import Access
 
 __all__ = ["HappensBefore"]
 

@@ -22,8 +22,8 @@ from numba_streamsafe._driver.sim_model import (
     _Op,
     _round_capacity,
 )
-from numba_streamsafe.access import Access
-from numba_streamsafe.errors import DriverError, StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import DriverError, StreamMisuse
 
 __all__ = ["SimMemory"]
 

@@ -12,7 +12,7 @@ from typing import Any
 from numba_streamsafe._driver.base import (
     CUDA_ERROR_INVALID_VALUE,
 )
-from numba_streamsafe.errors import DriverError
+from numba_streamsafe.core.errors import DriverError
 
 __all__ = ["SimSystem", "Hazard", "Side", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
 
@@ -187,7 +187,7 @@ def tell_watchers(system: SimSystem) -> None:
         if new and watcher.stop_at_first and stop is None:
             stop = new[0]
     if stop is not None:
-        from numba_streamsafe.errors import RaceDetected
+        from numba_streamsafe.core.errors import RaceDetected
 
         raise RaceDetected(stop)
 

@@ -5,10 +5,10 @@ At a tracked kernel's first launch (before anything is queued),
 (:mod:`numba_streamsafe.numba.inference`):
 
 * a parameter declared ``Read`` that the kernel writes raises
-  :class:`~numba_streamsafe.errors.AccessMismatch` (kernel, parameter,
+  :class:`~numba_streamsafe.core.errors.AccessMismatch` (kernel, parameter,
   ``file:line`` of the write);
 * a parameter declared ``Write`` or ``ReadWrite`` that the kernel never
-  writes gives an :class:`~numba_streamsafe.errors.AccessWarning` (it costs
+  writes gives an :class:`~numba_streamsafe.core.errors.AccessWarning` (it costs
   waits, not safety);
 * with ``access="infer"``, every parameter without a declaration takes the
   inferred access when it is given an array.
@@ -25,8 +25,8 @@ import sys
 import warnings
 from typing import Any
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.errors import AccessMismatch, AccessWarning, InvalidArgument
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import AccessMismatch, AccessWarning, InvalidArgument
 from numba_streamsafe.numba.inference import ParamUse, infer_params
 
 __all__ = ["prepare", "inferred", "is_array", "user_stacklevel"]

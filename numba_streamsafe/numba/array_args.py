@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument
-from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import current_stream

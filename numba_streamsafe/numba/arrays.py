@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.numba import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import _device_block, _stream, _strict, _tracking
@@ -328,7 +328,7 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     ------
     InvalidArgument
         ``array`` is not a device array, or ``out``
-        does not fit it (:class:`~numba_streamsafe.errors.InvalidArgumentType`
+        does not fit it (:class:`~numba_streamsafe.core.errors.InvalidArgumentType`
         when it is no NumPy array or of another dtype); nothing is queued.
     """
     stream = _stream(stream)

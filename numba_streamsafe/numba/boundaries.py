@@ -8,8 +8,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from numba_streamsafe.access import Access, as_access
-from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.core.access import Access, as_access
+from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import _device_block, _tracking
 from numba_streamsafe.numba.exports import order_export

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType
+from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.exports import order_export
 

@@ -40,12 +40,12 @@ else:  # Numba's simulator has no memory managers: stand-ins, so imports work th
             yield
 
 from numba_streamsafe import runtime as _runtime_module
-from numba_streamsafe.errors import StreamSafeError
+from numba_streamsafe.core.errors import StreamSafeError
+from numba_streamsafe.core.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
 from numba_streamsafe.numba import sim_plugin, target
 from numba_streamsafe.numba import transparent as _transparent
 from numba_streamsafe.numba.scope import _local as _scopes
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime
-from numba_streamsafe.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 

@@ -6,8 +6,8 @@ this module holds it so that neither export module depends on the other.
 
 from __future__ import annotations
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.protocol import commit, preflight, single

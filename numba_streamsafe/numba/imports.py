@@ -41,9 +41,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import arrays, dlpack, target
 from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from numba_streamsafe.access import Access
+from numba_streamsafe.core.access import Access
 from numba_streamsafe.numba.inference_calls import (
     _METADATA_CALLS,
     _MISSING,

@@ -12,14 +12,15 @@ import numpy as np
 from numba import cuda
 
 from numba_streamsafe._driver.limits import check_launch
-from numba_streamsafe.access import Access, annotation_access, as_access
-from numba_streamsafe.errors import (
+from numba_streamsafe.core.access import Access, annotation_access, as_access
+from numba_streamsafe.core.errors import (
     InvalidArgument,
     InvalidArgumentType,
     InvalidLaunchConfig,
     StreamMisuse,
 )
-from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.core.settings import settings
 from numba_streamsafe.numba import access_check, arrays, direct, launcher, target
 from numba_streamsafe.numba.configured import (
     _ForAll,
@@ -31,7 +32,6 @@ from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import numba_call, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
 from numba_streamsafe.runtime import sole_runtime
-from numba_streamsafe.settings import settings
 
 __all__ = ["tracked_kernel", "TrackedKernel"]
 
@@ -66,7 +66,7 @@ class TrackedKernel:
         Access per argument name; overrides annotations. A parameter with an
         access must be given an array at every launch: anything else (a
         scalar, None) is refused with
-        :class:`~numba_streamsafe.errors.InvalidArgumentType` before anything
+        :class:`~numba_streamsafe.core.errors.InvalidArgumentType` before anything
         is queued. ``"infer"``: every parameter without an annotation takes
         the access the kernel's IR shows (:mod:`numba_streamsafe.numba.inference`),
         decided at the first launch for the arguments that are arrays.
@@ -74,7 +74,7 @@ class TrackedKernel:
         Check the declared accesses against the kernel's IR at its first
         launch (:mod:`numba_streamsafe.numba.access_check`): a parameter
         declared Read that the kernel writes raises
-        :class:`~numba_streamsafe.errors.AccessMismatch`. Default: the
+        :class:`~numba_streamsafe.core.errors.AccessMismatch`. Default: the
         ``NUMBA_STREAMSAFE_CHECK_ACCESS`` setting (on).
     mode : RecorderMode or str, optional
         ``"strict"`` (the runtime's default) refuses arrays the library did
@@ -119,7 +119,7 @@ class TrackedKernel:
     #: kernel's configuration gave it already).
     _warns = True
     #: Whether a launch configuration is checked against the device's limits
-    #: before the launch (:class:`~numba_streamsafe.errors.InvalidLaunchConfig`).
+    #: before the launch (:class:`~numba_streamsafe.core.errors.InvalidLaunchConfig`).
     _checks_config = True
 
     def _check_config(self, grid: Any, block: Any, shmem: Any

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.access_check import is_array
 from numba_streamsafe.numba.inference import infer_params

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import weakref
 
+from numba_streamsafe.core.settings import settings
 from numba_streamsafe.runtime import DeviceRuntime
-from numba_streamsafe.settings import settings
 
 __all__ = ["LaunchPolicy", "launch_policy"]
 

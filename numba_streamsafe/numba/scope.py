@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.core.errors import InvalidArgument
 
 __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
            "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]

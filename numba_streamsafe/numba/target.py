@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from numba import config, cuda
 
-from numba_streamsafe.blocks import Block
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.streams import stream_handle
 from numba_streamsafe.numba.scope import device_scope
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
-from numba_streamsafe.streams import stream_handle
 
 __all__ = ["SIMULATOR", "Resolved", "make_array", "wrap_memory", "resolve", "numba_stream",
            "runtime", "launch_runtime", "current_device", "device_id", "allocation_target"]

@@ -41,16 +41,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.errors import DriverError, InvalidArgument, InvalidLaunchConfig
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
+from numba_streamsafe.core.settings import settings
+from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.kernel import _Launch
 from numba_streamsafe.numba.plain import PlainKernel
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, _local, numba_call
 from numba_streamsafe.protocol import CopyUses, fenced
-from numba_streamsafe.settings import settings
-from numba_streamsafe.streams import default_stream_handle
 
 __all__ = ["install", "uninstall", "installed"]
 

@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numba_streamsafe.resources.rules as rules
-from numba_streamsafe import tracehook
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import (
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import (
     Block,
     BlockState,
     check_block,
@@ -27,7 +26,9 @@ from numba_streamsafe.blocks import (
     next_generation_fast,
     positive_size,
 )
-from numba_streamsafe.errors import DriverError, InvalidArgument, StreamSafeError
+from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamSafeError
+from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
+from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.base import MemoryResource, Use
 from numba_streamsafe.resources.block_table import BlockTable, Entry
 from numba_streamsafe.resources.borrowing import Borrowing
@@ -37,7 +38,6 @@ from numba_streamsafe.resources.lock import Lock
 from numba_streamsafe.resources.marks import EventPool, MarkBook
 from numba_streamsafe.resources.peer_uses import PeerUses
 from numba_streamsafe.resources.reaping import Reaping
-from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
 

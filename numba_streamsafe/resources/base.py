@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, check_block
-from numba_streamsafe.errors import StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block, check_block
+from numba_streamsafe.core.errors import StreamMisuse
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.marks import EventPool
 
@@ -47,12 +47,12 @@ class MemoryResource(abc.ABC):
     * :meth:`allocate` orders the allocation on ``stream`` and returns a live
       block with a fresh generation, or raises with nothing allocated.
     * :meth:`deallocate` of a stale or unknown block raises
-      :class:`~numba_streamsafe.errors.UseAfterFree` and changes nothing; a
+      :class:`~numba_streamsafe.core.errors.UseAfterFree` and changes nothing; a
       failure part-way leaves the block live so the call can be retried.
     * ``bytes_outstanding() == live + pending_free`` at every quiescent point.
     * A resource that does not track uses says so in :meth:`supports_tracking`
       and refuses :meth:`preflight` / :meth:`commit` with
-      :class:`~numba_streamsafe.errors.StreamMisuse`.
+      :class:`~numba_streamsafe.core.errors.StreamMisuse`.
     """
 
     device: int

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import bisect
 
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, StaleContext, UseAfterFree
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.marks import Mark, retired_stream_id
 from numba_streamsafe.resources.rules import Entry
 

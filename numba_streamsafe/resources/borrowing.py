@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba_streamsafe import tracehook
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, BlockState, next_generation_fast, positive_size
-from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block, BlockState, next_generation_fast, positive_size
+from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
+from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.block_table import Entry
-from numba_streamsafe.streams import MAX_DEFAULT_STREAM
 
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED

@@ -6,8 +6,8 @@ import numbers
 import threading
 from typing import Any
 
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, OutOfBudget
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, OutOfBudget
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor
 
 __all__ = ["BudgetResource"]

@@ -8,8 +8,8 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import DriverError, UseAfterFree
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import DriverError, UseAfterFree
 
 __all__ = ["DeferredFrees"]
 

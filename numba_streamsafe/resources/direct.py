@@ -8,14 +8,14 @@ import threading
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
-from numba_streamsafe.blocks import (
+from numba_streamsafe.core.blocks import (
     Block,
     BlockState,
     check_block,
     next_generation,
     positive_size,
 )
-from numba_streamsafe.errors import DriverError, InvalidArgument, StaleContext, UseAfterFree
+from numba_streamsafe.core.errors import DriverError, InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats
 from numba_streamsafe.resources.deferred import DeferredFrees
 
@@ -27,7 +27,7 @@ class DirectResource(MemoryResource):
 
     ``cuMemFree`` waits for the device, so frees are never pending, but uses
     are not tracked: :meth:`supports_tracking` is False and the tracking calls
-    raise :class:`~numba_streamsafe.errors.StreamMisuse`. Useful under
+    raise :class:`~numba_streamsafe.core.errors.StreamMisuse`. Useful under
     compute-sanitizer, where a pool would hide out-of-bounds accesses between
     neighbouring blocks.
     """

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, BlockState, next_generation
-from numba_streamsafe.errors import (
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block, BlockState, next_generation
+from numba_streamsafe.core.errors import (
     DriverError,
     InvalidArgument,
     OutOfBounds,
@@ -59,7 +59,7 @@ class DebugGuardResource(GuardQueue):
 
     :meth:`deallocate` first reads both guards back to the host, ordered after
     every recorded use of the block. A guard byte that is no longer the canary
-    means something wrote outside the block: :class:`~numba_streamsafe.errors.OutOfBounds`
+    means something wrote outside the block: :class:`~numba_streamsafe.core.errors.OutOfBounds`
     is raised and the block stays live, so it can be inspected (and later freed
     with :meth:`discard`). A clean block has its inner bytes filled with the
     ``poison`` byte and joins a FIFO *quarantine* of ``quarantine`` blocks; the
@@ -69,7 +69,7 @@ class DebugGuardResource(GuardQueue):
     again, so a stray use of the freed block reads poison instead of another
     allocation's data, and a use through the library
     (:meth:`preflight`, a recorder) is refused with
-    :class:`~numba_streamsafe.errors.UseAfterFree`.
+    :class:`~numba_streamsafe.core.errors.UseAfterFree`.
 
     Parameters
     ----------
@@ -344,7 +344,7 @@ class DebugGuardResource(GuardQueue):
         """Free ``block`` without checking its guards (poisoned and quarantined as usual).
 
         For a block whose :meth:`deallocate` raised
-        :class:`~numba_streamsafe.errors.OutOfBounds`, once it has been inspected.
+        :class:`~numba_streamsafe.core.errors.OutOfBounds`, once it has been inspected.
         """
         self._free(block, check=False)
 

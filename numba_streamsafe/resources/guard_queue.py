@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from numba_streamsafe.blocks import Block, BlockState
-from numba_streamsafe.errors import (
+from numba_streamsafe.core.blocks import Block, BlockState
+from numba_streamsafe.core.errors import (
     OutOfBounds,
 )
 from numba_streamsafe.resources.base import DeferringAdaptor, MemoryResource

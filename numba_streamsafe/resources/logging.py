@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import UseAfterFree
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import UseAfterFree
 from numba_streamsafe.resources.base import DeferringAdaptor, MemoryResource
 
 __all__ = ["LoggingResource"]

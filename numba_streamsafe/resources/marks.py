@@ -24,7 +24,7 @@ from typing import Any
 
 import cython
 
-from numba_streamsafe.errors import DriverError
+from numba_streamsafe.core.errors import DriverError
 from numba_streamsafe.resources.lock import Lock
 from numba_streamsafe.resources.tracelog import current_log
 

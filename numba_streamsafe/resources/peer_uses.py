@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numba_streamsafe.resources.rules as rules
-from numba_streamsafe.blocks import Block, BlockState
+from numba_streamsafe.core.blocks import Block, BlockState
 from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.base import Use
 from numba_streamsafe.resources.marks import EventPool, ForeignMark, Mark

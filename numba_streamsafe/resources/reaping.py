@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY
-from numba_streamsafe.blocks import Block, BlockState
-from numba_streamsafe.errors import DriverError, OutOfMemory
+from numba_streamsafe.core.blocks import Block, BlockState
+from numba_streamsafe.core.errors import DriverError, OutOfMemory
 from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.base import ResourceStats
 
@@ -234,7 +234,7 @@ class Reaping(AsyncState):
         Borrowed blocks are forgotten, not freed (their memory is their
         producer's). Driver errors are ignored: when the context is already gone, so is
         its memory. Handles from before are refused with
-        :class:`~numba_streamsafe.errors.StaleContext`.
+        :class:`~numba_streamsafe.core.errors.StaleContext`.
         """
         with self._lock:
             entries = self._table.clear()

@@ -8,7 +8,7 @@ plain values), and the slot that holds it while a trace records
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
 pure-Python mode (C declarations in ``tracelog.pxd``): compiled, the mark
 book and the compiled launch read the slot and call the log as C.
-:class:`~numba_streamsafe.tracing.Trace` installs it and reads it back.
+:class:`~numba_streamsafe.diagnostics.tracing.Trace` installs it and reads it back.
 """
 
 from __future__ import annotations

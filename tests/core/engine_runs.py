@@ -13,8 +13,8 @@ from typing import Any
 import programs as P
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
 from numba_streamsafe.compiled import engine_builds
+from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
 

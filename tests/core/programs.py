@@ -27,9 +27,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from numba_streamsafe import Access, BudgetResource, InvalidArgument, LaunchRecorder
-from numba_streamsafe.errors import InvalidArgumentType
+from numba_streamsafe.core.errors import InvalidArgumentType
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -10,9 +10,9 @@ import weakref
 import pytest
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import BlockState
-from numba_streamsafe.errors import DriverError, InvalidArgument, StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import BlockState
+from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamMisuse
 from numba_streamsafe.resources import AsyncResource, DebugGuardResource, DirectResource
 from numba_streamsafe.runtime import DeviceRuntime
 

@@ -19,7 +19,7 @@ from numba_streamsafe import (
 )
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

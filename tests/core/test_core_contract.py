@@ -31,8 +31,8 @@ from numba_streamsafe import (
     UncommittedLaunchWarning,
     UseAfterFree,
 )
-from numba_streamsafe.blocks import BlockState, next_generation
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.core.blocks import BlockState, next_generation
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

@@ -15,8 +15,8 @@ import pytest
 from programs import launch, snapshot
 
 from numba_streamsafe import Access, StaleContext, StreamMisuse, UseAfterFree
-from numba_streamsafe.blocks import BlockState
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.core.blocks import BlockState
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 REPO = Path(__file__).resolve().parents[2]

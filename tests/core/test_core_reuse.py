@@ -14,7 +14,7 @@ from numba_streamsafe import (
     UseAfterFree,
 )
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
+from numba_streamsafe.core.access import Access
 
 
 class Owner:

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from numba_streamsafe.streams import (
+from numba_streamsafe.core.streams import (
     LEGACY_DEFAULT,
     PER_THREAD_DEFAULT,
     default_stream_handle,

@@ -34,8 +34,8 @@ import pytest
 from programs import accounting, launch, snapshot
 
 from numba_streamsafe import Access, AsyncResource, DeviceRuntime, DriverError, StreamMisuse
-from numba_streamsafe.blocks import BlockState
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.core.blocks import BlockState
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 CODE = 999  # not a code the library reacts to

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import BlockState
-from numba_streamsafe.errors import (
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import BlockState
+from numba_streamsafe.core.errors import (
     DriverError,
     InvalidArgument,
     OutOfBounds,
@@ -25,7 +25,7 @@ from numba_streamsafe.errors import (
     StreamMisuse,
     UseAfterFree,
 )
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 from numba_streamsafe.resources import AsyncResource, DebugGuardResource, DirectResource
 from numba_streamsafe.runtime import DeviceRuntime
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.errors import InvalidArgument
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.settings import Settings
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
-from numba_streamsafe.settings import Settings
 
 
 def _launch(rt, stream, block, access, label):

@@ -15,16 +15,18 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "numba_streamsafe"
 
-#: Layer of each top-level part of the package, lowest first. A module may
-#: import its own layer and those below.
+#: Layer of each part of the package, lowest first: a top-level module or
+#: subpackage, or a module of ``core`` or ``diagnostics`` (whose modules sit on
+#: different layers). A module may import its own layer and those below.
 LAYERS = {
-    "errors": 0, "access": 0, "streams": 0, "modes": 0, "settings": 0, "tracehook": 0,
-    "compiled": 0,
-    "_driver": 1, "blocks": 1,
+    "core": 0, "core.errors": 0, "core.access": 0, "core.streams": 0, "core.modes": 0,
+    "core.settings": 0, "diagnostics": 0, "diagnostics.tracehook": 0, "compiled": 0,
+    "_driver": 1, "core.blocks": 1,
     "resources": 2,
     "runtime": 3, "runtime_streams": 3,
-    "protocol": 4, "recorder": 4, "memstats": 4, "races": 4, "trace_records": 4, "tracing": 5,
-    "trace_export": 5,
+    "protocol": 4, "diagnostics.recorder": 4, "diagnostics.memstats": 4,
+    "diagnostics.races": 4, "diagnostics.trace_records": 4, "diagnostics.tracing": 5,
+    "diagnostics.trace_export": 5,
     "graphs": 5,
     "numba": 5,
     "__init__": 6, "dask": 6, "__main__": 6,
@@ -92,6 +94,8 @@ def _is_dynamic_import(node: ast.Call) -> bool:
 
 def _part(module: str) -> str:
     parts = module.split(".")
+    if len(parts) > 2 and f"{parts[1]}.{parts[2]}" in LAYERS:
+        return f"{parts[1]}.{parts[2]}"
     return parts[1] if len(parts) > 1 else "__init__"
 
 

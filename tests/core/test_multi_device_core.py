@@ -30,8 +30,8 @@ from numba_streamsafe import (
     StreamSafeError,
 )
 from numba_streamsafe._driver.sim import SimDriver, SimSystem
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 from numba_streamsafe.protocol import CopyUses, Uses, fenced
-from numba_streamsafe.recorder import LaunchRecorder
 from numba_streamsafe.resources.marks import ForeignMark
 from numba_streamsafe.runtime import (
     clear_runtimes,
@@ -387,7 +387,7 @@ def test_random_programs_unfenced_race(two):
 
 def test_the_default_runtimes_of_two_simulated_devices_share_a_system(monkeypatch):
     monkeypatch.setenv("NUMBA_STREAMSAFE_DRIVER", "sim")
-    from numba_streamsafe.settings import reload_settings
+    from numba_streamsafe.core.settings import reload_settings
 
     reload_settings()
     old = [installed_runtime(d) for d in (0, 1)]

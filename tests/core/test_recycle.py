@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import BlockState
-from numba_streamsafe.errors import UseAfterFree
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import BlockState
+from numba_streamsafe.core.errors import UseAfterFree
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import Block, next_generation
-from numba_streamsafe.errors import StaleContext, UseAfterFree
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import Block, next_generation
+from numba_streamsafe.core.errors import StaleContext, UseAfterFree
 from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
 from numba_streamsafe.resources.marks import EventPool, MarkBook

@@ -16,8 +16,8 @@ from numba_streamsafe._driver.sim import (
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
     LEGACY_STREAM,
 )
-from numba_streamsafe.access import Access
-from numba_streamsafe.errors import DriverError
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import DriverError
 
 R, W = Access.READ, Access.WRITE
 

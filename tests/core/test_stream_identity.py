@@ -18,8 +18,8 @@ import weakref
 import pytest
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.access import Access
-from numba_streamsafe.errors import DriverError, InvalidArgument, StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamMisuse
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
 

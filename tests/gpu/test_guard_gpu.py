@@ -16,7 +16,7 @@ import pytest
 
 import numba_streamsafe as nss
 from numba_streamsafe import Access, BlockState, OutOfBounds, UseAfterFree
-from numba_streamsafe.recorder import LaunchRecorder
+from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 
 pytestmark = pytest.mark.gpu
 

@@ -20,8 +20,8 @@ from numba_streamsafe import (
     Write,
     tracked_kernel,
 )
+from numba_streamsafe.core.settings import reload_settings
 from numba_streamsafe.numba.inference import infer_access
-from numba_streamsafe.settings import reload_settings
 
 N = 64
 GRID, BLOCK = 2, 32

@@ -17,13 +17,13 @@ from numba import cuda
 
 import numba_streamsafe as nss
 from numba_streamsafe import InvalidArgument, Read, Write, tracked_kernel
-from numba_streamsafe.memstats import STAT_KEYS
+from numba_streamsafe.core.settings import reload_settings
+from numba_streamsafe.diagnostics.memstats import STAT_KEYS
 from numba_streamsafe.runtime import (
     clear_runtimes,
     installed_runtime,
     set_runtime,
 )
-from numba_streamsafe.settings import reload_settings
 
 distributed = pytest.importorskip("distributed")
 

@@ -192,8 +192,8 @@ def test_dims(dim, expected):
 def test_runtime_switch(monkeypatch):
     from numba_streamsafe import AsyncResource, DeviceRuntime
     from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.core.settings import reload_settings
     from numba_streamsafe.numba.policy import launch_policy
-    from numba_streamsafe.settings import reload_settings
 
     class Launching(SimDriver):
         supports_direct_launch = True

@@ -25,7 +25,7 @@ from numba import cuda
 
 import numba_streamsafe as nss
 from numba_streamsafe import Access, InvalidArgument, Read, StreamMisuse, Write, tracked_kernel
-from numba_streamsafe.errors import InvalidArgumentType
+from numba_streamsafe.core.errors import InvalidArgumentType
 from numba_streamsafe.numba import dlpack
 
 N = 64

@@ -23,7 +23,7 @@ from numba_streamsafe import (
     Write,
     tracked_kernel,
 )
-from numba_streamsafe.errors import InvalidLaunchConfig
+from numba_streamsafe.core.errors import InvalidLaunchConfig
 
 HERE = os.path.abspath(__file__)
 

@@ -24,8 +24,8 @@ from numba_streamsafe import (
     Write,
     tracked_kernel,
 )
-from numba_streamsafe.access import as_access
-from numba_streamsafe.errors import InvalidArgumentType
+from numba_streamsafe.core.access import as_access
+from numba_streamsafe.core.errors import InvalidArgumentType
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from numba import cuda
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, ReadWrite, StreamMisuse, Write, tracked_kernel
-from numba_streamsafe.memstats import STAT_KEYS
+from numba_streamsafe.diagnostics.memstats import STAT_KEYS
 
 N = 64
 GRID, BLOCK = 2, 32
@@ -187,7 +187,7 @@ def test_plot_draws_the_timeline(rt, streams, tmp_path):
 
 
 def test_traces_do_not_nest_and_the_slot_is_cleared(rt):
-    from numba_streamsafe import tracehook
+    from numba_streamsafe.diagnostics import tracehook
 
     with nss.trace():
         with pytest.raises(StreamMisuse, match="already recording"), nss.trace():
@@ -219,7 +219,7 @@ def test_nvtx_ranges_wrap_each_operation(rt, streams, monkeypatch):
         def pop_range():
             ranges.append(("pop", None))
 
-    monkeypatch.setattr("numba_streamsafe.tracing._load_nvtx", lambda: FakeNvtx)
+    monkeypatch.setattr("numba_streamsafe.diagnostics.tracing._load_nvtx", lambda: FakeNvtx)
     a, b = streams
     with nss.trace(nvtx=True, record=False) as t:
         _program(a, b)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 
-from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.core.errors import InvalidArgument
 
 __all__ = ["Access", "Read", "Write", "ReadWrite", "as_access", "annotation_access"]
 

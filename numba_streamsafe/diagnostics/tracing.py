@@ -7,10 +7,10 @@ for which earlier launch or copy, on which stream), the events it recorded,
 and the uses that needed no wait because they stayed on one stream.
 
 Recording costs a few microseconds per operation; with no trace active the
-hot paths read one module attribute (:mod:`numba_streamsafe.tracehook`).
+hot paths read one module attribute (:mod:`numba_streamsafe.diagnostics.tracehook`).
 :meth:`Trace.save` writes the Chrome trace / Perfetto JSON format and
 :meth:`Trace.plot` draws a timeline with matplotlib
-(:mod:`numba_streamsafe.trace_export`).
+(:mod:`numba_streamsafe.diagnostics.trace_export`).
 """
 
 from __future__ import annotations
@@ -22,15 +22,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from numba_streamsafe import tracehook
-from numba_streamsafe.access import Access
-from numba_streamsafe.blocks import BlockId
-from numba_streamsafe.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.blocks import BlockId
+from numba_streamsafe.core.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.diagnostics import tracehook
+from numba_streamsafe.diagnostics.trace_records import EventRecord, MemoryEvent, Op, Wait, _hazard  # noqa: F401
 from numba_streamsafe.protocol import _REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
 from numba_streamsafe.resources import tracelog
 from numba_streamsafe.resources.tracelog import TraceLog
-from numba_streamsafe.trace_records import EventRecord, MemoryEvent, Op, Wait, _hazard  # noqa: F401
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
@@ -150,7 +150,7 @@ class Trace:
         """Write the trace as Chrome trace / Perfetto JSON (open it in
         ui.perfetto.dev or chrome://tracing): one lane per stream, flow arrows
         for the waits, counters for live and pending bytes."""
-        from numba_streamsafe.trace_export import save_chrome
+        from numba_streamsafe.diagnostics.trace_export import save_chrome
 
         save_chrome(self, path)
 
@@ -163,7 +163,7 @@ class Trace:
         ImportError
             matplotlib is not installed (``pip install numba-streamsafe[plot]``).
         """
-        from numba_streamsafe.trace_export import plot
+        from numba_streamsafe.diagnostics.trace_export import plot
 
         return plot(self, path)
 

@@ -10,10 +10,10 @@ import warnings
 from typing import Any
 
 from numba_streamsafe import protocol
-from numba_streamsafe.access import Access, as_access
-from numba_streamsafe.blocks import Block
-from numba_streamsafe.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
-from numba_streamsafe.modes import RecorderMode
+from numba_streamsafe.core.access import Access, as_access
+from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["LaunchRecorder", "RecorderMode", "UncommittedLaunchWarning"]

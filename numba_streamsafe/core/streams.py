@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from numba_streamsafe.errors import InvalidArgumentType
+from numba_streamsafe.core.errors import InvalidArgumentType
 
 __all__ = [
     "StreamRef",

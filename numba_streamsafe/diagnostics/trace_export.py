@@ -1,4 +1,4 @@
-"""A :class:`~numba_streamsafe.tracing.Trace` as Chrome trace JSON and as a picture.
+"""A :class:`~numba_streamsafe.diagnostics.tracing.Trace` as Chrome trace JSON and as a picture.
 
 Chrome trace / Perfetto JSON (the "Trace Event Format"): one process per
 device, one thread (lane) per stream, a complete event (``ph: "X"``) per
@@ -15,7 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from numba_streamsafe.tracing import Op, Trace
+    from numba_streamsafe.diagnostics.tracing import Op, Trace
 
 __all__ = ["chrome_events", "save_chrome", "plot"]
 

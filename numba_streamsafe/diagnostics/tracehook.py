@@ -3,7 +3,7 @@
 The hot paths (allocate, free, every fenced launch and copy) read
 :data:`active` once; it is None unless a trace is being recorded, so a run
 without a trace pays one module-attribute read per operation. Only
-:mod:`numba_streamsafe.tracing` sets it. The engine does not read it: a trace
+:mod:`numba_streamsafe.diagnostics.tracing` sets it. The engine does not read it: a trace
 installs its observer in the engine (:func:`numba_streamsafe.resources.tracelog.observe`).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The recording :class:`~numba_streamsafe.tracing.Trace`, or None.
+#: The recording :class:`~numba_streamsafe.diagnostics.tracing.Trace`, or None.
 active: Any = None
 
 #: Whether launches keep their argument names (:class:`~numba_streamsafe.protocol.Uses`):

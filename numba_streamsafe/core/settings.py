@@ -38,7 +38,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from numba_streamsafe.errors import InvalidArgument
+from numba_streamsafe.core.errors import InvalidArgument
 
 __all__ = ["Settings", "settings", "reload_settings"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from numba_streamsafe.access import Access
+from numba_streamsafe.core.access import Access
 
 __all__ = ["Op", "Wait", "MemoryEvent", "EventRecord"]
 

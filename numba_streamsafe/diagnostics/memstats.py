@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from numba_streamsafe.errors import DriverError
+from numba_streamsafe.core.errors import DriverError
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 
 __all__ = ["memory_stats", "reset_peak_stats", "STAT_KEYS"]

@@ -116,9 +116,10 @@ class Block:
 
 
 def check_block(obj: Any, what: str) -> Block:
-    """``obj`` if it is a :class:`Block`, else :class:`~numba_streamsafe.errors.InvalidArgument`."""
+    """``obj`` if it is a :class:`Block`, else
+    :class:`~numba_streamsafe.core.errors.InvalidArgument`."""
     if not isinstance(obj, Block):
-        from numba_streamsafe.errors import InvalidArgument
+        from numba_streamsafe.core.errors import InvalidArgument
 
         raise InvalidArgument(
             f"{what}: {obj!r} ({type(obj).__name__}) is not a Block; pass the Block that "
@@ -129,10 +130,10 @@ def check_block(obj: Any, what: str) -> Block:
 
 def positive_size(nbytes: Any, tag: str) -> int:
     """``nbytes`` as a positive Python int (NumPy integers accepted), else
-    :class:`~numba_streamsafe.errors.InvalidArgument`."""
+    :class:`~numba_streamsafe.core.errors.InvalidArgument`."""
     import operator
 
-    from numba_streamsafe.errors import InvalidArgument
+    from numba_streamsafe.core.errors import InvalidArgument
 
     value = None
     if not isinstance(nbytes, (bool, float)) and type(nbytes).__name__ != "bool_":
@@ -149,11 +150,11 @@ def positive_size(nbytes: Any, tag: str) -> int:
 
 def check_int(name: str, value: Any, low: int, high: int | None = None, what: str = "") -> None:
     """Refuse ``value`` unless it is an int (not a bool) from ``low`` to ``high``
-    (no upper bound when None), with :class:`~numba_streamsafe.errors.InvalidArgument`
+    (no upper bound when None), with :class:`~numba_streamsafe.core.errors.InvalidArgument`
     naming ``name``; ``what`` says what the value means."""
     if (not isinstance(value, int) or isinstance(value, bool) or value < low
             or (high is not None and value > high)):
-        from numba_streamsafe.errors import InvalidArgument
+        from numba_streamsafe.core.errors import InvalidArgument
 
         span = f"from {low} to {high}" if high is not None else f">= {low}"
         raise InvalidArgument(f"{name} must be an int {span}{what}, got {value!r}")

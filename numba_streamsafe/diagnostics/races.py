@@ -9,9 +9,9 @@ import warnings
 from collections.abc import Iterator
 
 from numba_streamsafe._driver import sim_model as sim
-from numba_streamsafe.errors import RaceDetected
+from numba_streamsafe.core.errors import RaceDetected
+from numba_streamsafe.core.settings import settings
 from numba_streamsafe.runtime import installed_devices, installed_runtime
-from numba_streamsafe.settings import settings
 
 __all__ = ["RaceCheck", "race_check", "hazards"]
 
@@ -81,7 +81,7 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     Every hazard the simulated driver finds inside the block (two conflicting
     accesses of which neither is ordered after the other) is collected; with
     ``stop_at_first`` (the default), the kernel or copy whose access makes the
-    first one raises :class:`~numba_streamsafe.errors.RaceDetected` (a
+    first one raises :class:`~numba_streamsafe.core.errors.RaceDetected` (a
     hazard found at a free is raised at the next launch or copy, or when the
     block ends). The message and ``err.hazard`` name both accesses: the
     kernel or copy, the argument, the stream and the ``file:line`` of the
