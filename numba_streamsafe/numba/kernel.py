@@ -468,28 +468,18 @@ class TrackedKernel:
                     pass
 
 
-
 def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Decorate a kernel so every launch waits for, and records, its buffers' uses.
 
-    Declare each array argument's access in the signature, or with
-    ``access=``::
-
-        @tracked_kernel
-        def scale(src: Read, dst: Write, k):
-            ...
-
-        @tracked_kernel(access={"src": "r", "dst": "w"}, fastmath=True)
-        def scale(src, dst, k):
-            ...
-
+    Declare each array argument's access in the signature
+    (``def scale(src: Read, dst: Write, k)``) or with ``access=``
+    (``@tracked_kernel(access={"src": "r", "dst": "w"}, fastmath=True)``).
     See :class:`TrackedKernel` for the options and the launch protocol.
 
     Parameters
     ----------
     func : function, optional
-        The kernel's Python function; omitted when the decorator is called
-        with options (``@tracked_kernel(access=...)``).
+        The kernel's Python function (omitted when called with options).
     **options
         ``access`` (a dict of parameter name to ``"r"``, ``"w"``, ``"rw"`` or
         an :class:`Access`), ``mode`` (``"strict"`` or ``"permissive"``) and
@@ -503,7 +493,7 @@ def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> An
     Raises
     ------
     InvalidArgument
-        An unknown option or access name (the message names the fix).
+        An unknown access name (the message names the fix).
     """
     if func is None:
         return lambda f: TrackedKernel(f, **options)
