@@ -122,6 +122,17 @@ class Shared:
         with self.lock:
             self.counts[what] += n
 
+    def compare(self, got: np.ndarray, expected: np.ndarray, how: str) -> None:
+        """Count a check of ``got`` (read back ``how``) against ``expected``,
+        and a wrong one, with its first reports, when they differ."""
+        self.count("checks")
+        if not np.array_equal(got, expected):
+            bad = int(np.count_nonzero(got != expected))
+            with self.lock:
+                self.counts["wrong"] += 1
+                if len(self.errors) < 20:
+                    self.errors.append(f"wrong values ({how}): {bad} of {expected.size}")
+
 
 class Worker:
     """One thread's random program."""
@@ -153,14 +164,7 @@ class Worker:
             self.mine.pop(self.rng.randrange(len(self.mine)))
 
     def check(self, x: Any, expected: np.ndarray, stream: Any) -> None:
-        got = nss.copy_to_host(x, stream=stream)
-        if not np.array_equal(got, expected):
-            bad = int(np.count_nonzero(got != expected))
-            self.sh.count("wrong")
-            with self.sh.lock:
-                if len(self.sh.errors) < 20:
-                    self.sh.errors.append(f"wrong values: {bad} of {expected.size}")
-        self.sh.count("checks")
+        self.sh.compare(nss.copy_to_host(x, stream=stream), expected, "copy_to_host")
 
     # -------------------------------------------------------------- steps
     def step_new(self) -> None:
@@ -252,8 +256,7 @@ class Worker:
             with cs:
                 got_host = cp.asnumpy(cp.asarray(x), stream=cs)  # reads after x's writes
             cs.synchronize()
-            if not np.array_equal(got_host, e):
-                self.sh.count("wrong")
+            self.sh.compare(got_host, e, "cupy.asarray")
         else:
             with nss.lend(x, stream=cs, access="rw"), cs:
                 xc = cp.asarray(x)
@@ -302,9 +305,7 @@ def _check_left(sh: Shared) -> None:
     """Check (then drop) the arrays left in the hand-over queue."""
     while not sh.handover.empty():
         x, e = sh.handover.get_nowait()
-        sh.count("checks")
-        if not np.array_equal(nss.copy_to_host(x), e):
-            sh.count("wrong")
+        sh.compare(nss.copy_to_host(x), e, "left in the queue")
 
 
 def main() -> int:

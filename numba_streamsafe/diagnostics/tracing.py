@@ -213,9 +213,9 @@ class Trace:
         try:
             if not self.record:
                 return _run(rt, stream, uses, label, strict, owner, work, args, tracking)
-            t0 = time.perf_counter_ns() - self._t0
-            op_id = self._log.next_id()
             log = self._log
+            t0 = time.perf_counter_ns() - self._t0
+            op_id = log.next_id()
             w0, e0 = len(log.waits), len(log.seals)
             timing = self._start_timing(rt, stream, t0) if self.device_times else None
             result = _run(rt, stream, uses, label, strict, owner, work, args, tracking)

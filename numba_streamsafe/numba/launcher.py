@@ -70,7 +70,7 @@ class ArgFields:
     def __init__(self, block: Any, argtype: Any, fields: bytes) -> None:
         self.block = block
         self.ptr = block.ptr
-        self.key = (block.ptr, block.generation, block.device)
+        self.key = tuple(block.id)  # a plain tuple: a trace keeps it untracked by the GC
         self.entry = None
         self.argtype = argtype
         self.fields = fields
@@ -203,9 +203,8 @@ def _takes(state: LaunchState) -> cython.bint:
     into Python code here could hand the GIL to another thread mid-launch."""
     rt: Any = state.rt
     policy = state.policy
-    return not (not launches_direct() or rt.capture is not None
-                or _runtime_module.sole is not rt or not policy.tracking or not policy.direct_launch
-                or state.deferred)
+    return (launches_direct() and rt.capture is None and _runtime_module.sole is rt
+            and policy.tracking and policy.direct_launch and not state.deferred)
 
 
 @cython.cfunc
