@@ -18,16 +18,21 @@ if TYPE_CHECKING:
 __all__: list[str] = []
 
 
+def _numba_warns_low_occupancy() -> bool:
+    """Whether Numba's settings ask for its low-occupancy warning."""
+    from numba.cuda.core import config as numba_config
+
+    return bool(getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+                and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
+
+
 def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
     """Numba's low-occupancy warning for a direct launch: once per kernel and
     grid, when Numba's settings ask for it (Numba warns once per configuration)."""
     size = grid[0] * grid[1] * grid[2]
     if size >= 128 or grid in kernel._warned_grids:
         return
-    from numba.cuda.core import config as numba_config
-
-    if (getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
-            and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False)):
+    if _numba_warns_low_occupancy():
         from numba.cuda.core.errors import NumbaPerformanceWarning
 
         kernel._warned_grids.add(grid)
@@ -106,11 +111,7 @@ def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | N
     if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
             or not launcher.available()):
         return None
-    from numba.cuda.core import config as numba_config
-
-    no_warn = not (kernel._warns
-                   and getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
-                   and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
+    no_warn = not (kernel._warns and _numba_warns_low_occupancy())
     accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
     names = tuple(name for name, access in kernel.params if access is not None)
     return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel._warned_grids,
