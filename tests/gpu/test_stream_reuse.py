@@ -47,7 +47,11 @@ def _trial(rt, kernels, a, value: int, retire: bool) -> tuple[bool, int] | None:
         if retire:
             rt.destroy_stream(b)
         else:
-            drv.destroy_stream(b)  # behind the runtime's back: its history stays
+            # Behind the runtime's back: its history stays. The write's event is
+            # recorded first, so later waits on it stay valid whether or not the
+            # driver hands the handle back at once.
+            rt.resource.tracker.seal_open(b)
+            drv.destroy_stream(b)
         c = drv.create_stream()
         if c != b:
             drv.synchronize()
