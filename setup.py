@@ -35,7 +35,7 @@ class BuildPyWithPth(build_py):
 ENGINE = ["numba_streamsafe/resources/lock.py", "numba_streamsafe/resources/tracelog.py",
           "numba_streamsafe/resources/marks.py",
           "numba_streamsafe/resources/rules.py", "numba_streamsafe/numba/packing.py",
-          "numba_streamsafe/numba/launcher.py"]
+          "numba_streamsafe/numba/policy.py", "numba_streamsafe/numba/launcher.py"]
 
 
 def engine_extensions() -> list[Extension]:

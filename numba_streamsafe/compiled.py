@@ -29,7 +29,8 @@ __all__ = ["ENGINE", "pure_python", "engine_builds"]
 ENGINE = ("numba_streamsafe.resources.lock", "numba_streamsafe.resources.tracelog",
           "numba_streamsafe.resources.marks",
           "numba_streamsafe.resources.rules",
-          "numba_streamsafe.numba.packing", "numba_streamsafe.numba.launcher")
+          "numba_streamsafe.numba.packing", "numba_streamsafe.numba.policy",
+          "numba_streamsafe.numba.launcher")
 
 #: Whether the Python source was asked for (``NUMBA_STREAMSAFE_PURE_PYTHON``).
 pure_python = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON", "0").strip() not in ("", "0")

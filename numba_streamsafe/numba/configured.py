@@ -1,10 +1,11 @@
-"""Configured launches of a tracked kernel: ``k[grid, block, stream, shmem]``
-(:class:`_Launch`, over the compiled :class:`~.launcher.Launcher`) and
-``k.forall(n)`` (:class:`_ForAll`), and Numba's low-occupancy warning for
-direct launches."""
+"""Configured launches of a tracked kernel on the Python path:
+``k[grid, block, stream, shmem]`` (:func:`slow_launch`, for what the compiled
+:class:`~.launcher.Launcher` hands back) and ``k.forall(n)``
+(:class:`_ForAll`), and Numba's low-occupancy warning for direct launches."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,38 +42,29 @@ def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> No
             "occupancy."), stacklevel=access_check.user_stacklevel())
 
 
-class _Launch(launcher.Launcher):  # type: ignore[misc]
-    """One configured launch of a :class:`TrackedKernel`: ``k[grid, block, stream, shmem]``.
+def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], args: tuple[Any, ...]) -> None:
+    """``kernel[config](*args)`` on the Python path: direct when the
+    configuration's dimensions are plain, else through Numba. What CUDA
+    refuses is refused here, before anything is queued."""
+    shmem = config[3] if len(config) > 3 else 0
+    if kernel._checks_config:
+        dims = kernel._check_config(config[0], config[1], shmem)
+    else:
+        dims = None
+        grid = direct.normalize_dims(config[0])
+        if grid is not None:
+            block = direct.normalize_dims(config[1])
+            if block is not None and type(shmem) is int:
+                dims = (grid, block, shmem)
+    stream = config[2] if len(config) > 2 else 0
+    kernel._launch(stream, args, dims, functools.partial(_numba_launch, kernel, config))
 
-    Its fields are ``kernel``, ``config`` and ``stream`` (the configuration's
-    stream, 0 when it names none). Calling it launches: through the compiled
-    launch path when it applies, else :meth:`_slow`.
-    """
 
-    __slots__ = ()
-
-    def _numba(self) -> Callable[..., Any]:
-        config = self.config
-        if len(config) > 2:
-            config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
-        return self.kernel._configure(config)
-
-    def _slow(self, *args: Any) -> None:
-        """The launch on the Python path: direct when the configuration's
-        dimensions are plain, else through Numba."""
-        config = self.config
-        kernel = self.kernel
-        shmem = config[3] if len(config) > 3 else 0
-        if kernel._checks_config:  # what CUDA refuses, refused here, before anything is queued
-            dims = kernel._check_config(config[0], config[1], shmem)
-        else:
-            dims = None
-            grid = direct.normalize_dims(config[0])
-            if grid is not None:
-                block = direct.normalize_dims(config[1])
-                if block is not None and type(shmem) is int:
-                    dims = (grid, block, shmem)
-        kernel._launch(self.stream, args, dims, self._numba)
+def _numba_launch(kernel: TrackedKernel, config: tuple[Any, ...]) -> Callable[..., Any]:
+    """Numba's configured launch of ``kernel[config]`` (its stream as Numba's)."""
+    if len(config) > 2:
+        config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
+    return kernel._configure(config)
 
 
 class _ForAll:

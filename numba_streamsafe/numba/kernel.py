@@ -24,9 +24,9 @@ from numba_streamsafe.core.settings import settings
 from numba_streamsafe.numba import access_check, arrays, direct, launcher, target
 from numba_streamsafe.numba.configured import (
     _ForAll,
-    _Launch,
     _warn_low_occupancy,
     launch_state_for,
+    slow_launch,
 )
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import numba_call, stream_scope
@@ -40,7 +40,7 @@ __all__ = ["tracked_kernel", "TrackedKernel"]
 _ACCESS_NAMES = {Access.READ: "Read", Access.WRITE: "Write", Access.READ_WRITE: "ReadWrite"}
 
 
-class TrackedKernel:
+class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     """A Numba CUDA kernel whose every launch is fenced.
 
     Launch it as a Numba kernel: ``k[grid, block](*args)``,
@@ -187,13 +187,9 @@ class TrackedKernel:
         return dict(self.params)
 
     # ------------------------------------------------------------------ launch
-    def __getitem__(self, config: Any) -> _Launch:
-        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
-            raise InvalidArgument(
-                f"launch configuration must be [grid, block], [grid, block, stream] or "
-                f"[grid, block, stream, shmem]; got {config!r}"
-            )
-        return _Launch(self, config)
+    def _slow_launch(self, launch: launcher.Launcher, args: tuple[Any, ...]) -> None:
+        """A launch the compiled path handed back (:func:`~.configured.slow_launch`)."""
+        slow_launch(self, launch.config, args)
 
     def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> _ForAll:
         """A 1-D launch over ``ntasks`` threads, as :meth:`numba.cuda.Dispatcher.forall`."""

@@ -1,5 +1,6 @@
 # C declarations of launcher.py for its compiled build (see resources/marks.pxd).
 from numba_streamsafe.numba.packing cimport pack_into
+from numba_streamsafe.numba.policy cimport LaunchPolicy
 from numba_streamsafe.resources.lock cimport Lock
 from numba_streamsafe.resources.marks cimport MarkBook
 from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
@@ -34,10 +35,11 @@ cdef class LaunchState:
     cdef readonly dict live
     cdef readonly MarkBook book
     cdef readonly Lock lock
-    cdef readonly object policy
+    cdef readonly LaunchPolicy policy
     cdef readonly object destroyed
     cdef readonly object deferred
     cdef readonly tuple accesses
+    cdef readonly Py_ssize_t narrays
     cdef readonly list plans
     cdef readonly object warned
     cdef readonly bint no_warn
@@ -48,8 +50,12 @@ cdef class LaunchState:
     cdef readonly object device
 
 
+cdef class Kernel:
+    cdef public LaunchState launch_state
+
+
 cdef class Launcher:
-    cdef readonly object kernel
+    cdef readonly Kernel kernel
     cdef readonly tuple config
     cdef readonly object stream
 

@@ -19,13 +19,14 @@ from typing import Any
 import cython
 
 from numba_streamsafe import runtime as _runtime_module
+from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.numba.packing import MAX_PARAM_BYTES, pack_into
 from numba_streamsafe.resources.marks import entry_point
 from numba_streamsafe.resources.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.resources.tracelog import TraceLog, current_log, launches_direct
 
-__all__ = ["Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches", "retried",
-           "available", "COMPILED"]
+__all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
+           "retried", "available", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -115,6 +116,7 @@ class LaunchState:
         self.destroyed = rt.driver.destroyed_streams
         self.deferred = resource.deferred_queue
         self.accesses = accesses
+        self.narrays = sum(1 for a in accesses if a >= 0)
         self.plans = []
         self.warned = warned
         self.no_warn = no_warn
@@ -183,8 +185,8 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     stream = _stream_of(state.rt, config)
     if stream is None:
         return False
-    fields: list = []
-    arrays: list = []
+    fields: list = [None] * len(args)
+    arrays: list = [None] * (2 * state.narrays)
     plan = _plan_for(state, args, fields, arrays)
     if plan is None:
         return False
@@ -202,7 +204,7 @@ def _takes(state: LaunchState) -> cython.bint:
     """Whether nothing asks for the Python path. Reads attributes only: a call
     into Python code here could hand the GIL to another thread mid-launch."""
     rt: Any = state.rt
-    policy = state.policy
+    policy: LaunchPolicy = state.policy  # noqa: F821 (policy.pxd)
     return (launches_direct() and rt.capture is None and _runtime_module.sole is rt
             and policy.tracking and policy.direct_launch and not state.deferred)
 
@@ -244,15 +246,17 @@ def _stream_of(rt: Any, config: tuple) -> tuple | None:
 
 @cython.cfunc
 def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Plan | None:
-    """The known plan of the arguments' types. Appends each argument's launch
-    fields to ``fields`` (None for a scalar) and each array's
-    ``(ArgFields, access)`` to ``arrays``. None when an argument is not
-    covered or no plan is known (or its module was unloaded)."""
+    """The known plan of the arguments' types. Sets each argument's launch
+    fields in ``fields`` (None for a scalar; one item per argument) and each
+    array's ``ArgFields, access`` in ``arrays`` (two items per array). None
+    when an argument is not covered or no plan is known (or its module was
+    unloaded)."""
     accesses = state.accesses
     nargs: cython.Py_ssize_t = len(args)
     if nargs != len(accesses) or nargs > _MAX_ARGS:
         return None
     i: cython.Py_ssize_t
+    j: cython.Py_ssize_t = 0
     for i in range(nargs):
         arg = args[i]
         access = accesses[i]
@@ -260,19 +264,24 @@ def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Pl
             f = getattr(arg, "_nss_fast", None)
             if type(f) is not ArgFields:
                 return None
-            fields.append(cython.cast(ArgFields, f).fields)
-            arrays.append(f)
-            arrays.append(access)
+            fields[i] = cython.cast(ArgFields, f).fields
+            arrays[j] = f
+            arrays[j + 1] = access
+            j += 2
         else:
             t = type(arg)
             if t is not int and t is not float and t is not bool and t is not complex:
                 return None
-            fields.append(None)
     plan: Plan
     for known in state.plans:
         plan = known
         if _matches(plan.argtypes, args, accesses, arrays):
-            return plan if plan.cache.get(plan.device) is plan.cufunc else None
+            cache = plan.cache
+            if type(cache) is dict:  # Numba's per-device function cache
+                loaded = cython.cast(dict, cache).get(plan.device)
+            else:
+                loaded = cache.get(plan.device)
+            return plan if loaded is plan.cufunc else None
     return None
 
 
@@ -432,22 +441,51 @@ def _recheck(state: LaunchState, entries: list) -> list:
 
 # ------------------------------------------------------------------ launcher
 @cython.cclass
-class Launcher:
-    """The base of a configured launch ``kernel[config]``: calling it runs
-    :func:`launch` with the kernel's ``launch_state``, and the subclass's
-    ``_slow(*args)`` when that hands the launch back."""
+class Kernel:
+    """The base of a tracked kernel: ``kernel[config]`` is its configured
+    launch, a :class:`Launcher`. ``launch_state`` is what :func:`launch`
+    reads for the kernel (None until its first direct launch); a launch
+    :func:`launch` hands back goes to the subclass's
+    ``_slow_launch(launcher, args)``.
 
-    def __init__(self, kernel: Any, config: tuple) -> None:
+    Raises
+    ------
+    InvalidArgument
+        ``config`` is not a tuple of 2 to 4 items.
+    """
+
+    def __getitem__(self, config: Any) -> Launcher:
+        if not isinstance(config, tuple) or not 2 <= len(config) <= 4:
+            raise InvalidArgument(
+                f"launch configuration must be [grid, block], [grid, block, stream] or "
+                f"[grid, block, stream, shmem]; got {config!r}"
+            )
+        out: Launcher = Launcher.__new__(Launcher)
+        out.kernel = self
+        out.config = tuple(config)
+        out.stream = config[2] if len(config) > 2 else 0
+        return out
+
+    def _slow_launch(self, launcher: Launcher, args: tuple) -> None:
+        raise NotImplementedError
+
+
+@cython.final
+@cython.freelist(8)
+@cython.cclass
+class Launcher:
+    """A configured launch ``kernel[config]`` (``kernel``, ``config``, and
+    ``stream``: the configuration's stream, 0 when it names none). Calling it
+    runs :func:`launch` with the kernel's ``launch_state``, or the kernel's
+    ``_slow_launch`` when that hands the launch back."""
+
+    def __init__(self, kernel: Kernel, config: tuple) -> None:
         self.kernel = kernel
         self.config = config
-        #: The configuration's stream (0 when it names none).
         self.stream = config[2] if len(config) > 2 else 0
 
     def __call__(self, *args: Any) -> None:
-        state = self.kernel.launch_state
+        state = self.kernel.launch_state  # type: ignore[attr-defined]  # (launcher.pxd)
         if state is not None and launch(state, self.config, args):
             return
-        self._slow(*args)
-
-    def _slow(self, *args: Any) -> None:
-        raise NotImplementedError
+        self.kernel._slow_launch(self, args)

@@ -1,16 +1,28 @@
 """The Numba layer's switches for one runtime: whether launches are fenced and
-whether covered overloads launch directly."""
+whether covered overloads launch directly.
+
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode (C declarations in ``policy.pxd``): the compiled launch
+reads the switches as C fields.
+"""
 
 from __future__ import annotations
 
 import weakref
+from typing import Any
+
+import cython
 
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.runtime import DeviceRuntime
 
-__all__ = ["LaunchPolicy", "launch_policy"]
+__all__ = ["LaunchPolicy", "launch_policy", "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
 
 
+@cython.cclass
 class LaunchPolicy:
     """How tracked kernels and copies launch on one runtime.
 
@@ -28,11 +40,9 @@ class LaunchPolicy:
         turns it off.
     """
 
-    __slots__ = ("tracking", "direct_launch", "__weakref__")
-
-    def __init__(self, rt: DeviceRuntime) -> None:
-        self.tracking: bool = rt.resource.supports_tracking()
-        self.direct_launch: bool = rt.driver.supports_direct_launch and settings().direct_launch
+    def __init__(self, rt: Any) -> None:
+        self.tracking = rt.resource.supports_tracking()
+        self.direct_launch = rt.driver.supports_direct_launch and settings().direct_launch
 
     def __repr__(self) -> str:
         return f"<LaunchPolicy tracking={self.tracking} direct_launch={self.direct_launch}>"

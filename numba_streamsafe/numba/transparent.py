@@ -46,7 +46,6 @@ from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLa
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.kernel import _Launch
 from numba_streamsafe.numba.plain import PlainKernel
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, _local, numba_call
@@ -124,7 +123,7 @@ def _launch_hook(original: Callable[[Any, Any], Any], is_device: Callable[[Any],
         if (kernel is False or mode == INSIDE or (mode != FENCE and not target.SIMULATOR)
                 or type(config) is not tuple or not 2 <= len(config) <= 4):
             return original(self, config)
-        return _Launch(kernel, config)
+        return kernel[config]
 
     __getitem__.__doc__ = original.__doc__
     return __getitem__
@@ -229,7 +228,7 @@ def _configured(config: Any) -> Any:
     if kernel is False:
         return False
     stream = config.__dict__.get("_nss_stream", config.stream)
-    return _Launch(kernel, (config.griddim, config.blockdim, stream, config.sharedmem))
+    return kernel[config.griddim, config.blockdim, stream, config.sharedmem]
 
 
 def _numba_configure(dispatcher: Any, config: tuple[Any, ...]) -> Any:

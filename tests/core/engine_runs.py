@@ -13,7 +13,7 @@ from typing import Any
 import programs as P
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.compiled import engine_builds
+from numba_streamsafe.compiled import ENGINE, engine_builds
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
@@ -22,9 +22,11 @@ R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 
 def builds() -> dict[str, str]:
-    """The engine's build in this process (both modules imported)."""
-    import numba_streamsafe.numba.launcher  # noqa: F401
+    """The engine's build in this process (every module imported)."""
+    import importlib
 
+    for name in ENGINE:
+        importlib.import_module(name)
     return engine_builds()
 
 
