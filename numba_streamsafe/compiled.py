@@ -1,9 +1,9 @@
 """Which build of the engine runs: the compiled modules, or their Python source.
 
-The engine (:mod:`numba_streamsafe.resources.marks` and
-:mod:`~numba_streamsafe.resources.rules`, the tracking state and rules;
-:mod:`numba_streamsafe.numba.packing` and :mod:`~numba_streamsafe.numba.launcher`,
-the direct launch) is written once, in Cython's
+The engine (the modules of :data:`ENGINE`: the lock, the trace log, the
+tracking state and rules in :mod:`numba_streamsafe.resources`; the parameter
+packer, the launch switches and the direct launch in
+:mod:`numba_streamsafe.numba`) is written once, in Cython's
 pure-Python mode. Where the package was built with a compiler, each module
 is an extension compiled from that source and Python imports it in place of
 the ``.py`` file; where it was not, the ``.py`` file runs as it is.
