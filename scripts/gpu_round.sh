@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh engine|engine-bench|launch|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
 #   tests: the GPU suite (with the Dask and plain-Numba tests), the examples with inferred
 #          accesses, the traced sort -> join pipeline (JSON + PNG under $OUT), the access
 #          inference's cost against compiling;
@@ -52,6 +52,22 @@ print(c.engine_builds(), 'libcuda entry:', l.available())"
         tail -n 4 "$OUT/gpu_pure.log"
     fi
     cat "$OUT/race.txt" 2>/dev/null | tail -20
+    ;;
+launch)
+    # A hot-path change, before and after in one call: launch_overhead.py (and with
+    # ALLOC=1 alloc_free.py) on this tree and on ${BEFORE:-.before} (another checkout,
+    # compiled here too), rounds interleaved.
+    before=${BEFORE:-.before}
+    run build_ext python3 setup.py build_ext --inplace
+    (cd "$before" && python3 setup.py build_ext --inplace) > "$OUT/build_before.log" 2>&1
+    ROUNDS=${ROUNDS:-2} bash scripts/bench_compare.sh "$PWD/$before" launch_overhead.py \
+        --rounds "${BENCH_ROUNDS:-9}" > "$OUT/launch.log" 2>&1
+    if [[ ${ALLOC:-0} == 1 ]]; then
+        ROUNDS=${ROUNDS:-2} bash scripts/bench_compare.sh "$PWD/$before" alloc_free.py \
+            > "$OUT/alloc.log" 2>&1
+    fi
+    grep -h -E "^=== |same stream|cross stream|raw cuLaunch|floor|entry alone|threads at once|us/|DIED" \
+        "$OUT/launch.log" "$OUT/alloc.log" 2>/dev/null | head -80
     ;;
 engine-bench)
     # benchmarks/run_all.py on the tree before the engine (.before/, built by `engine`)
