@@ -6,6 +6,7 @@ the package installs and runs them as Python. Everything else is in
 pyproject.toml.
 """
 
+import ast
 import os
 import shutil
 import sys
@@ -31,11 +32,22 @@ class BuildPyWithPth(build_py):
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
 
 
+def _engine() -> list[str]:
+    """The engine's source files: ``ENGINE`` of numba_streamsafe/compiled.py
+    (read, not imported: the package's dependencies need not be installed yet)."""
+    with open(os.path.join("numba_streamsafe", "compiled.py")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "ENGINE" for t in targets):
+                modules = ast.literal_eval(node.value)
+                return [m.replace(".", "/") + ".py" for m in modules]
+    raise RuntimeError("numba_streamsafe/compiled.py defines no ENGINE")
+
+
 #: The engine: modules compiled from their own (pure-Python mode) source.
-ENGINE = ["numba_streamsafe/resources/lock.py", "numba_streamsafe/resources/tracelog.py",
-          "numba_streamsafe/resources/marks.py",
-          "numba_streamsafe/resources/rules.py", "numba_streamsafe/numba/packing.py",
-          "numba_streamsafe/numba/policy.py", "numba_streamsafe/numba/launcher.py"]
+ENGINE = _engine()
 
 
 def engine_extensions() -> list[Extension]:

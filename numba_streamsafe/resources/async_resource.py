@@ -30,7 +30,7 @@ from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamSaf
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.base import MemoryResource, Use
-from numba_streamsafe.resources.block_table import BlockTable, Entry
+from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.borrowing import Borrowing
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
@@ -38,6 +38,7 @@ from numba_streamsafe.resources.lock import Lock
 from numba_streamsafe.resources.marks import EventPool, MarkBook
 from numba_streamsafe.resources.peer_uses import PeerUses
 from numba_streamsafe.resources.reaping import Reaping
+from numba_streamsafe.resources.rules import Entry
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
 
@@ -183,12 +184,9 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         self.marks = MarkBook(driver, self.events)
         self._pending = PendingFrees()
         self._kept = KeptBlocks(opts.reuse_bytes)
-        # The tables' dicts, read on every allocation, free and launch (the hot
-        # paths update them in place rather than through a method call each).
+        # Read (never written) on every allocation and free.
         self._live = self._table.live
         self._open = self.marks.open
-        self._kept_blocks = self._kept.blocks
-        self._pending_slots = self._pending.slots
         self._deferred = DeferredFrees()
         self._deferred_queue = self._deferred.queue  # truthiness checked on every allocation
         self._peak = 0
@@ -200,9 +198,6 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         self._live_peak = 0
         self._allocated_bytes = 0
         self._freed_bytes = 0
-        #: Borrowed blocks in the table (:meth:`borrow`): not allocations, so
-        #: they count in no byte or block figure.
-        self._borrowed = 0
 
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
@@ -211,9 +206,9 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             nbytes = positive_size(nbytes, tag)
         if stream > MAX_DEFAULT_STREAM:
             self.driver.check_stream(stream)
-        if self._pending_slots and not self._allocations % _REAP_EVERY:
+        if self._pending and not self._allocations % _REAP_EVERY:
             self.reap_completed()
-        if self._deferred_queue or self._kept_blocks:
+        if self._deferred_queue or self._kept:
             # Queued frees and the kept block under one lock: the common
             # free-then-allocate cycle of one size makes no driver call.
             with self._lock:
@@ -236,14 +231,9 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
                 if block is not None:
                     return block
             self._deferred.drain(self._deallocate_locked)
-        key = (stream, nbytes)
-        ptrs = self._kept_blocks.get(key)
-        if not ptrs:
+        ptr = self._kept.take(stream, nbytes)
+        if ptr is None:
             return None
-        ptr = ptrs.pop()  # KeptBlocks.take, inline
-        if not ptrs:
-            del self._kept_blocks[key]
-        self._kept.nbytes -= nbytes
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
         try:
@@ -273,23 +263,17 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         if queue or entry is None or not self._recyclable(old, entry, nbytes, stream):
             queue.appendleft(old)
             return None
-        last = entry.last_write
         mark = self._open.get(stream)
         if mark is None or (stream_owner is not None and mark.owner is None):
             mark = self.marks.current(stream, stream_owner)
-        if mark is not last:
-            # The free's use of its last write ends; the new block's use of
-            # the stream's open mark (its allocation point) begins.
-            mark.refs += 1
-            self.marks.release(last)
         old.state = _FREED
         old.stream_owner = None
-        ptr = old.ptr
-        block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
+        block = Block(old.ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
-        # Same address: the table's sorted index and its byte counts stand.
-        entry.gone = True
-        self._live[ptr] = Entry(block, mark)
+        # The new block's use of the stream's open mark (its allocation point)
+        # begins; the free's use of the old block's last write ends.
+        self._table.replace(entry, block, mark)
+        self.marks.release(entry.last_write)
         self._frees += 1
         self._freed_bytes += nbytes
         self._allocations += 1
@@ -329,22 +313,10 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
 
     def _register(self, block: Block, stream: int, stream_owner: Any) -> None:
         """Make ``block`` live, ready after its allocation; caller holds the lock."""
-        mark = self._open.get(stream)
-        if mark is None or (stream_owner is not None and mark.owner is None):
-            mark = self.marks.current(stream, stream_owner)
-        if self._eager:
-            try:
-                self.marks.seal(mark)  # the allocation-ready event
-            except BaseException:
-                if mark.refs == 0:
-                    mark.owner = None  # no use refers to it: keep no stream object alive
-                self._free(block.ptr, stream)
-                raise
-        mark.refs += 1
+        mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
         table = self._table
-        self._live[block.ptr] = Entry(block, mark)  # BlockTable.add, inline
-        table.index = None
-        live = table.live_bytes = table.live_bytes + block.nbytes
+        table.add(block, mark)
+        live = table.live_bytes
         self._allocations += 1
         self._allocated_bytes += block.nbytes
         if live > self._live_peak:
@@ -354,6 +326,24 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             self._peak = total
         if tracehook.active is not None:
             tracehook.active.allocated(self, block, stream)
+
+    def _ready_mark(self, stream: int, owner: Any, undo: Any, ptr: int) -> Any:
+        """The mark a new block on ``stream`` is ready after: the stream's open
+        mark, which keeps ``owner``, its event recorded now with eager fences.
+        If that recording fails, ``undo(ptr, stream)`` gives the memory back
+        and the error is raised. Caller holds the lock."""
+        mark = self._open.get(stream)
+        if mark is None or (owner is not None and mark.owner is None):
+            mark = self.marks.current(stream, owner)
+        if self._eager:
+            try:
+                self.marks.seal(mark)  # the ready event
+            except BaseException:
+                if mark.refs == 0:
+                    mark.owner = None  # no use refers to it: keep no stream object alive
+                undo(ptr, stream)
+                raise
+        return mark
 
     # ---------------------------------------------------------------- tracking
     @property
@@ -442,22 +432,10 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         if not keep:
             self._free(block.ptr, stream)
         # The free is queued (or the block kept): from here on nothing can fail.
-        table = self._table
-        del self._live[block.ptr]  # BlockTable.remove, inline
-        entry.gone = True
-        table.index = None
-        table.live_bytes -= nbytes
+        self._table.remove(entry)
         entry.release(self.marks)
-        if keep:  # KeptBlocks.put, inline
-            kept = self._kept
-            ptrs = self._kept_blocks.get((stream, nbytes))
-            if ptrs is None:
-                self._kept_blocks[(stream, nbytes)] = [block.ptr]
-            else:
-                ptrs.append(block.ptr)
-            kept.nbytes += nbytes
-            if owner is not None:
-                kept.owners[stream] = owner
+        if keep:
+            self._kept.put(stream, nbytes, block.ptr, owner)
         else:
             self._pending.add(stream, nbytes, owner)
         self._frees += 1

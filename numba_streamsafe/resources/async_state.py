@@ -8,11 +8,12 @@ import threading
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
-from numba_streamsafe.resources.block_table import BlockTable, Entry
+from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
 from numba_streamsafe.resources.lock import Lock
 from numba_streamsafe.resources.marks import EventPool, Mark, MarkBook
+from numba_streamsafe.resources.rules import Entry
 
 __all__ = ["AsyncState"]
 
@@ -31,12 +32,10 @@ class AsyncState:
     _live: dict[int, Entry]
     _open: dict[Any, Mark]
     _pending: PendingFrees
-    _pending_slots: Any
     _kept: KeptBlocks
     _deferred: DeferredFrees
     _deferred_queue: Any
     _eager: bool
-    _borrowed: int
     _peak: int
     _live_peak: int
     _allocations: int
@@ -48,5 +47,6 @@ class AsyncState:
     reap_completed: Any
     _deallocate_locked: Any
     _alloc: Any
+    _ready_mark: Any
     reuse_bytes: int
     flush: Any

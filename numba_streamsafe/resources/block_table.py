@@ -1,21 +1,38 @@
 """The table of live blocks and the dependency state of each (its
 :class:`~numba_streamsafe.resources.rules.Entry`: its last write and, per
-stream, its newest read since that write)."""
+stream, its newest read since that write).
+
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode (C declarations in ``block_table.pxd``): the resource calls
+it on every allocation and free.
+"""
 
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
-from numba_streamsafe.core.blocks import Block
+import cython
+
 from numba_streamsafe.core.errors import InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.marks import Mark, retired_stream_id
 from numba_streamsafe.resources.rules import Entry
 
-__all__ = ["Entry", "BlockTable"]
+__all__ = ["BlockTable", "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
 
 
+@cython.cclass
 class BlockTable:
     """Live blocks by address, with their entries; callers hold their resource's lock.
+
+    The table owns its figures: ``live_bytes`` (bytes of the live blocks
+    that are allocations) and ``borrowed`` (live borrowed blocks, which count
+    in no byte figure). ``live`` maps each address to its entry; read it, and
+    change it through :meth:`add`, :meth:`replace`, :meth:`remove` and
+    :meth:`clear` only.
 
     Parameters
     ----------
@@ -23,31 +40,59 @@ class BlockTable:
         The device whose blocks the table holds.
     """
 
-    __slots__ = ("device", "live", "epoch", "live_bytes", "index")
-
-    def __init__(self, device: int) -> None:
+    def __init__(self, device: Any) -> None:
         self.device = device
-        self.live: dict[int, Entry] = {}
+        self.live = {}
         #: Context epoch; blocks of another epoch are stale.
         self.epoch = 0
         self.live_bytes = 0
-        #: Sorted live addresses for :meth:`find`; None when stale. The
-        #: resource's hot paths update ``live``, ``live_bytes`` and ``index``
-        #: in place, as :meth:`add` and :meth:`remove` do.
-        self.index: list[int] | None = []
+        self.borrowed = 0
+        #: Sorted live addresses for :meth:`find`; None when stale.
+        self.index = []
 
-    def add(self, block: Block, ready: Mark) -> None:
-        self.live[block.ptr] = Entry(block, ready)
+    @property
+    def blocks(self) -> int:
+        """Live blocks that are allocations (borrowed ones not counted)."""
+        return len(self.live) - self.borrowed
+
+    def add(self, block: Any, ready: Mark) -> Entry:
+        """Make ``block`` live, its last write ``ready`` (the entry holds one
+        use of the mark), and return its entry. The caller checked that no
+        live block holds the address."""
+        entry = Entry(block, ready)
+        ready.refs += 1
+        self.live[block.ptr] = entry
         self.index = None
-        self.live_bytes += block.nbytes
+        if block.borrowed:
+            self.borrowed += 1
+        else:
+            self.live_bytes += block.nbytes
+        return entry
+
+    def replace(self, entry: Entry, block: Any, ready: Mark) -> Entry:
+        """``block``, of ``entry``'s address and size, live in its place (a
+        freed block allocated again at once): ``entry`` is gone, the new
+        entry holds one use of ``ready``; the caller releases ``entry``'s
+        marks. The byte figures and the sorted index stand."""
+        new = Entry(block, ready)
+        ready.refs += 1
+        entry.gone = True
+        self.live[block.ptr] = new
+        return new
 
     def remove(self, entry: Entry) -> None:
-        del self.live[entry.block.ptr]
+        """``entry``'s block is no longer live; the entry is ``gone`` (the
+        caller releases its marks)."""
+        block = entry.block
+        del self.live[block.ptr]
         entry.gone = True
         self.index = None
-        self.live_bytes -= entry.block.nbytes
+        if block.borrowed:
+            self.borrowed -= 1
+        else:
+            self.live_bytes -= block.nbytes
 
-    def entry(self, block: Block, what: str) -> Entry:
+    def entry(self, block: Any, what: str) -> Entry:
         """The live entry of ``block``.
 
         Raises
@@ -59,9 +104,9 @@ class BlockTable:
         UseAfterFree
             The block was freed (its address may hold a newer block).
         """
-        entry = self.live.get(block.ptr)
-        if entry is not None and entry.block is block:
-            return entry
+        found = self.live.get(block.ptr)
+        if found is not None and cython.cast(Entry, found).block is block:
+            return found
         if block.device != self.device:
             raise InvalidArgument(
                 f"{what}: {block.describe()} belongs to device {block.device}, but this "
@@ -74,16 +119,16 @@ class BlockTable:
                 f"(epoch {block.epoch}, now {self.epoch}); it no longer exists. "
                 "Allocate it again in the current context."
             )
-        if entry is None or entry.block.generation != block.generation:
-            now = (f"; the address now holds generation {entry.block.generation}"
-                   if entry is not None else "")
+        if found is None or cython.cast(Entry, found).block.generation != block.generation:
+            now = (f"; the address now holds generation "
+                   f"{cython.cast(Entry, found).block.generation}" if found is not None else "")
             raise UseAfterFree(
                 f"{what}: {block.describe()} is not live (already freed{now}). "
                 "Do not use a block after deallocate; keep the array alive while it is in use."
             )
-        return entry  # another handle of the same allocation
+        return found  # another handle of the same allocation
 
-    def find(self, address: int) -> Block | None:
+    def find(self, address: Any) -> Any:
         """The live block that holds ``address``, or None."""
         index = self.index
         if index is None:
@@ -93,31 +138,35 @@ class BlockTable:
         i = bisect.bisect_right(index, address) - 1
         if i < 0:
             return None
-        block = self.live[index[i]].block
+        block = cython.cast(Entry, self.live[index[i]]).block
         return block if address < block.ptr + block.nbytes else None
 
-    def overlapping(self, ptr: int, nbytes: int) -> Block | None:
+    def overlapping(self, ptr: Any, nbytes: Any) -> Any:
         """A live block with a byte in ``ptr`` .. ``ptr + nbytes - 1``, or None."""
         block = self.find(ptr)
         if block is not None:
             return block
         index = self.index
-        assert index is not None  # find() built it
         i = bisect.bisect_left(index, ptr)
         if i < len(index) and index[i] < ptr + nbytes:
-            return self.live[index[i]].block
+            return cython.cast(Entry, self.live[index[i]]).block
         return None
 
-    def on_stream(self, stream: int) -> list[Block]:
+    def on_stream(self, stream: Any) -> list:
         """Live blocks allocated on ``stream``."""
-        return [e.block for e in self.live.values() if e.block.stream == stream]
+        return [cython.cast(Entry, e).block for e in self.live.values()
+                if cython.cast(Entry, e).block.stream == stream]
 
-    def forget_stream(self, stream: int) -> None:
+    def forget_stream(self, stream: Any) -> None:
         """End ``stream``'s history: rename it in the marks and reads of live
         blocks and drop it from every mark's waiters, so a new stream that gets
         the same handle inherits nothing."""
+        entry: Entry
+        lw: Mark
+        m: Mark
         tomb = retired_stream_id()
-        for entry in self.live.values():
+        for e in self.live.values():
+            entry = e
             lw = entry.last_write
             if lw.stream == stream:
                 lw.stream = tomb
@@ -127,19 +176,21 @@ class BlockTable:
             if reads:
                 mark = reads.pop(stream, None)
                 if mark is not None:
-                    mark.stream = tomb
+                    cython.cast(Mark, mark).stream = tomb
                     reads[tomb] = mark
-                for m in reads.values():
+                for r in reads.values():
+                    m = r
                     if m.waiters:
                         m.waiters.pop(stream, None)
 
-    def clear(self) -> list[Entry]:
+    def clear(self) -> list:
         """Forget every block, advance the epoch, and return the entries."""
         entries = list(self.live.values())
         for entry in entries:
-            entry.gone = True
+            cython.cast(Entry, entry).gone = True
         self.live.clear()
         self.index = None
         self.live_bytes = 0
+        self.borrowed = 0
         self.epoch += 1
         return entries

@@ -11,7 +11,7 @@ from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.async_state import AsyncState
-from numba_streamsafe.resources.block_table import Entry
+from numba_streamsafe.resources.rules import Entry
 
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED
@@ -58,7 +58,7 @@ class Borrowing(AsyncState):
         nbytes = positive_size(nbytes, tag)
         if stream > MAX_DEFAULT_STREAM:
             self.driver.check_stream(stream)
-        if self._pending_slots:
+        if self._pending:
             self.reap_completed()  # drop what released borrowed blocks kept, once done
         with self._lock:
             if self._deferred_queue:
@@ -72,21 +72,8 @@ class Borrowing(AsyncState):
             self.driver.register_foreign(ptr, nbytes, stream)
             block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                           self._table.epoch, _LIVE, stream_owner, True, keep)
-            mark = self._open.get(stream)
-            if mark is None or (stream_owner is not None and mark.owner is None):
-                mark = self.marks.current(stream, stream_owner)
-            if self._eager:
-                try:
-                    self.marks.seal(mark)
-                except BaseException:
-                    if mark.refs == 0:
-                        mark.owner = None
-                    self.driver.release_foreign(ptr, stream)
-                    raise
-            mark.refs += 1
-            self._live[ptr] = Entry(block, mark)
-            self._table.index = None
-            self._borrowed += 1
+            mark = self._ready_mark(stream, stream_owner, self.driver.release_foreign, ptr)
+            self._table.add(block, mark)
             if tracehook.active is not None:
                 tracehook.active.allocated(self, block, stream)
         return block
@@ -100,10 +87,7 @@ class Borrowing(AsyncState):
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)
         self.driver.release_foreign(block.ptr, stream)
         # The waits are queued: from here on nothing can fail.
-        del self._live[block.ptr]
-        entry.gone = True
-        self._table.index = None
-        self._borrowed -= 1
+        self._table.remove(entry)
         entry.release(self.marks)
         self._pending.add(stream, 0, block.stream_owner, block.keep)
         block.state = _FREED

@@ -140,7 +140,7 @@ class Reaping(AsyncState):
                 live_bytes=self._table.live_bytes,
                 pending_bytes=self._pending.nbytes + self._kept.nbytes,
                 peak_bytes=self._peak,
-                live_blocks=len(self._live) - self._borrowed,
+                live_blocks=self._table.blocks,
                 allocations=self._allocations,
                 frees=self._frees,
                 deferred=len(self._deferred),
@@ -155,7 +155,7 @@ class Reaping(AsyncState):
             return {
                 "live_bytes": self._table.live_bytes,
                 "live_peak": self._live_peak,
-                "live_blocks": len(self._live) - self._borrowed,
+                "live_blocks": self._table.blocks,
                 "allocated_bytes": self._allocated_bytes,
                 "freed_bytes": self._freed_bytes,
                 "allocations": self._allocations,
@@ -244,7 +244,6 @@ class Reaping(AsyncState):
             self._pending.clear()
             kept = self._kept.clear()
             self._deferred.clear()
-            self._borrowed = 0
         for entry in entries:
             entry.block.state = BlockState.FREED
             entry.block.stream_owner = None

@@ -95,7 +95,7 @@ def test_a_borrow_that_overlaps_a_live_block_is_refused(sim, res, two_streams):
         res.borrow(FOREIGN + 4000, 4096, a)
     with pytest.raises(InvalidArgument, match="positive"):
         res.borrow(0, 16, a)
-    assert res._borrowed == 1 and sim.calls["register_foreign"] == 1
+    assert res.table.borrowed == 1 and sim.calls["register_foreign"] == 1
 
 
 def test_a_stream_with_a_borrowed_block_is_not_destroyed(sim, res, two_streams):

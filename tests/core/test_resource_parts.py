@@ -88,6 +88,30 @@ def test_block_table_validates_handles_and_finds_addresses():
     assert [e.block for e in entries] == [a] and table.epoch == 1 and table.live_bytes == 0
 
 
+def test_block_table_owns_its_figures_through_its_calls():
+    """add, replace and remove keep the table's byte and block figures, its
+    index and the marks' uses; a borrowed block counts in no byte figure."""
+    sim = SimDriver(backing=False)
+    marks = MarkBook(sim, EventPool(sim))
+    table = BlockTable(device=0)
+    ready = marks.current(0)
+    a = _block(0x1000)
+    lent = Block(0x2000, 64, 0, 0, "lent", next_generation(), 0, borrowed=True)
+    ea, el = table.add(a, ready), table.add(lent, ready)
+    assert ready.refs == 2 and table.live_bytes == 256 and table.borrowed == 1
+    assert table.blocks == 1 and table.find(0x2010) is lent
+    again = _block(0x1000)  # the address allocated again, at once
+    ea2 = table.replace(ea, again, ready)
+    assert ea.gone and not ea2.gone and table.entry(again, "use") is ea2
+    assert ready.refs == 3 and table.live_bytes == 256 and table.find(0x1010) is again
+    with pytest.raises(UseAfterFree):
+        table.entry(a, "use")
+    table.remove(el)
+    assert el.gone and table.borrowed == 0 and table.find(0x2010) is None
+    table.remove(ea2)
+    assert table.live_bytes == 0 and table.blocks == 0 and not table.live
+
+
 def test_block_table_forgets_a_retired_stream():
     sim = SimDriver(backing=False)
     marks = MarkBook(sim, EventPool(sim))

@@ -368,5 +368,6 @@ def _holders_of_cuda_tensors(torch) -> list[str]:
         out.append(f"{name} <- " + " <- ".join(path))
     tracker = nss.get_runtime().resource.tracker
     pending = [(s, n, len(k or ())) for s, (n, _o, k) in tracker._pending.slots.items()]
-    out.append(f"pending {pending} queued {len(tracker._deferred)} borrowed {tracker._borrowed}")
+    out.append(f"pending {pending} queued {len(tracker._deferred)} "
+               f"borrowed {tracker.table.borrowed}")
     return out
