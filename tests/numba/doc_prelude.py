@@ -1,6 +1,7 @@
 """The names the guide's code fragments use, on Numba's CUDA simulator over the
 simulated driver: one simulated device, or two (``DOC_DEVICES=2``) for a
-fragment that uses a second.
+fragment that uses a second; on a GPU with ``DOC_GPU=1``, with CuPy and
+PyTorch where installed (``ts``, a PyTorch stream; ``t``, a tensor).
 
 ``tests/numba/test_doc_blocks.py`` runs each fragment of the README and of
 ``docs/`` after this prelude, in a process of its own, then checks that the
@@ -20,10 +21,13 @@ from numba_streamsafe._driver.sim import SimDriver, SimSystem
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime, clear_runtimes, set_runtime
 
-_system = SimSystem()
-clear_runtimes()
-for _d in range(int(os.environ.get("DOC_DEVICES", "1"))):
-    set_runtime(DeviceRuntime(AsyncResource(SimDriver(_d, system=_system))), _d)
+#: On a GPU (``DOC_GPU=1``) the fragments run on the device's own runtime.
+ON_GPU = os.environ.get("DOC_GPU") == "1"
+if not ON_GPU:
+    _system = SimSystem()
+    clear_runtimes()
+    for _d in range(int(os.environ.get("DOC_DEVICES", "1"))):
+        set_runtime(DeviceRuntime(AsyncResource(SimDriver(_d, system=_system))), _d)
 
 
 @tracked_kernel
@@ -95,3 +99,17 @@ def run_pipeline() -> None:
 
 
 run_my_pipeline = run_pipeline
+
+
+if ON_GPU:
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        pass
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        ts = torch.cuda.Stream()
+        t = torch.ones(n, dtype=torch.float64, device="cuda")

@@ -2,8 +2,8 @@
 runs: each in a process of its own on Numba's CUDA simulator, after
 ``doc_prelude.py`` (the names the fragments use), and the simulated driver must
 see no race. A block that needs what this machine lacks (CuPy, PyTorch,
-dask-cuda, cuda.core on a GPU) is skipped with the reason; GPU runs cover those
-libraries in ``tests/gpu/test_interop.py``."""
+dask-cuda, cuda.core on a GPU) is skipped with the reason.
+``tests/gpu/test_doc_blocks_gpu.py`` runs those on a GPU."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ NEEDS = {"cupy": "cupy", "torch": "torch", "dask_cuda": "dask_cuda",
 MODULES = {
     "cupy": "cupy", "torch": "torch", "dask_cuda": "dask_cuda", "distributed": "distributed",
     "plot": "matplotlib"}
+
 
 
 def _blocks() -> list[tuple[str, str]]:
@@ -51,6 +52,15 @@ def _missing(code: str) -> str | None:
     return None
 
 
+def _script(code: str) -> str:
+    return (PRELUDE.read_text() + "\n# ---- the block ----\n" + code +
+            "\nimport numba_streamsafe as _nss\n"
+            "from numba_streamsafe.runtime import installed_runtime as _ir\n"
+            "_h = [h for d in (0, 1) if (r := _ir(d)) is not None"
+            " for h in getattr(r.driver, 'hazards', [])]\n"
+            "assert not _h, _h[:3]\nprint('BLOCK OK')\n")
+
+
 def test_the_pages_have_blocks():
     assert len(BLOCKS) >= 10 and any(k.startswith("README") for k, _ in BLOCKS)
 
@@ -60,12 +70,7 @@ def test_block_runs(where, code, tmp_path):
     missing = _missing(code)
     if missing:
         pytest.skip(f"{where} needs {missing}")
-    script = (PRELUDE.read_text() + "\n# ---- the block ----\n" + code +
-              "\nimport numba_streamsafe as _nss\n"
-              "from numba_streamsafe.runtime import installed_runtime as _ir\n"
-              "_h = [h for d in (0, 1) if (r := _ir(d)) is not None"
-              " for h in getattr(r.driver, 'hazards', [])]\n"
-              "assert not _h, _h[:3]\nprint('BLOCK OK')\n")
+    script = _script(code)
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_STREAMSAFE_DRIVER": "sim",
            "DOC_DEVICES": "2" if "use_device(1)" in code else "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -73,3 +78,4 @@ def test_block_runs(where, code, tmp_path):
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "BLOCK OK" in proc.stdout, (
         f"{where} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+
