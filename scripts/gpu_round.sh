@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh engine|engine-bench|launch|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
 #   tests: the GPU suite (with the Dask and plain-Numba tests), the examples with inferred
 #          accesses, the traced sort -> join pipeline (JSON + PNG under $OUT), the access
 #          inference's cost against compiling;
@@ -52,6 +52,16 @@ print(c.engine_builds(), 'libcuda entry:', l.available())"
         tail -n 4 "$OUT/gpu_pure.log"
     fi
     cat "$OUT/race.txt" 2>/dev/null | tail -20
+    ;;
+docs)
+    # The docs' library blocks on the GPU (CuPy, PyTorch, cuda.core, Dask, dask-cuda's
+    # LocalCUDACluster; wheels for Dask and dask-cuda in .whl-dask) and the Dask GPU tests.
+    run build_ext python3 setup.py build_ext --inplace
+    python3 -c "import dask_cuda, distributed; print('dask-cuda', dask_cuda.__version__, \
+'distributed', distributed.__version__)" 2>&1 | tail -1
+    run doc_blocks_gpu python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider -rs \
+        tests/gpu/test_doc_blocks_gpu.py tests/gpu/test_dask_gpu.py
+    tail -n 15 "$OUT/doc_blocks_gpu.log"
     ;;
 launch)
     # A hot-path change, before and after in one call: launch_overhead.py (and with
