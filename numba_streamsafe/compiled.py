@@ -1,7 +1,8 @@
 """Which build of the engine runs: the compiled modules, or their Python source.
 
 The engine (the modules of :data:`ENGINE`: the lock, the trace log, the
-tracking state and rules in :mod:`numba_streamsafe.resources`; the parameter
+tracking state and rules and the table of live blocks in
+:mod:`numba_streamsafe.resources`; the parameter
 packer, the launch switches and the direct launch in
 :mod:`numba_streamsafe.numba`) is written once, in Cython's
 pure-Python mode. Where the package was built with a compiler, each module
