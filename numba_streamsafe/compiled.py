@@ -30,6 +30,7 @@ __all__ = ["ENGINE", "pure_python", "engine_builds"]
 ENGINE = ("numba_streamsafe.resources.lock", "numba_streamsafe.resources.tracelog",
           "numba_streamsafe.resources.marks",
           "numba_streamsafe.resources.rules", "numba_streamsafe.resources.block_table",
+          "numba_streamsafe.resources.freed",
           "numba_streamsafe.numba.packing", "numba_streamsafe.numba.policy",
           "numba_streamsafe.numba.launcher")
 

@@ -1,31 +1,41 @@
 """Freed bytes not yet back in the pool: blocks kept for same-stream reuse, and
-the ledger of frees queued per stream."""
+the ledger of frees queued per stream.
+
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode (C declarations in ``freed.pxd``): the resource calls it on
+every allocation and free.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["KeptBlocks", "PendingFrees"]
+import cython
+
+__all__ = ["KeptBlocks", "PendingFrees", "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
 
 
+@cython.cclass
 class PendingFrees:
     """Bytes whose free is queued on each stream, with the stream's owning object
     (kept alive until the stream is synchronised), and the objects that keep
     released borrowed memory alive until then. Callers hold their lock."""
 
-    __slots__ = ("slots", "nbytes")
 
     def __init__(self) -> None:
         #: stream -> [bytes whose free is queued there, the stream's owner,
         #: objects kept alive until the stream completes (a list, or None)]
-        self.slots: dict[int, list[Any]] = {}
+        self.slots = {}
         self.nbytes = 0
 
     def __bool__(self) -> bool:
         return bool(self.slots)
 
-    def add(self, stream: int, nbytes: int, owner: Any, keep: Any = None) -> None:
+    def add(self, stream: Any, nbytes: Any, owner: Any, keep: Any = None) -> None:
         """Count ``nbytes`` freed on ``stream``; hold ``keep`` (when not None)
         until the stream's slot is released."""
         self.nbytes += nbytes
@@ -43,14 +53,12 @@ class PendingFrees:
                 slot[2].append(keep)
 
     def take_all(self) -> dict[int, list[Any]]:
-        """Every stream's slot, no longer listed (still counted until released).
-
-        ``slots`` is emptied in place: the resource reads it through an alias."""
+        """Every stream's slot, no longer listed (still counted until released)."""
         slots = dict(self.slots)
         self.slots.clear()
         return slots
 
-    def take(self, stream: int) -> dict[int, list[Any]]:
+    def take(self, stream: Any) -> dict[int, list[Any]]:
         """``stream``'s slot alone, as :meth:`take_all` does."""
         slot = self.slots.pop(stream, None)
         return {} if slot is None else {stream: slot}
@@ -65,11 +73,11 @@ class PendingFrees:
             if keep:
                 slot[2] = keep if slot[2] is None else slot[2] + keep
 
-    def release(self, nbytes: int) -> None:
+    def release(self, nbytes: Any) -> None:
         """Stop counting ``nbytes`` taken earlier: their frees have run."""
         self.nbytes -= nbytes
 
-    def release_stream(self, stream: int) -> list[Any] | None:
+    def release_stream(self, stream: Any) -> list[Any] | None:
         """Stop counting ``stream``'s bytes: its frees have run. Returns the
         slot, so that the caller drops what it kept alive outside its lock."""
         slot = self.slots.pop(stream, None)
@@ -85,6 +93,7 @@ class PendingFrees:
         self.nbytes = 0
 
 
+@cython.cclass
 class KeptBlocks:
     """Freed blocks kept for the next allocation of the same size on the same
     stream, oldest first, up to a byte limit. Callers hold their lock.
@@ -94,20 +103,19 @@ class KeptBlocks:
     stream may take it without a driver call.
     """
 
-    __slots__ = ("limit", "blocks", "owners", "nbytes")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: Any) -> None:
         self.limit = limit
         #: (stream, nbytes) -> addresses, oldest first.
-        self.blocks: dict[tuple[int, int], list[int]] = {}
+        self.blocks = {}
         #: stream -> its owning object, alive while blocks are kept for it.
-        self.owners: dict[int, Any] = {}
+        self.owners = {}
         self.nbytes = 0
 
     def __bool__(self) -> bool:
         return bool(self.blocks)
 
-    def take(self, stream: int, nbytes: int) -> int | None:
+    def take(self, stream: Any, nbytes: Any) -> int | None:
         """The address of a kept block of ``nbytes`` on ``stream``, or None."""
         key = (stream, nbytes)
         ptrs = self.blocks.get(key)
@@ -119,7 +127,7 @@ class KeptBlocks:
         self.nbytes -= nbytes
         return ptr
 
-    def put(self, stream: int, nbytes: int, ptr: int, owner: Any) -> None:
+    def put(self, stream: Any, nbytes: Any, ptr: Any, owner: Any) -> None:
         ptrs = self.blocks.get((stream, nbytes))
         if ptrs is None:
             self.blocks[(stream, nbytes)] = [ptr]
@@ -129,10 +137,10 @@ class KeptBlocks:
         if owner is not None:
             self.owners[stream] = owner
 
-    def has_stream(self, stream: int) -> bool:
+    def has_stream(self, stream: Any) -> bool:
         return any(s == stream for s, _ in self.blocks)
 
-    def free_oldest(self, limit: int, free: Callable[[int, int], None],
+    def free_oldest(self, limit: Any, free: Callable[[int, int], None],
                     pending: PendingFrees) -> None:
         """Queue the frees (``free(ptr, stream)``) of the oldest kept blocks until
         at most ``limit`` bytes stay kept; the freed bytes become ``pending``.
@@ -157,7 +165,7 @@ class KeptBlocks:
         if not self.blocks:
             owners.clear()
 
-    def free_stream(self, stream: int, free: Callable[[int, int], None],
+    def free_stream(self, stream: Any, free: Callable[[int, int], None],
                     pending: PendingFrees) -> None:
         """Queue the frees of every block kept on ``stream``; they become ``pending``."""
         owner = self.owners.get(stream)
