@@ -53,6 +53,27 @@ def _dims(what: str, dim: Any) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
+#: Configurations of plain ints found acceptable, by the identity of the
+#: limits they were checked against (kept in the value, so an identity reused
+#: by other limits is told apart): a kernel relaunched with one configuration
+#: is checked once.
+_accepted: dict[tuple[Any, ...], tuple[Any, LaunchLimits]] = {}
+_ACCEPTED_MAX = 4096
+
+
+def _plain(dim: Any) -> bool:
+    """Whether ``dim`` is an int or a tuple of ints (exact types: a bool or an
+    int subclass is checked each time)."""
+    if type(dim) is int:
+        return True
+    if type(dim) is not tuple:
+        return False
+    for v in dim:
+        if type(v) is not int:
+            return False
+    return True
+
+
 def check_launch(grid: Any, block: Any, shmem: Any, limits: LaunchLimits
                  ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     """``(grid, block, shmem)`` as three ints, three ints and an int, if CUDA
@@ -65,6 +86,22 @@ def check_launch(grid: Any, block: Any, shmem: Any, limits: LaunchLimits
         more threads than the device runs in one block, or dynamic shared
         memory over the limit; the message names the limit and the value.
     """
+    plain = type(shmem) is int and _plain(grid) and _plain(block)
+    if plain:
+        key = (grid, block, shmem, id(limits))
+        found = _accepted.get(key)
+        if found is not None and found[1] is limits:
+            return found[0]  # type: ignore[no-any-return]
+    checked = _check(grid, block, shmem, limits)
+    if plain:
+        if len(_accepted) >= _ACCEPTED_MAX:
+            _accepted.clear()
+        _accepted[key] = (checked, limits)
+    return checked
+
+
+def _check(grid: Any, block: Any, shmem: Any, limits: LaunchLimits
+           ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     g, b = _dims("grid", grid), _dims("block", block)
     threads = b[0] * b[1] * b[2]
     if threads > limits.max_threads_per_block:

@@ -83,11 +83,16 @@ def resolve(table: Any, uses: Any, what: str) -> list:
     Caller holds the resource's lock."""
     live: dict = table.live
     out = []
+    entry: Entry  # a typed binding, not a cast: free where the module runs as Python
     for pair in uses:
         block = pair[0]
-        entry = live.get(block.ptr)
-        if entry is None or cython.cast(Entry, entry).block is not block:
+        found = live.get(block.ptr)
+        if found is None:
             entry = table.entry(block, what)
+        else:
+            entry = found
+            if entry.block is not block:
+                entry = table.entry(block, what)
         out.append(entry)
         out.append(int(pair[1]))
     return out
@@ -131,11 +136,12 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     if not entries:
         return
     found = book.open.get(stream) if into is None else into
-    if into is None and (found is None or (owner is not None
-                                           and cython.cast(Mark, found).owner is None)):
+    if found is None:
         mark = book.current(stream, owner)
     else:
         mark = found
+        if into is None and owner is not None and mark.owner is None:
+            mark = book.current(stream, owner)
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     for i in range(0, n, 2):

@@ -180,3 +180,20 @@ def test_an_install_without_a_compiler_says_the_compiled_path_is_missing(repo_ro
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = proc.stdout + proc.stderr
     assert "compiled engine (numba_streamsafe.resources.marks) could not be built" in said
+
+
+def test_a_configuration_checked_once_is_refused_or_accepted_alike_again():
+    """check_launch remembers accepted plain configurations per device limits;
+    what it refuses stays refused, a bool is never taken for 1, and another
+    device's (smaller) limits decide for themselves."""
+    from numba_streamsafe._driver.limits import SIMULATED, LaunchLimits, check_launch
+
+    for _ in range(2):
+        assert check_launch((4, 2), 256, 0, SIMULATED) == ((4, 2, 1), (256, 1, 1), 0)
+        with pytest.raises(InvalidLaunchConfig):
+            check_launch(4, 2048, 0, SIMULATED)
+        with pytest.raises(InvalidLaunchConfig):
+            check_launch(True, 256, 0, SIMULATED)
+    small = LaunchLimits(max_threads_per_block=128)
+    with pytest.raises(InvalidLaunchConfig, match="at most 128 threads"):
+        check_launch((4, 2), 256, 0, small)
