@@ -434,6 +434,23 @@ def test_bad_launch_configuration_is_invalid_argument(config):
         fill[config]
 
 
+def test_a_configured_launch_holds_its_kernel_config_and_stream(streams):
+    """``kernel[config]`` (built by the compiled Kernel base where compiled)
+    keeps the kernel, the configuration as a plain tuple, and its stream (0
+    when it names none)."""
+    from collections import namedtuple
+
+    from numba_streamsafe.numba.launcher import Launcher
+
+    a, _ = streams
+    two = fill[GRID, BLOCK]
+    assert type(two) is Launcher and two.kernel is fill and two.stream == 0
+    Config = namedtuple("Config", "grid block stream")
+    three = fill[Config(GRID, BLOCK, a)]
+    assert type(three.config) is tuple and three.config == (GRID, BLOCK, a)
+    assert three.stream is a
+
+
 def test_launch_after_context_reset_is_stale_context(rt, streams):
     a, _ = streams
     x = nss.device_array(N, np.int64, stream=a)
