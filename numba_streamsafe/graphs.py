@@ -253,15 +253,11 @@ class Graph:
 
 def _seal_open_mark(resource: Any, stream: int) -> None:
     """Record the event of ``stream``'s open mark now, outside the capture,
-    when blocks refer to it: a later wait of another stream then records no
-    event on the capturing stream."""
-    marks = getattr(resource, "marks", None)
-    if marks is None:
-        return
-    with resource._lock:
-        mark = marks.open.get(stream)
-        if mark is not None and mark.refs > 0:
-            marks.seal(mark)
+    when blocks refer to it (``AsyncResource.seal_open``): a later wait of
+    another stream then records no event on the capturing stream."""
+    seal = getattr(resource, "seal_open", None)
+    if seal is not None:
+        seal(stream)
 
 
 def graph(stream: Any, *, device: int | None = None, strict: bool | None = None) -> Graph:

@@ -42,10 +42,12 @@ def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> No
             "occupancy."), stacklevel=access_check.user_stacklevel())
 
 
-def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], args: tuple[Any, ...]) -> None:
-    """``kernel[config](*args)`` on the Python path: direct when the
-    configuration's dimensions are plain, else through Numba. What CUDA
-    refuses is refused here, before anything is queued."""
+def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], stream: Any,
+                args: tuple[Any, ...]) -> None:
+    """``kernel[config](*args)`` on the Python path (``stream``: the
+    configuration's, 0 when it names none): direct when the configuration's
+    dimensions are plain, else through Numba. What CUDA refuses is refused
+    here, before anything is queued."""
     shmem = config[3] if len(config) > 3 else 0
     if kernel._checks_config:
         dims = kernel._check_config(config[0], config[1], shmem)
@@ -56,7 +58,6 @@ def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], args: tuple[Any,
             block = direct.normalize_dims(config[1])
             if block is not None and type(shmem) is int:
                 dims = (grid, block, shmem)
-    stream = config[2] if len(config) > 2 else 0
     kernel._launch(stream, args, dims, functools.partial(_numba_launch, kernel, config))
 
 

@@ -189,7 +189,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     # ------------------------------------------------------------------ launch
     def _slow_launch(self, launch: launcher.Launcher, args: tuple[Any, ...]) -> None:
         """A launch the compiled path handed back (:func:`~.configured.slow_launch`)."""
-        slow_launch(self, launch.config, args)
+        slow_launch(self, launch.config, launch.stream, args)
 
     def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> _ForAll:
         """A 1-D launch over ``ntasks`` threads, as :meth:`numba.cuda.Dispatcher.forall`."""

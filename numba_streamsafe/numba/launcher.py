@@ -461,9 +461,7 @@ class Kernel:
                 f"[grid, block, stream, shmem]; got {config!r}"
             )
         out: Launcher = Launcher.__new__(Launcher)
-        out.kernel = self
-        out.config = tuple(config)
-        out.stream = config[2] if len(config) > 2 else 0
+        _bind(out, self, tuple(config))
         return out
 
     def _slow_launch(self, launcher: Launcher, args: tuple) -> None:
@@ -479,13 +477,26 @@ class Launcher:
     runs :func:`launch` with the kernel's ``launch_state``, or the kernel's
     ``_slow_launch`` when that hands the launch back."""
 
+    kernel: Kernel
+    config: tuple
+    stream: Any
+
     def __init__(self, kernel: Kernel, config: tuple) -> None:
-        self.kernel = kernel
-        self.config = config
-        self.stream = config[2] if len(config) > 2 else 0
+        _bind(self, kernel, config)
 
     def __call__(self, *args: Any) -> None:
         state = self.kernel.launch_state  # type: ignore[attr-defined]  # (launcher.pxd)
         if state is not None and launch(state, self.config, args):
             return
         self.kernel._slow_launch(self, args)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _bind(launcher: Launcher, kernel: Kernel, config: tuple) -> cython.int:
+    """Set ``launcher``'s kernel, configuration and stream (the
+    configuration's third item, 0 when it names none)."""
+    launcher.kernel = kernel
+    launcher.config = config
+    launcher.stream = config[2] if len(config) > 2 else 0
+    return 0

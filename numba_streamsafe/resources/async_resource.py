@@ -186,7 +186,6 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         self._kept = KeptBlocks(opts.reuse_bytes)
         # Read (never written) on every allocation and free.
         self._live = self._table.live
-        self._open = self.marks.open
         self._deferred = DeferredFrees()
         self._deferred_queue = self._deferred.queue  # truthiness checked on every allocation
         self._peak = 0
@@ -263,9 +262,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         if queue or entry is None or not self._recyclable(old, entry, nbytes, stream):
             queue.appendleft(old)
             return None
-        mark = self._open.get(stream)
-        if mark is None or (stream_owner is not None and mark.owner is None):
-            mark = self.marks.current(stream, stream_owner)
+        mark = self.marks.current(stream, stream_owner)
         old.state = _FREED
         old.stream_owner = None
         block = Block(old.ptr, nbytes, self.device, stream, tag, next_generation_fast(),
@@ -332,9 +329,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         mark, which keeps ``owner``, its event recorded now with eager fences.
         If that recording fails, ``undo(ptr, stream)`` gives the memory back
         and the error is raised. Caller holds the lock."""
-        mark = self._open.get(stream)
-        if mark is None or (owner is not None and mark.owner is None):
-            mark = self.marks.current(stream, owner)
+        mark = self.marks.current(stream, owner)
         if self._eager:
             try:
                 self.marks.seal(mark)  # the ready event
@@ -402,7 +397,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         destroyed stream would fail (or crash the driver).
         """
         with self._lock:
-            mark = self._open.get(stream)
+            mark = self.marks.open.get(stream)
             if mark is not None and mark.refs:
                 self.marks.seal(mark)
 

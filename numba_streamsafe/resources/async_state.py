@@ -12,7 +12,7 @@ from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
 from numba_streamsafe.resources.lock import Lock
-from numba_streamsafe.resources.marks import EventPool, Mark, MarkBook
+from numba_streamsafe.resources.marks import EventPool, MarkBook
 from numba_streamsafe.resources.rules import Entry
 
 __all__ = ["AsyncState"]
@@ -30,7 +30,6 @@ class AsyncState:
     _reap_lock: threading.RLock
     _table: BlockTable
     _live: dict[int, Entry]
-    _open: dict[Any, Mark]
     _pending: PendingFrees
     _kept: KeptBlocks
     _deferred: DeferredFrees

@@ -135,13 +135,7 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     prev: Mark
     if not entries:
         return
-    found = book.open.get(stream) if into is None else into
-    if found is None:
-        mark = book.current(stream, owner)
-    else:
-        mark = found
-        if into is None and owner is not None and mark.owner is None:
-            mark = book.current(stream, owner)
+    mark = book.current(stream, owner) if into is None else into
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     for i in range(0, n, 2):
