@@ -14,7 +14,7 @@ from typing import Any
 
 from numba_streamsafe.core.errors import InvalidLaunchConfig
 
-__all__ = ["LaunchLimits", "SIMULATED", "check_launch"]
+__all__ = ["LaunchLimits", "SIMULATED", "check_launch", "normalize_dims"]
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,18 @@ _accepted: dict[tuple[Any, ...], tuple[Any, LaunchLimits]] = {}
 _ACCEPTED_MAX = 4096
 
 
-def _plain(dim: Any) -> bool:
-    """Whether ``dim`` is an int or a tuple of ints (exact types: a bool or an
-    int subclass is checked each time)."""
+def normalize_dims(dim: Any) -> tuple[int, int, int] | None:
+    """``dim`` (an int or 1 to 3 ints, exact types) as three ints, or None
+    when it is not plainly valid (a bool, an int subclass, a value that is
+    not positive: :func:`check_launch` or Numba's path then reports it)."""
     if type(dim) is int:
-        return True
-    if type(dim) is not tuple:
-        return False
-    for v in dim:
-        if type(v) is not int:
-            return False
-    return True
+        return (dim, 1, 1) if dim > 0 else None
+    if type(dim) is tuple and 1 <= len(dim) <= 3:
+        for d in dim:
+            if type(d) is not int or d <= 0:
+                return None
+        return (dim + (1, 1))[:3]  # type: ignore[return-value]
+    return None
 
 
 def check_launch(grid: Any, block: Any, shmem: Any, limits: LaunchLimits
@@ -86,7 +87,8 @@ def check_launch(grid: Any, block: Any, shmem: Any, limits: LaunchLimits
         more threads than the device runs in one block, or dynamic shared
         memory over the limit; the message names the limit and the value.
     """
-    plain = type(shmem) is int and _plain(grid) and _plain(block)
+    plain = (type(shmem) is int and normalize_dims(grid) is not None
+             and normalize_dims(block) is not None)
     if plain:
         key = (grid, block, shmem, id(limits))
         found = _accepted.get(key)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from numba.cuda import types as _numba_types
 
+from numba_streamsafe._driver.limits import normalize_dims
 from numba_streamsafe.numba import launcher, packing
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
@@ -279,16 +280,3 @@ def build_plan(dispatcher: Any, argtypes: tuple[Any, ...]) -> LaunchPlan | str |
     if slots is None:
         return UNSUPPORTED
     return LaunchPlan(kernel, declared)
-
-
-def normalize_dims(dim: Any) -> tuple[int, int, int] | None:
-    """``dim`` (an int or 1 to 3 ints) as three ints, or None when it is not
-    plainly valid (Numba's path then reports the error)."""
-    if type(dim) is int:
-        return (dim, 1, 1) if dim > 0 else None
-    if type(dim) is tuple and 1 <= len(dim) <= 3:
-        for d in dim:
-            if type(d) is not int or d <= 0:
-                return None
-        return (dim + (1, 1))[:3]  # type: ignore[return-value]
-    return None
