@@ -169,15 +169,15 @@ class Graph:
                 f"{label}: a foreign array that names its producer stream cannot be ordered "
                 "inside a graph (the wait would be on work outside the capture); synchronise "
                 "its producer, or copy it into a tracked array, before the capture")
-        for block, _ in uses.blocks:
+        for block, *_ in uses.blocks:
             if block.device != self.rt.device:
                 raise GraphCaptureError(f"{label}: {block.describe()} belongs to device "
                                         f"{block.device}; a graph captures one device's work")
         result = self.rt.driver.capture_work(stream, work, args, list(_accesses(uses)), label,
                                              uses.copy)
-        for i, (block, access) in enumerate(uses.blocks):
+        for i, (block, access, lo, hi) in enumerate(uses.blocks):
             name = uses.names[i] if uses.names is not None and i < len(uses.names) else label
-            self.uses.add(block, access, name)
+            self.uses.add(block, access, name, lo, hi)
         self._held.append((work, args))  # a bound method holds its array (copies)
         self.operations += 1
         return result

@@ -52,10 +52,12 @@ T = TypeVar("T")
 class Uses:
     """The buffers of one launch.
 
-    ``blocks`` holds one ``(block, access)`` per allocation: a second use of the
-    same block (the same object, or another handle of the same allocation)
-    merges into the first with the access lattice (``READ | WRITE`` is
-    ``READ_WRITE``). ``untracked`` names memory no resource tracks;
+    ``blocks`` holds one ``(block, access, lo, hi)`` per span of an allocation
+    used: the bytes ``lo .. hi - 1`` of ``block`` (offsets into it; a view's
+    extent, the whole block for a whole array). A second use of the same span
+    of the same block (the same object, or another handle of the same
+    allocation) merges into the first with the access lattice (``READ |
+    WRITE`` is ``READ_WRITE``); other spans of the block stay apart. ``untracked`` names memory no resource tracks;
     ``producers`` are streams the launch must wait for as a whole (the CUDA
     Array Interface rule for a foreign array that names its stream).
     """
@@ -66,7 +68,7 @@ class Uses:
     copy = False
 
     def __init__(self) -> None:
-        self.blocks: list[tuple[Block, Access]] = []
+        self.blocks: list[tuple[Block, Access, int, int]] = []
         self.untracked: list[str] | None = None
         self.producers: list[int] | None = None
         #: The argument names of ``blocks``, kept only while a trace records
@@ -77,22 +79,27 @@ class Uses:
         #: kernel's inferred accesses); None: ``blocks``.
         self.actual: list[tuple[int, int, Access]] | None = None
 
-    def add(self, block: Block | None, access: Access, what: str) -> None:
-        """Add a use of ``block`` (None: memory no resource tracks, named ``what``)."""
+    def add(self, block: Block | None, access: Access, what: str, lo: int = 0,
+            hi: int | None = None) -> None:
+        """Add a use of the bytes ``lo .. hi - 1`` of ``block`` (default: all of
+        it; None: memory no resource tracks, named ``what``)."""
         if block is None:
             if self.untracked is None:
                 self.untracked = []
             self.untracked.append(what)
             return
+        if hi is None:
+            hi = block.nbytes
         blocks = self.blocks
-        for i, (b, a) in enumerate(blocks):
-            if b is block or (b.ptr == block.ptr and b.generation == block.generation
-                              and b.device == block.device):
-                blocks[i] = (b, Access(a | access))
+        for i, (b, a, l, h) in enumerate(blocks):
+            if l == lo and h == hi and (b is block or (
+                    b.ptr == block.ptr and b.generation == block.generation
+                    and b.device == block.device)):
+                blocks[i] = (b, Access(a | access), l, h)
                 if self.names is not None:
                     self.names[i] += "+" + what
                 return
-        blocks.append((block, access))
+        blocks.append((block, access, lo, hi))
         if self.names is not None:
             self.names.append(what)
 
@@ -117,10 +124,15 @@ class CopyUses(Uses):
     copy = True
 
 
-def single(block: Block | None, access: Access, what: str, copy: bool = False) -> Uses:
-    """:class:`Uses` of one buffer (of a copy when ``copy``)."""
+def single(block: Block | None, access: Access, what: str, copy: bool = False,
+           span: tuple[int, int] | None = None) -> Uses:
+    """:class:`Uses` of one buffer (of a copy when ``copy``): the bytes
+    ``span = (lo, hi)`` of ``block``, all of it by default."""
     uses = CopyUses() if copy else Uses()
-    uses.add(block, access, what)
+    if span is None:
+        uses.add(block, access, what)
+    else:
+        uses.add(block, access, what, span[0], span[1])
     return uses
 
 
@@ -193,8 +205,9 @@ def _accesses(uses: Uses) -> list[tuple[Any, ...]]:
         return uses.actual
     names = uses.names
     if names is not None and len(names) == len(uses.blocks):
-        return [(b.ptr, b.nbytes, a, n) for (b, a), n in zip(uses.blocks, names, strict=True)]
-    return [(b.ptr, b.nbytes, a) for b, a in uses.blocks]
+        return [(b.ptr + lo, hi - lo, a, n)
+                for (b, a, lo, hi), n in zip(uses.blocks, names, strict=True)]
+    return [(b.ptr + lo, hi - lo, a) for b, a, lo, hi in uses.blocks]
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -220,29 +233,30 @@ def _user_site() -> str | None:
 
 
 # ------------------------------------------------------------ several devices
-def _spans_devices(device: int, blocks: list[tuple[Block, Access]]) -> bool:
+def _spans_devices(device: int, blocks: list[tuple[Block, Access, int, int]]) -> bool:
     """Whether a block of ``blocks`` belongs to another device than ``device``."""
-    for block, _ in blocks:
+    for block, *_ in blocks:
         if block.device != device:
             return True
     return False
 
 
 def _by_device(rt: DeviceRuntime, uses: Uses
-               ) -> tuple[list[tuple[Block, Access]], dict[int, list[tuple[Block, Access]]]]:
+               ) -> tuple[list[tuple[Block, Access, int, int]],
+                          dict[int, list[tuple[Block, Access, int, int]]]]:
     """The uses of ``rt``'s device, and those of each other device."""
-    local: list[tuple[Block, Access]] = []
-    foreign: dict[int, list[tuple[Block, Access]]] = {}
-    for block, access in uses.blocks:
-        if block.device == rt.device:
-            local.append((block, access))
+    local: list[tuple[Block, Access, int, int]] = []
+    foreign: dict[int, list[tuple[Block, Access, int, int]]] = {}
+    for use in uses.blocks:
+        if use[0].device == rt.device:
+            local.append(use)
         else:
-            foreign.setdefault(block.device, []).append((block, access))
+            foreign.setdefault(use[0].device, []).append(use)
     return local, foreign
 
 
 def _peer_runtime(rt: DeviceRuntime, device: int, uses: Uses,
-                  blocks: list[tuple[Block, Access]]) -> DeviceRuntime:
+                  blocks: list[tuple[Block, Access, int, int]]) -> DeviceRuntime:
     """The installed runtime of ``device``, after checking that a launch on ``rt``
     may use its ``blocks``.
 
@@ -254,7 +268,7 @@ def _peer_runtime(rt: DeviceRuntime, device: int, uses: Uses,
         No runtime of ``device`` is installed.
     """
     if not uses.copy and device not in rt.peers:
-        names = "; ".join(b.describe() for b, _ in blocks[:3])
+        names = "; ".join(use[0].describe() for use in blocks[:3])
         raise PeerAccessRequired(
             f"a launch on device {rt.device} was given memory of device {device} ({names}), "
             f"and device {rt.device} has no peer access to device {device}. Enable it with "

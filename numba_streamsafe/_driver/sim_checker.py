@@ -108,19 +108,48 @@ class HappensBefore:
             self._check(chunk, ptr, nbytes, access, op)
 
     def _check(self, chunk: _Chunk, ptr: int, nbytes: int, access: Access, op: _Op) -> None:
-        last = chunk.last_write
-        if last is not None and not self._ordered(last, op):
-            kind = "read-after-write" if access == Access.READ else "write-after-write"
-            self.hazards.append(Hazard(kind, ptr, str(last), str(op), last.side(), op.side()))
-        if access & Access.WRITE:
-            for read in chunk.reads.values():
-                if read.stream != op.stream and not self._ordered(read, op):
-                    self.hazards.append(Hazard("write-after-read", ptr, str(read), str(op),
-                                               read.side(), op.side()))
-            chunk.last_write = op
-            chunk.reads = {}
+        """Check ``op``'s ``access`` to ``nbytes`` at ``ptr`` against the earlier
+        accesses of those bytes, then record it. One hazard per earlier
+        access it is not ordered after, over the bytes both touch."""
+        lo = max(ptr - chunk.base, 0)
+        hi = min(lo + nbytes, chunk.capacity)
+        if lo >= hi:
+            return
+        shadow = chunk.shadow
+        i, j = shadow.cover(lo, hi)
+        # earlier op -> [kind, first byte, end] of the bytes it conflicts over
+        found: dict[int, tuple[_Op, list[Any]]] = {}
+        write = bool(access & Access.WRITE)
+        for part in shadow.parts[i:j]:
+            last = part[2]
+            if last is not None:
+                kind = "read-after-write" if access == Access.READ else "write-after-write"
+                self._conflict(found, last, kind, part)
+            if write:
+                for read in part[3].values():
+                    if read.stream != op.stream:
+                        self._conflict(found, read, "write-after-read", part)
+                part[2] = op
+                part[3] = {}
+            else:
+                part[3][op.stream] = op
+        shadow.join(i - 1, j + 1)
+        for earlier, (kind, first, end) in found.values():
+            if not self._ordered(earlier, op):
+                self.hazards.append(Hazard(kind, chunk.base + first, str(earlier), str(op),
+                                           earlier.side(), op.side(), end - first))
+
+    @staticmethod
+    def _conflict(found: dict[int, tuple[_Op, list[Any]]], earlier: _Op, kind: str,
+                  part: list[Any]) -> None:
+        """Note that ``earlier`` touched the bytes of ``part`` (widening its span)."""
+        seen = found.get(id(earlier))
+        if seen is None:
+            found[id(earlier)] = (earlier, [kind, part[0], part[1]])
         else:
-            chunk.reads[op.stream] = op
+            span = seen[1]
+            span[1] = min(span[1], part[0])
+            span[2] = max(span[2], part[1])
 
     def assert_no_hazards(self) -> None:
         """Raise ``AssertionError`` listing every hazard seen so far."""

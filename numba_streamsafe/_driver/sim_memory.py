@@ -199,8 +199,8 @@ class SimMemory:
             chunk.nbytes = nbytes
             bisect.insort(self._bases, ptr)
             self._chunks[ptr] = chunk
-            chunk.last_write = self._enqueue(stream, "foreign memory handed over",
-                                             "register_foreign")
+            self._check(chunk, ptr, nbytes, Access.WRITE,
+                        self._enqueue(stream, "foreign memory handed over", "register_foreign"))
 
     def release_foreign(self, ptr: int, stream: int) -> None:
         """The borrowed memory at ``ptr`` is released on ``stream``: for an external

@@ -4,6 +4,7 @@ share, and the hazards the checker reports (see :mod:`.sim`)."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 from dataclasses import dataclass
@@ -58,13 +59,14 @@ class Hazard:
     later: str
     first: Side | None = None
     second: Side | None = None
+    #: Bytes from ``address`` that both accesses touch (0: not known).
+    nbytes: int = 0
 
     def __str__(self) -> str:
+        where = f"{self.address:#x}" + (f" (+{self.nbytes} B)" if self.nbytes else "")
         if self.first is not None and self.second is not None:
-            return (f"{self.kind} at {self.address:#x}: {self.first} is not ordered before "
-                    f"{self.second}")
-        return (f"{self.kind} at {self.address:#x}: {self.earlier} is not ordered before "
-                f"{self.later}")
+            return f"{self.kind} at {where}: {self.first} is not ordered before {self.second}"
+        return f"{self.kind} at {where}: {self.earlier} is not ordered before {self.later}"
 
 
 #: Race checks in progress (``numba_streamsafe.race_check``): each gets every
@@ -105,8 +107,49 @@ class _Stream:
         self.blocking = blocking
 
 
+class _Shadow:
+    """For each range of a chunk's bytes (offsets from its base), its last
+    write and, per stream, its newest read since: ``[lo, hi, last_write,
+    reads]`` items, sorted and covering the chunk. A range is split where an
+    access begins or ends inside it, and neighbours that saw the same
+    accesses join again."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, capacity: int) -> None:
+        self.parts: list[list[Any]] = [[0, capacity, None, {}]]
+
+    def cover(self, lo: int, hi: int) -> tuple[int, int]:
+        """``(i, j)``: ``parts[i:j]`` are exactly the bytes ``lo .. hi - 1``."""
+        return self._split(lo), self._split(hi)
+
+    def _split(self, at: int) -> int:
+        parts = self.parts
+        i = bisect.bisect_right(parts, at, key=lambda p: p[0]) - 1
+        part = parts[i]
+        if part[0] == at:
+            return i
+        if at >= part[1]:
+            return i + 1
+        parts.insert(i + 1, [at, part[1], part[2], dict(part[3])])
+        part[1] = at
+        return i + 1
+
+    def join(self, i: int, j: int) -> None:
+        """Join the neighbours among ``parts[i:j]`` that saw the same accesses."""
+        parts = self.parts
+        k = min(j, len(parts)) - 1
+        while k > max(i, 0):
+            left, right = parts[k - 1], parts[k]
+            if left[2] is right[2] and left[3].keys() == right[3].keys() and all(
+                    left[3][s] is right[3][s] for s in left[3]):
+                left[1] = right[1]
+                del parts[k]
+            k -= 1
+
+
 class _Chunk:
-    __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "last_write", "reads",
+    __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "shadow",
                  "external")
 
     def __init__(self, base: int, capacity: int, buffer: Any, external: bool = False) -> None:
@@ -116,8 +159,7 @@ class _Chunk:
         self.buffer = buffer
         self.live = False
         self.free_op: _Op | None = None
-        self.last_write: _Op | None = None
-        self.reads: dict[int, _Op] = {}
+        self.shadow = _Shadow(capacity)
         #: Memory another library allocated, registered while it is borrowed
         #: (:meth:`SimDriver.register_foreign`): not the pool's.
         self.external = external

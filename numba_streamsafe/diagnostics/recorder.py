@@ -14,6 +14,7 @@ from numba_streamsafe.core.access import Access, as_access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.resources.base import Use
 from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["LaunchRecorder", "RecorderMode", "UncommittedLaunchWarning"]
@@ -135,9 +136,11 @@ class LaunchRecorder:
             self._uses.add_producer(producer)
 
     @property
-    def uses(self) -> list[tuple[Block, Access]]:
-        """The merged uses, one per block."""
-        return list(self._uses.blocks)
+    def uses(self) -> list[Use]:
+        """The merged uses, one per block: ``(block, access)`` for the whole
+        block, ``(block, access, lo, hi)`` for its bytes ``lo .. hi - 1``."""
+        return [(b, a) if lo == 0 and hi == b.nbytes else (b, a, lo, hi)
+                for b, a, lo, hi in self._uses.blocks]
 
     # ------------------------------------------------------------------ phases
     def preflight(self) -> None:

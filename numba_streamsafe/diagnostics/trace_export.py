@@ -47,7 +47,7 @@ def chrome_events(t: Trace) -> list[dict[str, Any]]:
         out.append({"ph": "X", "name": op.label, "cat": op.kind, "pid": op.device,
                     "tid": lanes[(op.device, op.stream)], "ts": ts, "dur": dur,
                     "args": {"id": op.id, "tracked": op.tracked,
-                             "uses": {n: f"{a} {p:#x}" for n, a, p in op.uses}}})
+                             "uses": {n: f"{a} {p:#x}+{size}" for n, a, p, size in op.uses}}})
     flow = 0
     for w in t.waits:
         if not w.inserted:

@@ -17,7 +17,8 @@ class Op:
     """A fenced launch, copy or memset.
 
     ``kind`` is ``"launch"``, ``"copy"`` or ``"memset"``; ``uses`` holds
-    ``(argument, access name, address)`` per block; ``t0``/``t1`` are host
+    ``(argument, access name, address, nbytes)`` per span of a block used
+    (its first byte and size: a view's extent); ``t0``/``t1`` are host
     times (ns since the trace began) around preflight, the work and commit;
     ``device_t0``/``device_t1`` the device times (ns) of the work when the
     trace measured them, else None. ``tracked`` is False for a launch with
@@ -29,7 +30,7 @@ class Op:
     label: str
     device: int
     stream: int
-    uses: tuple[tuple[str, str, int], ...]
+    uses: tuple[tuple[str, str, int, int], ...]
     t0: int
     t1: int
     tracked: bool = True

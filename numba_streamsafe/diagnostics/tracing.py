@@ -76,7 +76,7 @@ class Trace:
         #: Ids, waits queued, events recorded, launches of the compiled path.
         self._log = TraceLog(self._t0)
         #: Blocks live when the trace began: key -> (last writer's stream, reader streams).
-        self._initial: dict[tuple[int, int, int], tuple[int, tuple[int, ...]]] = {}
+        self._initial: dict[tuple[int, int, int], tuple[int, tuple[int, ...], int]] = {}
         #: Device timing: per device (base event, driver, host ns); per op id its events.
         self._bases: dict[int, tuple[Any, Any, int]] = {}
         self._timing: dict[int, tuple[Any, Any, int]] = {}
@@ -99,8 +99,11 @@ class Trace:
             with lock:
                 for entry in list(live.values()):
                     b = entry.block
+                    ranges = entry.uses()
                     self._initial[(b.device, b.ptr, b.generation)] = (
-                        entry.last_write.stream, tuple(entry.reads))
+                        max((m for r in ranges for m in r[2].values()),
+                            key=lambda m: m.seq).stream,
+                        tuple({s for r in ranges for s in r[3]}), b.nbytes)
 
     # ------------------------------------------------------------ the queries
     def _build(self) -> None:
@@ -281,19 +284,24 @@ def _expand(record: tuple[Any, ...]) -> tuple[Any, ...]:
     record of the Python path."""
     op_id, t0, w0, e0, t1, w1, e1, label, device, stream = record[:10]
     uses = record[10:]
-    blocks = [(BlockId(uses[i + 2], uses[i + 3], uses[i + 4]), Access(uses[i + 1]))
-              for i in range(0, len(uses), 5)]
-    return (op_id, label, False, device, stream, blocks, list(uses[::5]), t0, t1, True,
+    blocks = [(BlockId(uses[i + 2], uses[i + 3], uses[i + 4]), Access(uses[i + 1]),
+               uses[i + 5], uses[i + 6]) for i in range(0, len(uses), 7)]
+    return (op_id, label, False, device, stream, blocks, list(uses[::7]), t0, t1, True,
             w0, w1, e0, e1)
+
+
+#: Per block (``(device, ptr, generation)``): the writes and reads a later use
+#: may conflict with, each ``(lo, hi, stream, earlier)`` over its bytes.
+_Uses = dict[tuple[int, int, int], list[tuple[int, int, int, _Earlier]]]
 
 
 def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
     """The operations, waits and events, from the raw records in order."""
-    writers: dict[tuple[int, int, int], _Earlier] = {}
-    readers: dict[tuple[int, int, int], dict[int, _Earlier]] = {}
-    for key, (w_stream, r_streams) in t._initial.items():
-        writers[key] = (0, "(before the trace)", "", w_stream)
-        readers[key] = {s: (0, "(before the trace)", "", s) for s in r_streams}
+    writers: _Uses = {}
+    readers: _Uses = {}
+    for key, (w_stream, r_streams, nbytes) in t._initial.items():
+        writers[key] = [(0, nbytes, w_stream, (0, "(before the trace)", "", w_stream))]
+        readers[key] = [(0, nbytes, s, (0, "(before the trace)", "", s)) for s in r_streams]
     mem = {m[0]: m for m in list(t._mem)}
     raws = {r[0]: r for r in list(t._raw)}
     for r in list(t._log.launches):
@@ -306,7 +314,8 @@ def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
         if m is not None:
             if m[1] in ("alloc", "borrow"):
                 key = (m[2], m[4], m[10])
-                writers[key] = (0, "allocation" if m[1] == "alloc" else "borrow", "", m[3])
+                earlier = (0, "allocation" if m[1] == "alloc" else "borrow", "", m[3])
+                writers[key] = [(0, m[5], m[3], earlier)]
                 readers.pop(key, None)
             continue
         op, op_waits, op_events = _replay_op(t, raws[seq], writers, readers)
@@ -316,9 +325,7 @@ def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
     return ops, waits, events
 
 
-def _replay_op(t: Trace, raw: tuple[Any, ...],
-               writers: dict[tuple[int, int, int], _Earlier],
-               readers: dict[tuple[int, int, int], dict[int, _Earlier]]
+def _replay_op(t: Trace, raw: tuple[Any, ...], writers: _Uses, readers: _Uses
                ) -> tuple[Op, list[Wait], list[EventRecord]]:
     (op_id, label, copy, device, stream, blocks, names, t0, t1, tracking,
      w0, w1, e0, e1) = raw
@@ -327,7 +334,8 @@ def _replay_op(t: Trace, raw: tuple[Any, ...],
     kind = "copy" if copy else ("memset" if label == "memset" else "launch")
     dt = t._device_ns.get(op_id)
     op = Op(op_id, kind, label, device, stream,
-            tuple((n, a.name, b.ptr) for (b, a), n in zip(blocks, names, strict=False)),
+            tuple((n, a.name, b.ptr + lo, hi - lo)
+                  for (b, a, lo, hi), n in zip(blocks, names, strict=False)),
             t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
     waits: list[Wait] = []
     # The waits this op queued (not those of frees run inside its preflight).
@@ -336,27 +344,29 @@ def _replay_op(t: Trace, raw: tuple[Any, ...],
     events = [EventRecord(op_id, d, s, t1) for d, s in t._log.seals[e0:e1]]
     if not tracking:
         return op, waits, events
-    for (block, access), name in zip(blocks, names, strict=False):
-        waits += _replay_use(op_id, label, name, block, access, stream, t0, queued, writers,
-                             readers)
+    for (block, access, lo, hi), name in zip(blocks, names, strict=False):
+        waits += _replay_use(op_id, label, name, block, access, lo, hi, stream, t0, queued,
+                             writers, readers)
     return op, waits, events
 
 
-def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, stream: int,
-                t0: int, queued: collections.Counter[int],
-                writers: dict[tuple[int, int, int], _Earlier],
-                readers: dict[tuple[int, int, int], dict[int, _Earlier]]) -> list[Wait]:
-    """The waits one use of an operation needed (each marked inserted, or
-    ordered by its stream), and the use recorded as the block's newest."""
+def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, lo: int, hi: int,
+                stream: int, t0: int, queued: collections.Counter[int], writers: _Uses,
+                readers: _Uses) -> list[Wait]:
+    """The waits one use of the bytes ``lo .. hi - 1`` of a block needed (each
+    marked inserted, or ordered by its stream), and the use recorded as the
+    newest of those bytes."""
     key = (block.device, block.ptr, block.generation)
-    conflicts: list[tuple[_Earlier, bool]] = []
-    writer = writers.get(key)
-    if writer is not None:
-        conflicts.append((writer, True))
+    conflicts: dict[tuple[int, int], tuple[_Earlier, bool]] = {}
+    for wlo, whi, _, earlier in writers.get(key, ()):
+        if wlo < hi and lo < whi:
+            conflicts.setdefault((earlier[0], earlier[3]), (earlier, True))
     if access & _WRITE:
-        conflicts += [(r, False) for s, r in readers.get(key, {}).items() if s != stream]
+        for rlo, rhi, s, earlier in readers.get(key, ()):
+            if s != stream and rlo < hi and lo < rhi:
+                conflicts.setdefault((earlier[0], earlier[3]), (earlier, False))
     waits = []
-    for earlier, was_write in conflicts:
+    for earlier, was_write in conflicts.values():
         on = earlier[3]
         same = on == stream
         inserted = not same and queued[on] > 0
@@ -365,11 +375,16 @@ def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, s
         waits.append(Wait(op_id, label, name, access.name, block.device, stream, on,
                           earlier[0], earlier[1], earlier[2], _hazard(access, was_write),
                           inserted, same, t0))
+    now = (op_id, label, name, stream)
     if access & _WRITE:
-        writers[key] = (op_id, label, name, stream)
-        readers.pop(key, None)
+        # Uses wholly under this write are ordered before it: it replaces them.
+        writers[key] = [u for u in writers.get(key, ()) if not lo <= u[0] <= u[1] <= hi]
+        writers[key].append((lo, hi, stream, now))
+        readers[key] = [u for u in readers.get(key, ()) if not lo <= u[0] <= u[1] <= hi]
     else:
-        readers.setdefault(key, {})[stream] = (op_id, label, name, stream)
+        readers[key] = [u for u in readers.get(key, ())
+                        if u[2] != stream or not lo <= u[0] <= u[1] <= hi]
+        readers[key].append((lo, hi, stream, now))
     return waits
 
 

@@ -53,6 +53,19 @@ def is_array(arg: Any) -> bool:
             or hasattr(arg, "gpu_data"))
 
 
+def arrays_in(arg: Any) -> list[Any]:
+    """The arrays a kernel argument passes: itself when it is one, the arrays
+    inside it when it is a tuple (namedtuples and nested tuples too)."""
+    if isinstance(arg, tuple):
+        return [a for member in arg for a in arrays_in(member)]
+    return [arg] if is_array(arg) else []
+
+
+def holds_arrays(arg: Any) -> bool:
+    """Whether a kernel argument is an array or a tuple with an array inside."""
+    return bool(arrays_in(arg))
+
+
 def _check(kernel: str, params: Params, uses: tuple[ParamUse, ...]) -> None:
     for (name, declared), use in zip(params, uses, strict=True):
         if declared is None:
@@ -110,7 +123,7 @@ def prepare(kernel: str, py_func: Any, params: Params, args: tuple[Any, ...], *,
         return params
     out = []
     for (name, declared), use, arg in zip(params, uses, args, strict=True):
-        if declared is None and is_array(arg):
+        if declared is None and holds_arrays(arg):
             declared = use.access
         out.append((name, declared))
     return tuple(out)

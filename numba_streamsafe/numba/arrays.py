@@ -271,7 +271,7 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
     handle, owner = rt.stream_ref(stream)
 
     if host.nbytes:
-        fenced(rt, handle, single(block, Access.WRITE, "to", copy=True),
+        fenced(rt, handle, single(block, Access.WRITE, "to", True, target.array_span(block, to)),
                f"copy to device ({tag})",
                _strict(rt), owner, numba_call, to.copy_to_device, host, target.numba_stream(stream),
                tracking=_tracking(rt))
@@ -354,7 +354,9 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
         _check_out(out, shape, strides, dtype)
     handle, owner = rt.stream_ref(stream)
 
-    return fenced(rt, handle, single(block, Access.READ, "array", copy=True), "copy to host",
+    return fenced(rt, handle,
+                  single(block, Access.READ, "array", True, target.array_span(block, array)),
+                  "copy to host",
                   _strict(rt),
                   owner, numba_call, array.copy_to_host, out, target.numba_stream(stream),
                   tracking=_tracking(rt))
@@ -435,8 +437,8 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
     handle, owner = rt.stream_ref(stream)
 
     uses = CopyUses()
-    uses.add(src_block, Access.READ, "src")
-    uses.add(dst_block, Access.WRITE, "dst")
+    uses.add(src_block, Access.READ, "src", *target.array_span(src_block, src))
+    uses.add(dst_block, Access.WRITE, "dst", *target.array_span(dst_block, dst))
     if _across_devices(rt, dst_block, src_block):
         nbytes = math.prod(dst_shape) * dst_dtype.itemsize
         if nbytes:
@@ -482,7 +484,8 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
         raise StreamMisuse("memset needs a contiguous array; copy the view first")
     handle, owner = rt.stream_ref(stream)
 
-    fenced(rt, handle, single(block, Access.WRITE, "array"), "memset", _strict(rt),
+    fenced(rt, handle, single(block, Access.WRITE, "array", False, target.array_span(block, array)),
+           "memset", _strict(rt),
            owner, numba_call, target.memset, array, int(value), target.numba_stream(stream),
            tracking=_tracking(rt))
 

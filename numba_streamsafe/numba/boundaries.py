@@ -47,7 +47,8 @@ def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
     if kind != target.DEVICE or block is None or not _tracking(rt):
         return desc
     named = desc.get("stream")
-    order_export(block, 0 if named in (None, 1, 2) else int(named), "exported array")
+    order_export(block, 0 if named in (None, 1, 2) else int(named), "exported array",
+                 target.array_span(block, array))
     if named is None:
         desc = dict(desc, stream=1)  # the legacy default stream, which was ordered
     return desc
@@ -90,7 +91,7 @@ def lend(array: Any, *, stream: Any, access: Access | str = "rw") -> Iterator[An
     if block.device != rt.device:
         rt = get_runtime(block.device)
     handle, owner = rt.stream_ref(stream)
-    uses = single(block, access, "lent array")
+    uses = single(block, access, "lent array", False, target.array_span(block, array))
     with rt.activate():
         preflight(rt, handle, uses, False, owner)
     try:

@@ -30,7 +30,7 @@ import numpy as np
 from numba.cuda import types as _numba_types
 
 from numba_streamsafe._driver.limits import normalize_dims
-from numba_streamsafe.numba import launcher, packing
+from numba_streamsafe.numba import launcher, packing, target
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
 
@@ -109,14 +109,19 @@ def array_fields(arg: Any) -> bytes:
 
 def cached_fields(arg: Any, argtype: Any) -> launcher.ArgFields | None:
     """The :class:`~numba_streamsafe.numba.launcher.ArgFields` of a device array
-    over a tracked block, cached on the array (a device array's pointer, shape
-    and strides never change); None for an array over no tracked block."""
+    over a tracked block (a whole array or a view of one), cached on the
+    array (a device array's pointer, shape and strides never change); None
+    for an array over no tracked block."""
     fields = getattr(arg, "_nss_fast", None)
     if fields is None:
-        block = getattr(getattr(arg, "gpu_data", None), "_nss_block", None)
-        if block is None:
-            return None
-        fields = launcher.ArgFields(block, argtype, array_fields(arg))
+        gpu_data = getattr(arg, "gpu_data", None)
+        block = getattr(gpu_data, "_nss_block", None)
+        if block is None:  # a view: its pointer's owner holds the block
+            block = getattr(getattr(gpu_data, "owner", None), "_nss_block", None)
+            if block is None:
+                return None
+        fields = launcher.ArgFields(block, argtype, array_fields(arg),
+                                    *target.array_span(block, arg))
         try:
             arg._nss_fast = fields
         except AttributeError:  # an array type that takes no attributes

@@ -254,7 +254,7 @@ def export_dlpack(array: Any, *, stream: Any = None, max_version: Any = None,
         strides.append(s // itemsize)
     handle = _consumer_handle(stream)
     if handle is not None:
-        order_export(block, handle, "DLPack export")
+        order_export(block, handle, "DLPack export", target.array_span(block, array))
     data = target.pointer_of(array) if array.size else block.ptr
     return make_capsule(data, tuple(array.shape), tuple(strides), dtype, block.device, array,
                         versioned)

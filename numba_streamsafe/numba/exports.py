@@ -16,10 +16,12 @@ from numba_streamsafe.runtime import get_runtime
 __all__ = ["order_export"]
 
 
-def order_export(block: Block, handle: int, what: str) -> None:
-    """Make the consumer's stream ``handle`` wait for every known use of
-    ``block`` and record the export there as a read-write use (the array
-    interface's and DLPack's exports; nothing with tracking off).
+def order_export(block: Block, handle: int, what: str,
+                 span: tuple[int, int] | None = None) -> None:
+    """Make the consumer's stream ``handle`` wait for every known use of the
+    bytes ``span`` of ``block`` (all of it by default: the exported array's
+    extent) and record the export there as a read-write use of them (the
+    array interface's and DLPack's exports; nothing with tracking off).
 
     The consumer's stream is known by its handle only: its mark's event is
     recorded at once, while the stream surely exists (its owner may destroy
@@ -30,7 +32,7 @@ def order_export(block: Block, handle: int, what: str) -> None:
         rt = get_runtime(block.device)
     if not launch_policy(rt).tracking:
         return
-    uses = single(block, Access.READ_WRITE, what)
+    uses = single(block, Access.READ_WRITE, what, False, span)
     with rt.activate():
         preflight(rt, handle, uses, False)
         commit(rt, handle, uses)

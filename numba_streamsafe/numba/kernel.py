@@ -222,7 +222,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             gpu_data = getattr(arg, "gpu_data", None)
             block = getattr(gpu_data, "_nss_block", None) if gpu_data is not None else None
             if block is not None and access is not None:
-                uses.add(block, access, name)
+                uses.add(block, access, name, *target.array_span(block, arg))
                 continue
             host = self._resolve(rt, uses, name, access, arg) or host
         return uses, host
@@ -230,7 +230,15 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     def _resolve(self, rt: Any, uses: Uses, name: str, access: Access | None, arg: Any
                  ) -> bool:
         """Add the use of one argument that is not an array over one of our
-        blocks with a declared access; True if it is a host array."""
+        blocks with a declared access; True if it is a host array. The arrays
+        inside a tuple (namedtuples and nested tuples too) are each used with
+        the tuple's access."""
+        if isinstance(arg, tuple):
+            host = False
+            for i, member in enumerate(arg):
+                if isinstance(member, tuple) or access_check.is_array(member):
+                    host = self._resolve(rt, uses, f"{name}[{i}]", access, member) or host
+            return host
         kind, block, producer = target.resolve(rt, arg)
         if kind == target.DEVICE and access is not None:
             if block is None and getattr(arg, "size", None) == 0:
@@ -241,7 +249,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
                 if not self.allow_foreign:
                     uses.add(None, access, f"argument {name!r} of {self.__name__}")
                 return False
-            uses.add(block, access, name)
+            uses.add(block, access, name, *target.array_span(block, arg))
             return False
         if kind == target.OTHER:
             if access is not None:
@@ -302,31 +310,28 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         return tuple(out), uploaded
 
     def _tell_actual(self, rt: Any, uses: Uses, args: tuple[Any, ...]) -> None:
-        """For a checking driver: the blocks with the union of the declared and
+        """For a checking driver: the spans with the union of the declared and
         the inferred accesses, so an undeclared write shows as a hazard."""
         if self._inferred is None:
             self._inferred = access_check.inferred(self.py_func)
-        actual = {b.ptr: [b.ptr, b.nbytes, a] for b, a in uses.blocks}
+        actual = {(b.ptr + lo, hi - lo): a for b, a, lo, hi in uses.blocks}
         more = False
         for (name, _), arg in zip(self.params, args, strict=False):
             extra = self._inferred.get(name)
             if extra is None:
                 continue
-            gpu_data = getattr(arg, "gpu_data", None)
-            block = getattr(gpu_data, "_nss_block", None) if gpu_data is not None else None
-            if block is None:
-                kind, block, _ = target.resolve(rt, arg)
+            for member in access_check.arrays_in(arg):
+                kind, block, _ = target.resolve(rt, member)
                 if kind != target.DEVICE or block is None:
                     continue
-            entry = actual.get(block.ptr)
-            if entry is None:
-                actual[block.ptr] = [block.ptr, block.nbytes, extra]
-                more = True
-            elif entry[2] | extra != entry[2]:
-                entry[2] = Access(entry[2] | extra)
-                more = True
+                lo, hi = target.array_span(block, member)
+                key = (block.ptr + lo, hi - lo)
+                now = actual.get(key)
+                if now is None or now | extra != now:
+                    actual[key] = extra if now is None else Access(now | extra)
+                    more = True
         if more:
-            uses.actual = [(p, n, Access(a)) for p, n, a in actual.values()]
+            uses.actual = [(p, n, Access(a)) for (p, n), a in actual.items()]
 
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT

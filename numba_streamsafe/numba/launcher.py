@@ -63,18 +63,22 @@ def retried() -> int:
 class ArgFields:
     """What a direct launch reads of a device array over a tracked block,
     cached on the array (fixed for its life): the block, its address, the
-    array's Numba type and its launch fields, the block's identity as a
-    trace keeps it (``(ptr, generation, device)``), and the block's entry
-    once a launch found it (read and written under the resource's lock; an
-    entry that is ``gone`` is looked up again)."""
+    array's Numba type and its launch fields, the bytes of the block the
+    array spans (``lo .. hi - 1``, offsets into the block), the block's
+    identity as a trace keeps it (``(ptr, generation, device)``), and the
+    block's entry once a launch found it (read and written under the
+    resource's lock; an entry that is ``gone`` is looked up again)."""
 
-    def __init__(self, block: Any, argtype: Any, fields: bytes) -> None:
+    def __init__(self, block: Any, argtype: Any, fields: bytes, lo: cython.Py_ssize_t,
+                 hi: cython.Py_ssize_t) -> None:
         self.block = block
         self.ptr = block.ptr
         self.key = tuple(block.id)  # a plain tuple: a trace keeps it untracked by the GC
         self.entry = None
         self.argtype = argtype
         self.fields = fields
+        self.lo = lo
+        self.hi = hi
 
 
 @cython.cclass
@@ -346,8 +350,8 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
 @cython.cfunc
 def _uses_of(arrays: list, names: tuple) -> tuple:
     """The launch's uses as a trace keeps them, flat: ``name, access, ptr,
-    generation, device`` per block, in argument order; a block's accesses
-    joined and its names joined with ``+``, as
+    generation, device, lo, hi`` per span of a block, in argument order; the
+    accesses of one span joined and its names joined with ``+``, as
     :class:`~numba_streamsafe.protocol.Uses` joins them."""
     out: list = []
     f: ArgFields
@@ -358,8 +362,9 @@ def _uses_of(arrays: list, names: tuple) -> tuple:
         name = names[i // 2]
         access = arrays[i + 1]
         key = f.key
-        for j in range(0, len(out), 5):
-            if out[j + 2] == key[0] and out[j + 3] == key[1] and out[j + 4] == key[2]:
+        for j in range(0, len(out), 7):
+            if (out[j + 2] == key[0] and out[j + 3] == key[1] and out[j + 4] == key[2]
+                    and out[j + 5] == f.lo and out[j + 6] == f.hi):
                 out[j] = out[j] + "+" + name
                 out[j + 1] = out[j + 1] | access
                 break
@@ -367,6 +372,8 @@ def _uses_of(arrays: list, names: tuple) -> tuple:
             out.append(name)
             out.append(access)
             out.extend(key)
+            out.append(f.lo)
+            out.append(f.hi)
     return tuple(out)
 
 
@@ -393,10 +400,10 @@ def _matches(argtypes: tuple, args: tuple, accesses: tuple, arrays: list) -> cyt
 @cython.cfunc
 def _entries(state: LaunchState, arrays: list) -> list | None:
     """The entries of the launch's arrays (``[ArgFields, access, ...]``) with
-    their accesses merged per block, as
-    :func:`~numba_streamsafe.resources.rules.resolve` gives them; None when
-    an array's block is not the live one at its address. Caller holds the
-    resource's lock."""
+    their spans, the accesses of one span of a block merged, as
+    :func:`~numba_streamsafe.resources.rules.resolve` gives them
+    (``[entry, access, lo, hi, ...]``); None when an array's block is not the
+    live one at its address. Caller holds the resource's lock."""
     live = state.live
     out: list = []
     f: ArgFields
@@ -415,13 +422,15 @@ def _entries(state: LaunchState, arrays: list) -> list | None:
             f.entry = entry
         else:
             entry = f.entry
-        for j in range(0, len(out), 2):
-            if out[j] is entry:
+        for j in range(0, len(out), 4):
+            if out[j] is entry and out[j + 2] == f.lo and out[j + 3] == f.hi:
                 out[j + 1] = out[j + 1] | arrays[i + 1]
                 break
         else:
             out.append(entry)
             out.append(arrays[i + 1])
+            out.append(f.lo)
+            out.append(f.hi)
     return out
 
 
@@ -432,7 +441,7 @@ def _recheck(state: LaunchState, entries: list) -> list:
     the Python path's commit raises (``BlockTable.entry``)."""
     entry: Entry  # noqa: F821 (rules.pxd)
     i: cython.Py_ssize_t
-    for i in range(0, len(entries), 2):
+    for i in range(0, len(entries), 4):
         entry = entries[i]
         if entry.gone:
             state.table.entry(entry.block, "commit")

@@ -19,7 +19,7 @@ from typing import Any
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.access_check import is_array
+from numba_streamsafe.numba.access_check import holds_arrays
 from numba_streamsafe.numba.inference import infer_params
 from numba_streamsafe.numba.kernel import TrackedKernel
 from numba_streamsafe.numba.scope import FENCE, _local
@@ -85,7 +85,7 @@ class PlainKernel(TrackedKernel):
             every = {name: Access.READ_WRITE for name, _ in self.params}
         self._every = every
         self._inferred = every
-        self.params = tuple((name, every.get(name) if is_array(arg) else None)
+        self.params = tuple((name, every.get(name) if holds_arrays(arg) else None)
                             for (name, _), arg in zip(self.params, args, strict=True))
         self._access_ready = True
 
@@ -100,7 +100,17 @@ class PlainKernel(TrackedKernel):
     def _resolve(self, rt: Any, uses: Uses, name: str, access: Access | None, arg: Any
                  ) -> bool:
         """The use of an argument that is not an array over one of the library's
-        blocks with an access: ordered where it can be, refused never."""
+        blocks with an access: ordered where it can be, refused never. The
+        arrays inside a tuple are each used with the tuple's access."""
+        if isinstance(arg, tuple):
+            if access is None:  # a parameter that held no array at the first launch
+                access = self._every.get(name)
+                if access is None:
+                    return False
+            host = False
+            for i, member in enumerate(arg):
+                host = self._resolve(rt, uses, f"{name}[{i}]", access, member) or host
+            return host
         kind, block, producer = target.resolve(rt, arg)
         if kind != target.DEVICE:
             return kind == target.HOST  # host arrays: Numba's transfers, on the launch stream
@@ -112,7 +122,7 @@ class PlainKernel(TrackedKernel):
             if producer is not None:
                 uses.add_producer(producer)
             return False
-        uses.add(block, access, name)
+        uses.add(block, access, name, *target.array_span(block, arg))
         return False
 
     def _upload_host(self, args: tuple[Any, ...], stream: Any) -> tuple[tuple[Any, ...], bool]:
@@ -123,3 +133,4 @@ class PlainKernel(TrackedKernel):
 
     def _configure(self, config: tuple[Any, ...]) -> Any:
         return self._numba_configure(self.dispatcher, config)
+

@@ -20,7 +20,8 @@ from numba_streamsafe.numba.scope import device_scope
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 
 __all__ = ["SIMULATOR", "Resolved", "make_array", "wrap_memory", "resolve", "numba_stream",
-           "runtime", "launch_runtime", "current_device", "device_id", "allocation_target"]
+           "runtime", "launch_runtime", "current_device", "device_id", "allocation_target",
+           "span", "array_span"]
 
 #: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
@@ -82,6 +83,52 @@ def c_strides(shape: tuple[int, ...], itemsize: int, order: str = "C") -> tuple[
         strides[i] = step
         step *= max(shape[i], 1)
     return tuple(strides)
+
+
+def span(block: Block, ptr: int, nbytes: int) -> tuple[int, int]:
+    """The bytes ``ptr .. ptr + nbytes - 1`` as offsets ``(lo, hi)`` into
+    ``block``; the whole block when they reach outside it (an access past its
+    end is the kernel's error, and ordering all of it is never too little)."""
+    lo = ptr - block.ptr
+    hi = lo + nbytes
+    if lo < 0 or hi > block.nbytes:
+        return 0, block.nbytes
+    return lo, hi
+
+
+def array_span(block: Block, arg: Any) -> tuple[int, int]:
+    """The bytes of ``block`` that the device array ``arg`` may touch, as
+    offsets ``(lo, hi)``: from its lowest to one past its highest byte (the
+    whole extent of a strided or reversed view; nothing for an empty array).
+
+    ``arg`` is any device array of Numba (or its simulator) or one with a
+    ``__cuda_array_interface__``; an array whose layout cannot be read spans
+    the whole block.
+    """
+    try:
+        ptr = pointer_of(arg)
+        shape = arg.shape
+        strides = arg.strides
+        itemsize = arg.dtype.itemsize
+    except (AttributeError, TypeError, KeyError):
+        cai = getattr(arg, "__cuda_array_interface__", None)
+        if cai is None:
+            return 0, block.nbytes
+        ptr, shape = cai["data"][0], tuple(cai["shape"])
+        itemsize = np.dtype(cai["typestr"]).itemsize
+        strides = cai.get("strides") or c_strides(shape, itemsize)
+    if strides is None:
+        strides = c_strides(shape, itemsize)
+    low = high = ptr
+    for n, stride in zip(shape, strides, strict=False):
+        if n <= 0:
+            return (0, 0) if block.ptr <= ptr <= block.ptr + block.nbytes else (0, block.nbytes)
+        step = (n - 1) * stride
+        if step < 0:
+            low += step
+        else:
+            high += step
+    return span(block, low, high + itemsize - low)
 
 
 def numba_stream(stream: Any) -> Any:

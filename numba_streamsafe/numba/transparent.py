@@ -172,9 +172,10 @@ def _fence_numba(label: str, stream: Any, uses: _NumbaUses, work: Callable[..., 
                   tracking=tracking)
 
 
-def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
-    """The uses of a copy's device operands, or None when none is the library's
-    (or transparent mode passes the work through)."""
+def _uses(pairs: tuple[tuple[Any, Access, str], ...], size: int | None) -> _NumbaUses | None:
+    """The uses of a copy's device operands, each over the ``size`` bytes
+    from its pointer (None: all of the pointer's memory), or None when none
+    is the library's (or transparent mode passes the work through)."""
     if _local.transparent == INSIDE:
         return None
     rt = target.launch_runtime()
@@ -182,7 +183,10 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...]) -> _NumbaUses | None:
     for obj, access, name in pairs:
         block = _block_of(rt, obj)
         if block is not None:
-            uses.add(block, access, name)
+            memory = getattr(obj, "gpu_data", obj)
+            ptr = int(getattr(memory, "device_pointer_value", None) or block.ptr)
+            nbytes = getattr(memory, "size", block.nbytes) if size is None else size
+            uses.add(block, access, name, *target.span(block, ptr, nbytes))
     if not uses.blocks:
         return None
     return uses
@@ -197,7 +201,7 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
             pairs.append((dst, Access.WRITE, "dst"))
         if read_src:
             pairs.append((src, Access.READ, "src"))
-        uses = _uses(tuple(pairs)) if size else None
+        uses = _uses(tuple(pairs), size) if size else None
         if uses is None:
             return original(dst, src, size, stream)
         return _fence_numba(label, stream, uses, original, dst, src, size, stream)
@@ -209,7 +213,7 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def memset(self: Any, byte: int, count: int | None = None, stream: Any = 0) -> Any:
-        uses = _uses(((self, Access.WRITE, "dst"),))
+        uses = _uses(((self, Access.WRITE, "dst"),), count)
         if uses is None:
             return original(self, byte, count, stream)
         return _fence_numba("memset (Numba)", stream, uses, original, self, byte, count, stream)
@@ -311,7 +315,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
         if isinstance(obj, _SimArray):
             _, block, _ = target.resolve(rt, obj)
             if block is not None:
-                uses.add(block, access, name)
+                uses.add(block, access, name, *target.array_span(block, obj))
     if not uses.blocks:
         return work(*args)
     result = _fence_numba(label, stream, uses, work, *args)

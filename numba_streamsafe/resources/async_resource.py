@@ -270,7 +270,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         # The new block's use of the stream's open mark (its allocation point)
         # begins; the free's use of the old block's last write ends.
         self._table.replace(entry, block, mark)
-        self.marks.release(entry.last_write)
+        entry.release(self.marks)
         self._frees += 1
         self._freed_bytes += nbytes
         self._allocations += 1
@@ -282,7 +282,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         (:meth:`_recycle_locked`): the live block of its entry, of ``nbytes`` on
         ``stream``, used on no other stream, owned, and small enough to keep."""
         return (entry.block is old and old.nbytes == nbytes and old.stream == stream
-                and not entry.reads and entry.last_write.stream == stream
+                and entry.only_on(stream)
                 and not old.borrowed and nbytes <= self.reuse_bytes
                 and (old.stream_owner is not None or stream <= MAX_DEFAULT_STREAM))
 
@@ -417,7 +417,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             self._release_borrowed_locked(entry, entry.block)
             return
         stream = block.stream
-        if entry.reads or entry.last_write.stream != stream:
+        if not entry.only_on(stream):
             marks = entry.waits_for(stream, Access.READ_WRITE)
             if marks:
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)

@@ -16,8 +16,10 @@ from numba_streamsafe.resources.marks import EventPool
 
 __all__ = ["DeferringAdaptor", "MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
 
-#: One declared use in a launch: the block and how it is accessed.
-Use = tuple[Block, Access]
+#: One declared use in a launch: the block and how it is accessed, all of it
+#: (``(block, access)``) or its bytes ``lo .. hi - 1`` (``(block, access, lo,
+#: hi)``, offsets into the block): uses conflict only where their bytes meet.
+Use = tuple[Block, Access] | tuple[Block, Access, int, int]
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class MemoryResource(abc.ABC):
         raise self._refuse("borrowing another library's memory")
 
     def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        """Queue on ``stream`` the waits that the ``(block, access)`` uses of one
+        """Queue on ``stream`` the waits that the uses (:data:`Use`) of one
         launch need, before the launch is queued; each event is waited for once.
 
         ``owner`` is the launch stream's owning object (None for a raw handle),

@@ -1,6 +1,6 @@
 """The table of live blocks and the dependency state of each (its
-:class:`~numba_streamsafe.resources.rules.Entry`: its last write and, per
-stream, its newest read since that write).
+:class:`~numba_streamsafe.resources.rules.Entry`: by byte range, the marks
+of its last writes and of its newest reads since).
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
 pure-Python mode (C declarations in ``block_table.pxd``): the resource calls
@@ -162,26 +162,10 @@ class BlockTable:
         blocks and drop it from every mark's waiters, so a new stream that gets
         the same handle inherits nothing."""
         entry: Entry
-        lw: Mark
-        m: Mark
         tomb = retired_stream_id()
         for e in self.live.values():
             entry = e
-            lw = entry.last_write
-            if lw.stream == stream:
-                lw.stream = tomb
-            if lw.waiters:
-                lw.waiters.pop(stream, None)
-            reads = entry.reads
-            if reads:
-                mark = reads.pop(stream, None)
-                if mark is not None:
-                    cython.cast(Mark, mark).stream = tomb
-                    reads[tomb] = mark
-                for r in reads.values():
-                    m = r
-                    if m.waiters:
-                        m.waiters.pop(stream, None)
+            entry.forget_stream(stream, tomb)
 
     def clear(self) -> list:
         """Forget every block, advance the epoch, and return the entries."""

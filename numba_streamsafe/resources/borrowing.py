@@ -81,7 +81,7 @@ class Borrowing(AsyncState):
     def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:
         """The release of a borrowed block (:meth:`borrow`); caller holds the lock."""
         stream = block.stream
-        if entry.reads or entry.last_write.stream != stream:
+        if not entry.only_on(stream):
             marks = entry.waits_for(stream, Access.READ_WRITE)
             if marks:
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)

@@ -250,30 +250,38 @@ class DebugGuardResource(GuardQueue):
             return block  # another library's memory, tracked by the upstream: no guards
         return self._entry(block, what).outer
 
+    def _outer_uses(self, uses: Sequence[Use], what: str) -> list[Use]:
+        """``uses`` of inner blocks as uses of their outer blocks: the same bytes,
+        offset by the front guard."""
+        out: list[Use] = []
+        for use in uses:
+            block, access = use[0], use[1]
+            outer = self._outer(block, what)
+            shift = block.ptr - outer.ptr
+            if len(use) > 2:
+                out.append((outer, access, use[2] + shift, use[3] + shift))  # type: ignore[misc]
+            else:
+                out.append((outer, access, shift, shift + block.nbytes))
+        return out
+
     # ---------------------------------------------------------------- tracking
     def preflight(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
         if self._deferred:
             self._drain()
-        outer = self._outer
-        self.upstream.preflight([(outer(b, "preflight"), a) for b, a in uses], stream,
-                                     owner)
+        self.upstream.preflight(self._outer_uses(uses, "preflight"), stream, owner)
 
     def commit(self, uses: Sequence[Use], stream: int, owner: Any = None) -> None:
-        outer = self._outer
-        self.upstream.commit([(outer(b, "commit"), a) for b, a in uses], stream,
-                                    owner)
+        self.upstream.commit(self._outer_uses(uses, "commit"), stream, owner)
 
     def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Any]:
         if self._deferred:
             self._drain()
-        outer = self._outer
-        return self.upstream.preflight_foreign([(outer(b, "preflight"), a) for b, a in uses], key)
+        return self.upstream.preflight_foreign(self._outer_uses(uses, "preflight"), key)
 
     def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: Any,
                        owner: Any = None) -> None:
-        outer = self._outer
         try:
-            outers = [(outer(b, "commit"), a) for b, a in uses]
+            outers = self._outer_uses(uses, "commit")
         except BaseException:
             pool.release(event)
             raise

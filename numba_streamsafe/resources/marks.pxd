@@ -9,6 +9,7 @@ ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil
 
 
 cdef class Mark:
+    cdef readonly unsigned long long seq
     cdef public object stream
     cdef public object handle
     cdef public Py_ssize_t refs

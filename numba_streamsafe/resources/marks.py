@@ -40,6 +40,11 @@ _log = logging.getLogger("numba_streamsafe")
 #: never the handle of a stream that exists (handles are >= 0).
 _retired_streams = itertools.count(-2, -1)
 
+#: The sequence number of the newest mark: marks of one stream are made in
+#: stream order, so of two marks of a stream the one with the higher number
+#: covers the other.
+_mark_seq = cython.declare(cython.ulonglong, 0)
+
 
 def retired_stream_id() -> int:
     """A fresh identity for the history of a retired stream (never a live handle)."""
@@ -128,11 +133,16 @@ class Mark:
     alive while a use refers to the mark, so the stream cannot be destroyed
     before the event is recorded. ``waiters`` maps the streams that already
     wait for the mark's event to their owning objects (None for a raw
-    handle), kept alive while the mark is in use. Callers change a mark only
+    handle), kept alive while the mark is in use. ``seq`` numbers marks in
+    the order they are made: of two marks of one stream, the one with the
+    higher ``seq`` stands for all the other does. Callers change a mark only
     under their resource's lock.
     """
 
     def __init__(self, stream: int, owner: Any = None) -> None:
+        global _mark_seq
+        _mark_seq += 1
+        self.seq = _mark_seq
         self.stream = stream
         self.handle = None
         self.refs = 0

@@ -38,14 +38,13 @@ class PeerUses(AsyncState):
             held: list[Mark] = []
             try:
                 entries = rules.resolve(self._table, uses, "preflight")
-                for i in range(0, len(entries), 2):
-                    for mark in entries[i].waits_for(key, entries[i + 1]):
-                        if isinstance(mark, ForeignMark) and mark.stale:
-                            continue
-                        if not any(m is mark for m in held):
-                            self.marks.seal(mark)
-                            mark.refs += 1
-                            held.append(mark)
+                for mark in rules.needed_locked(entries, key):
+                    if isinstance(mark, ForeignMark) and mark.stale:
+                        continue
+                    if not any(m is mark for m in held):
+                        self.marks.seal(mark)
+                        mark.refs += 1
+                        held.append(mark)
             except BaseException:
                 for mark in held:
                     self.marks.release(mark)
@@ -78,7 +77,30 @@ class PeerUses(AsyncState):
             mark.give_back()
 
     def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
-        """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live block."""
+        """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live
+        block; of a block whose ranges were used apart (:meth:`block_ranges`),
+        its newest write mark and the newest read mark of each stream."""
         with self._lock:
-            entry = self._table.entry(block, "block_events")
-            return entry.last_write, dict(entry.reads)
+            ranges = self._table.entry(block, "block_events").uses()
+        if len(ranges) == 1:
+            writes, reads = ranges[0][2], ranges[0][3]
+            return max(writes.values(), key=lambda m: m.seq), reads
+        newest: dict[int, Mark] = {}
+        last: Mark | None = None
+        for _, _, writes, reads in ranges:
+            for mark in writes.values():
+                if last is None or mark.seq > last.seq:
+                    last = mark
+            for stream, mark in reads.items():
+                if stream not in newest or mark.seq > newest[stream].seq:
+                    newest[stream] = mark
+        assert last is not None
+        return last, newest
+
+    def block_ranges(self, block: Block) -> tuple[tuple[int, int, dict[int, Mark],
+                                                        dict[int, Mark]], ...]:
+        """Diagnostics: the dependency state of a live block by byte range:
+        ``(lo, hi, {stream: write mark}, {stream: read mark})`` per range, in
+        order (one range while every use covered the whole block)."""
+        with self._lock:
+            return self._table.entry(block, "block_ranges").uses()  # type: ignore[no-any-return]

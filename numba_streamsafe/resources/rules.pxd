@@ -3,14 +3,24 @@
 from numba_streamsafe.resources.marks cimport Mark, MarkBook
 
 
+cdef class Span:
+    cdef readonly Py_ssize_t lo
+    cdef readonly Py_ssize_t hi
+    cdef readonly dict writes
+    cdef readonly dict reads
+
+
 cdef class Entry:
-    cdef public object block
-    cdef public Mark last_write
-    cdef public dict reads
+    cdef readonly object block
+    cdef readonly Py_ssize_t nbytes
+    cdef readonly Mark last_write
+    cdef readonly dict reads
+    cdef readonly list spans
     cdef public bint gone
 
 
 cpdef list resolve(object table, object uses, str what)
+cpdef list needed_locked(list entries, object stream)
 cpdef Py_ssize_t preflight_locked(MarkBook book, list entries, object stream, object owner,
                                   bint direct=*) except -1
 cpdef object commit_locked(MarkBook book, list entries, object stream, object owner,

@@ -1,6 +1,12 @@
-"""The tracking rules: a live block's dependency state (:class:`Entry`) and
-the decisions of every tracked use: which marks it waits for before the work
-(:func:`preflight_locked`) and what it records after (:func:`commit_locked`).
+"""The tracking rules: a live block's dependency state (:class:`Entry`, by
+byte range: :class:`Span`) and the decisions of every tracked use: which
+marks it waits for before the work (:func:`preflight_locked`) and what it
+records after (:func:`commit_locked`).
+
+A use names the bytes it may touch as ``lo .. hi - 1``, offsets into its
+block (a view's span: from its lowest to one past its highest byte, the
+whole extent of a strided or reversed view). Two uses conflict only where
+their spans share a byte and one of them writes.
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
 pure-Python mode (C declarations in ``rules.pxd``): compiled where a
@@ -15,77 +21,278 @@ import cython
 
 from numba_streamsafe.resources.marks import Mark, MarkBook
 
-__all__ = ["Entry", "resolve", "preflight_locked", "commit_locked", "COMPILED"]
+__all__ = ["Entry", "Span", "MAX_SPANS", "resolve", "needed_locked", "preflight_locked",
+           "commit_locked", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
 
 _WRITE = cython.declare(cython.int, 2)  # Access.WRITE
 
+#: The most ranges a block's entry keeps apart. Past it, neighbouring ranges
+#: merge into one that keeps the marks of both: a later use of either waits
+#: for what a use of both would (more waits, never fewer).
+MAX_SPANS: int = 64
+_MAX_SPANS = cython.declare(cython.Py_ssize_t, 64)
+
+
+# ----------------------------------------------------------------------- spans
+@cython.cclass
+class Span:
+    """The dependency state of the bytes ``lo .. hi - 1`` of a block: the
+    marks of the writes a use must wait for (one per stream; one mark, of the
+    last write, unless neighbouring ranges were merged) and, per stream, the
+    mark of its newest read since. Each mark held counts one use of it
+    (``Mark.refs``). Only :class:`Entry` changes a span."""
+
+    def __init__(self, lo: cython.Py_ssize_t, hi: cython.Py_ssize_t, writes: dict,
+                 reads: dict) -> None:
+        self.lo = lo
+        self.hi = hi
+        self.writes = writes
+        self.reads = reads
+
+    def __repr__(self) -> str:
+        return (f"<Span {self.lo}..{self.hi} writes={sorted(self.writes)} "
+                f"reads={sorted(self.reads)}>")
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _hold_all(marks: dict) -> cython.int:
+    """One more use of every mark of ``marks`` (a copy of a span's dict)."""
+    m: Mark
+    for mark in marks.values():
+        m = mark
+        m.refs += 1
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _release_all(book: MarkBook, marks: dict) -> cython.int:
+    """Drop the uses ``marks`` hold."""
+    for mark in marks.values():
+        book.release(mark)
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _join(book: MarkBook, into: dict, other: dict) -> cython.int:
+    """``into`` holds, per stream, the newer mark of its own and ``other``'s;
+    the uses of the marks left out are dropped (``other`` is consumed)."""
+    m: Mark
+    cur: Mark
+    for stream, mark in other.items():
+        m = mark
+        found = into.get(stream)
+        if found is None:
+            into[stream] = m
+            continue
+        cur = found
+        if cur is m:
+            book.release(m)
+        elif m.seq > cur.seq:
+            into[stream] = m
+            book.release(cur)
+        else:
+            book.release(m)
+    return 0
+
+
+@cython.cfunc
+def _others(marks: dict, stream: Any, out: list | None) -> list | None:
+    """Append the marks of ``marks`` that are not of ``stream`` to ``out``
+    (made when None and one is needed) and return it."""
+    for s, mark in marks.items():
+        if s != stream:
+            if out is None:
+                out = [mark]
+            else:
+                out.append(mark)
+    return out
+
 
 # --------------------------------------------------------------------- entries
 @cython.cclass
 class Entry:
-    """Dependency state of one live block: the mark of its last write (first,
-    of its allocation) and, per stream, the mark of its newest read since that
-    write (a later mark on a stream covers the earlier ones). ``gone`` is set
-    when the entry leaves its table (the block freed, released, replaced at
-    its address, or the table cleared): whoever holds the entry can tell
-    without a lookup."""
+    """Dependency state of one live block.
+
+    While every use covered the whole block (the common case) the state is
+    uniform: the mark of its last write (first, of its allocation) and, per
+    stream, the mark of its newest read since that write (a later mark on a
+    stream covers the earlier ones); ``spans`` is None. A use of part of the
+    block splits the state into :class:`Span` s, sorted and covering the
+    block; neighbours with the same marks join again, a write of the whole
+    block makes it uniform again, and at most :data:`MAX_SPANS` are kept.
+
+    ``gone`` is set when the entry leaves its table (the block freed,
+    released, replaced at its address, or the table cleared): whoever holds
+    the entry can tell without a lookup. Only this module changes an entry's
+    state; callers hold the resource's lock.
+    """
 
     def __init__(self, block: Any, ready: Mark) -> None:
         self.block = block
+        self.nbytes = block.nbytes
         self.last_write = ready
         self.reads = {}
+        self.spans = None
         self.gone = False
 
-    def waits_for(self, stream: Any, access: cython.int) -> list:
-        """Marks of other streams that ``access`` on ``stream`` must wait for."""
-        out = _waits(self, stream, access, None)
+    def waits_for(self, stream: Any, access: cython.int, lo: cython.Py_ssize_t = 0,
+                  hi: cython.Py_ssize_t = -1) -> list:
+        """Marks of other streams that ``access`` on ``stream`` to the bytes
+        ``lo .. hi - 1`` (default: the whole block) must wait for."""
+        out = _waits(self, stream, access, lo, self.nbytes if hi < 0 else hi, None)
         return [] if out is None else out
+
+    def only_on(self, stream: Any) -> bool:
+        """Whether every use the entry holds is of ``stream`` (a use there, a
+        free say, then waits for nothing)."""
+        span: Span
+        if self.spans is None:
+            if self.last_write.stream != stream:
+                return False
+            return _only(self.reads, stream)
+        for s in self.spans:
+            span = s
+            if not _only(span.writes, stream) or not _only(span.reads, stream):
+                return False
+        return True
+
+    def uses(self) -> tuple:
+        """Diagnostics: ``((lo, hi, {stream: write mark}, {stream: read mark}), ...)``,
+        one item per range (one for a uniform entry)."""
+        span: Span
+        if self.spans is None:
+            return ((0, self.nbytes, {self.last_write.stream: self.last_write},
+                     dict(self.reads)),)
+        out = []
+        for s in self.spans:
+            span = s
+            out.append((span.lo, span.hi, dict(span.writes), dict(span.reads)))
+        return tuple(out)
 
     def release(self, marks: MarkBook) -> None:
         """Drop the entry's uses of its marks (the block is gone)."""
-        marks.release(self.last_write)
-        if self.reads:
-            for mark in self.reads.values():
-                marks.release(mark)
-            self.reads = {}
+        span: Span
+        if self.spans is None:
+            marks.release(self.last_write)
+            if self.reads:
+                _release_all(marks, self.reads)
+                self.reads = {}
+            return
+        for s in self.spans:
+            span = s
+            _release_all(marks, span.writes)
+            _release_all(marks, span.reads)
+        self.spans = None
+        self.reads = {}
+
+    def forget_stream(self, stream: Any, tomb: Any) -> None:
+        """Rename ``stream`` to ``tomb`` in the marks and reads the entry holds
+        and drop it from those marks' waiters (the stream's history ends)."""
+        span: Span
+        if self.spans is None:
+            m: Mark = self.last_write
+            if m.stream == stream:
+                m.stream = tomb
+            if m.waiters:
+                m.waiters.pop(stream, None)
+            _forget(self.reads, stream, tomb)
+            return
+        for s in self.spans:
+            span = s
+            _forget(span.writes, stream, tomb)
+            _forget(span.reads, stream, tomb)
+
+
+@cython.cfunc
+def _only(marks: dict, stream: Any) -> cython.bint:
+    for s in marks:
+        if s != stream:
+            return False
+    return True
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _forget(marks: dict, stream: Any, tomb: Any) -> cython.int:
+    m: Mark
+    found = marks.pop(stream, None)
+    if found is not None:
+        m = found
+        m.stream = tomb
+        marks[tomb] = m
+    for mark in marks.values():
+        m = mark
+        if m.waiters:
+            m.waiters.pop(stream, None)
+    return 0
 
 
 # ------------------------------------------------------------------- the rules
 @cython.cfunc
-def _waits(entry: Entry, stream: Any, access: cython.int, marks: list | None) -> list | None:
-    """The rule: a use of ``entry``'s block on ``stream`` waits for its last
-    write on another stream, and a write also for its reads on other
-    streams. Appends those marks to ``marks`` (made when None and one is
-    needed) and returns it."""
-    lw = entry.last_write
-    if lw.stream != stream:
-        if marks is None:
-            marks = [lw]
-        else:
-            marks.append(lw)
-    if access & _WRITE and entry.reads:
-        for s, mark in entry.reads.items():
-            if s != stream:
-                if marks is None:
-                    marks = [mark]
-                else:
-                    marks.append(mark)
+def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
+           hi: cython.Py_ssize_t, marks: list | None) -> list | None:
+    """The rule: a use of the bytes ``lo .. hi - 1`` of ``entry``'s block on
+    ``stream`` waits for the writes of those bytes on other streams, and a
+    write also for their reads on other streams. Appends those marks to
+    ``marks`` (made when None and one is needed) and returns it."""
+    span: Span
+    if lo >= hi:
+        return marks  # touches no byte
+    spans = entry.spans
+    if spans is None:
+        lw = entry.last_write
+        if lw.stream != stream:
+            if marks is None:
+                marks = [lw]
+            else:
+                marks.append(lw)
+        if access & _WRITE and entry.reads:
+            marks = _others(entry.reads, stream, marks)
+        return marks
+    for s in spans:
+        span = s
+        if span.hi <= lo:
+            continue
+        if span.lo >= hi:
+            break
+        marks = _others(span.writes, stream, marks)
+        if access & _WRITE and span.reads:
+            marks = _others(span.reads, stream, marks)
     return marks
 
 
+@cython.cfunc
+def _same(entry: Entry, stream: Any, lo: cython.Py_ssize_t, hi: cython.Py_ssize_t) -> cython.bint:
+    """Whether the bytes ``lo .. hi - 1`` were last written on ``stream`` alone."""
+    span: Span
+    if entry.spans is None:
+        return entry.last_write.stream == stream
+    for s in entry.spans:
+        span = s
+        if span.hi > lo and span.lo < hi and not _only(span.writes, stream):
+            return False
+    return True
+
+
 def resolve(table: Any, uses: Any, what: str) -> list:
-    """The validated entries of ``uses`` (``(block, access)`` pairs), flattened
-    as ``[entry, access, entry, access, ...]``; ``table.entry(block, what)``
-    decides (and raises) for a block that is not the live one at its address.
-    Caller holds the resource's lock."""
+    """The validated entries of ``uses`` (``(block, access)`` pairs for the
+    whole block, or ``(block, access, lo, hi)`` for its bytes ``lo .. hi - 1``),
+    flattened as ``[entry, access, lo, hi, ...]`` with the span clipped to
+    the block; ``table.entry(block, what)`` decides (and raises) for a block
+    that is not the live one at its address. Caller holds the resource's lock."""
     live: dict = table.live
     out = []
     entry: Entry  # a typed binding, not a cast: free where the module runs as Python
-    for pair in uses:
-        block = pair[0]
+    lo: cython.Py_ssize_t
+    hi: cython.Py_ssize_t
+    for use in uses:
+        block = use[0]
         found = live.get(block.ptr)
         if found is None:
             entry = table.entry(block, what)
@@ -94,27 +301,47 @@ def resolve(table: Any, uses: Any, what: str) -> list:
             if entry.block is not block:
                 entry = table.entry(block, what)
         out.append(entry)
-        out.append(int(pair[1]))
+        out.append(int(use[1]))
+        if len(use) > 2:
+            lo = max(use[2], 0)
+            hi = min(use[3], entry.nbytes)
+        else:
+            lo = 0
+            hi = entry.nbytes
+        out.append(lo)
+        out.append(hi)
     return out
+
+
+def needed_locked(entries: list, stream: Any) -> list:
+    """The marks ``entries`` (from :func:`resolve`) on ``stream`` wait for,
+    as :func:`preflight_locked` decides them, without queuing anything
+    (a mark may be named more than once). Caller holds the resource's lock."""
+    marks = None
+    i: cython.Py_ssize_t
+    for i in range(0, len(entries), 4):
+        marks = _waits(entries[i], stream, entries[i + 1], entries[i + 2], entries[i + 3], marks)
+    return [] if marks is None else marks
 
 
 def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
                      direct: cython.bint = False) -> cython.Py_ssize_t:
     """Queue on ``stream`` the waits that ``entries`` (from :func:`resolve`)
-    need: a use waits for its block's last write on another stream, and a
-    write also for the block's reads on other streams. Same-stream uses never
-    wait. Returns how many uses stayed on their block's last writer's stream
-    (also counted in ``book.same_stream``). Caller holds the resource's lock."""
+    need: a use waits for the writes of its bytes on other streams, and a
+    write also for their reads on other streams. Same-stream uses never
+    wait. Returns how many uses touched bytes last written on the launch
+    stream alone (also counted in ``book.same_stream``). Caller holds the
+    resource's lock."""
     entry: Entry
     marks = None
     same: cython.Py_ssize_t = 0
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
-    for i in range(0, n, 2):
+    for i in range(0, n, 4):
         entry = entries[i]
-        if entry.last_write.stream == stream:
+        if _same(entry, stream, entries[i + 2], entries[i + 3]):
             same += 1
-        marks = _waits(entry, stream, entries[i + 1], marks)
+        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], marks)
     if same:
         book.same_stream += same
     if marks is not None:
@@ -127,40 +354,196 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
                   ) -> None:
     """Record ``entries`` (from :func:`resolve`) on ``stream``'s open mark (or
     on ``into``: another device's use, sealed already): a write becomes the
-    block's last write and ends its reads; a read becomes the block's read on
-    ``stream``. With ``eager`` the mark's event is recorded now. Caller holds
-    the resource's lock."""
+    last write of its bytes and ends their reads; a read becomes their read
+    on ``stream``. With ``eager`` the mark's event is recorded now. Caller
+    holds the resource's lock."""
     entry: Entry
     mark: Mark
-    prev: Mark
     if not entries:
         return
     mark = book.current(stream, owner) if into is None else into
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
-    for i in range(0, n, 2):
+    lo: cython.Py_ssize_t
+    hi: cython.Py_ssize_t
+    for i in range(0, n, 4):
         entry = entries[i]
         access: cython.int = entries[i + 1]
-        if access & _WRITE:
-            mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
-            lw = entry.last_write
-            if lw is not mark:
-                book.release(lw)
-                entry.last_write = mark
-            else:
-                mark.refs -= 1
-            if entry.reads:
-                for old in entry.reads.values():
-                    book.release(old)
-                entry.reads = {}
+        lo = entries[i + 2]
+        hi = entries[i + 3]
+        if entry.spans is None and lo <= 0 and hi >= entry.nbytes:
+            _record_whole(book, entry, mark, stream, access)
+        elif lo < hi:
+            _record_span(book, entry, mark, stream, access, lo, hi)
+    if eager:
+        book.seal(mark, direct)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
+                  access: cython.int) -> cython.int:
+    """A use of the whole block whose state is uniform."""
+    prev: Mark
+    if access & _WRITE:
+        mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
+        lw = entry.last_write
+        if lw is not mark:
+            book.release(lw)
+            entry.last_write = mark
         else:
-            reads = entry.reads
-            earlier = reads.get(stream)
+            mark.refs -= 1
+        if entry.reads:
+            _release_all(book, entry.reads)
+            entry.reads = {}
+    else:
+        reads = entry.reads
+        earlier = reads.get(stream)
+        if earlier is not mark:
+            reads[stream] = mark
+            mark.refs += 1
+            if earlier is not None:
+                prev = earlier
+                book.release(prev)
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: cython.int,
+                 lo: cython.Py_ssize_t, hi: cython.Py_ssize_t) -> cython.int:
+    """A use of the bytes ``lo .. hi - 1`` (not empty), or of the whole block
+    whose state is split."""
+    span: Span
+    prev: Mark
+    if access & _WRITE and lo <= 0 and hi >= entry.nbytes:
+        # A write of the whole block orders every range before it.
+        mark.refs += 1
+        entry.release(book)
+        entry.last_write = mark
+        return 0
+    if entry.spans is None:
+        entry.spans = [Span(0, entry.nbytes, {entry.last_write.stream: entry.last_write},
+                            entry.reads)]
+        entry.last_write = None
+        entry.reads = {}
+    spans: list = entry.spans
+    first: cython.Py_ssize_t = _split(spans, lo)
+    end: cython.Py_ssize_t = _split(spans, hi)
+    k: cython.Py_ssize_t
+    for k in range(first, end):
+        span = spans[k]
+        if access & _WRITE:
+            mark.refs += 1
+            _release_all(book, span.writes)
+            _release_all(book, span.reads)
+            span.writes = {stream: mark}
+            span.reads = {}
+        else:
+            earlier = span.reads.get(stream)
             if earlier is not mark:
-                reads[stream] = mark
+                span.reads[stream] = mark
                 mark.refs += 1
                 if earlier is not None:
                     prev = earlier
                     book.release(prev)
-    if eager:
-        book.seal(mark, direct)
+    _coalesce(book, spans, first - 1 if first > 0 else 0, end + 1)
+    if len(spans) > _MAX_SPANS:
+        _bound(book, spans)
+    _settle(entry)
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _split(spans: list, at: cython.Py_ssize_t) -> cython.Py_ssize_t:
+    """The index of the span that begins at ``at`` (``len(spans)`` at the
+    end), splitting the span that holds ``at`` in two when none begins there;
+    the new right part holds its own uses of the marks."""
+    span: Span
+    lo: cython.Py_ssize_t = 0
+    hi: cython.Py_ssize_t = len(spans)
+    mid: cython.Py_ssize_t
+    while lo < hi:  # the first span that ends after ``at``
+        mid = (lo + hi) // 2
+        span = spans[mid]
+        if span.hi <= at:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == len(spans):
+        return lo
+    span = spans[lo]
+    if span.lo == at:
+        return lo
+    writes = dict(span.writes)
+    reads = dict(span.reads)
+    _hold_all(writes)
+    _hold_all(reads)
+    spans.insert(lo + 1, Span(at, span.hi, writes, reads))
+    span.hi = at
+    return lo + 1
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _coalesce(book: MarkBook, spans: list, first: cython.Py_ssize_t,
+              end: cython.Py_ssize_t) -> cython.int:
+    """Join neighbours among ``spans[first:end]`` that hold the same marks."""
+    left: Span
+    right: Span
+    k: cython.Py_ssize_t
+    if end > len(spans):
+        end = len(spans)
+    k = end - 1
+    while k > first:
+        left = spans[k - 1]
+        right = spans[k]
+        if left.writes == right.writes and left.reads == right.reads:
+            left.hi = right.hi
+            _release_all(book, right.writes)
+            _release_all(book, right.reads)
+            del spans[k]
+        k -= 1
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _bound(book: MarkBook, spans: list) -> cython.int:
+    """Halve ``spans`` by merging neighbours in pairs until at most
+    :data:`MAX_SPANS` are left; a merged range keeps the newer mark of each
+    stream of both (its uses wait for what a use of either would)."""
+    left: Span
+    right: Span
+    k: cython.Py_ssize_t
+    while len(spans) > _MAX_SPANS:
+        merged = []
+        for k in range(0, len(spans) - 1, 2):
+            left = spans[k]
+            right = spans[k + 1]
+            _join(book, left.writes, right.writes)
+            _join(book, left.reads, right.reads)
+            left.hi = right.hi
+            merged.append(left)
+        if len(spans) % 2:
+            merged.append(spans[len(spans) - 1])
+        spans[:] = merged
+        _coalesce(book, spans, 0, len(spans))
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _settle(entry: Entry) -> cython.int:
+    """Make the entry uniform again when one span with one write mark is left."""
+    span: Span
+    spans = entry.spans
+    if len(spans) == 1:
+        span = spans[0]
+        if len(span.writes) == 1:
+            for mark in span.writes.values():
+                entry.last_write = mark
+            entry.reads = span.reads
+            entry.spans = None
+    return 0

@@ -499,7 +499,9 @@ def test_one_array_passed_twice_is_one_read_write_use(rt, streams):
     x = nss.device_array(64, np.int64, stream=a)
     uses, host = shift._uses(rt, (x, x))
     assert not host
-    assert uses.blocks == [(nss.block_of(x), Access.READ_WRITE)], "merged by the access lattice"
+    block = nss.block_of(x)
+    assert uses.blocks == [(block, Access.READ_WRITE, 0, block.nbytes)], \
+        "merged by the access lattice"
 
 
 def test_the_legacy_stream_and_blocking_streams_wait_for_each_other(rt):
