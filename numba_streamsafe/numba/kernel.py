@@ -257,10 +257,12 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             return False
         if access is None:
             if self._strict(rt):
+                param = name.split("[", 1)[0]  # a tuple's array: its parameter's access
                 raise StreamMisuse(
                     f"argument {name!r} of {self.__name__} is an array with no declared "
-                    f"access; annotate it (def {self.__name__}(..., {name}: Read | Write | "
-                    "ReadWrite, ...)) or pass access={...} to tracked_kernel"
+                    f"access; annotate {param!r} (def {self.__name__}(..., {param}: Read | "
+                    "Write | ReadWrite, ...); the arrays of a tuple take its access) or pass "
+                    "access={...} to tracked_kernel"
                 )
             return False
         if access & Access.WRITE:  # a host array

@@ -96,15 +96,18 @@ def span(block: Block, ptr: int, nbytes: int) -> tuple[int, int]:
     return lo, hi
 
 
-def array_span(block: Block, arg: Any) -> tuple[int, int]:
+def array_span(block: Block | None, arg: Any) -> tuple[int, int]:
     """The bytes of ``block`` that the device array ``arg`` may touch, as
     offsets ``(lo, hi)``: from its lowest to one past its highest byte (the
     whole extent of a strided or reversed view; nothing for an empty array).
 
     ``arg`` is any device array of Numba (or its simulator) or one with a
     ``__cuda_array_interface__``; an array whose layout cannot be read spans
-    the whole block.
+    the whole block; ``(0, 0)`` when ``block`` is None (memory no resource
+    tracks, whose use names no bytes).
     """
+    if block is None:
+        return 0, 0
     try:
         ptr = pointer_of(arg)
         shape = arg.shape
