@@ -71,6 +71,8 @@ def main() -> int:
     run("pipeline.py", "--build-memory", "pageable", *tiny, *rounds)
     run("graph_replay.py", *(["--n", "256", "--batches", "2"] if args.quick else []), *rounds)
     run("graph_replay.py", "--race", *(["--trials", "2"] if args.quick else []))
+    run("chunked_streams.py", *(["--chunk", "64", "--iters", "2"] if args.quick else []),
+        *rounds)
 
     launch = load("launch_overhead").get("results", {})
     plain = load("plain_launch").get("results", {})
@@ -80,6 +82,7 @@ def main() -> int:
     pageable = load("pipeline-pageable")
     graph = load("graph_replay")
     graph_race = load("graph_replay_race")
+    chunked = load("chunked_streams").get("results", {})
 
     rows = [
         ("tracked / untracked launch, cross stream", at(launch, "cross stream", "ratio"), "<=",
@@ -121,6 +124,10 @@ def main() -> int:
          1.0),
         ("probe stage: host time graph replay / eager", at(graph, "ratio_host"), "<=", 0.5),
     ]
+    for k in ("K=4", "K=8"):
+        for kind in ("plain", "tracked"):
+            rows.append((f"chunks of one array / separate, {k}, {kind}",
+                         at(chunked, k, f"{kind} views / separate"), "<=", 1.10))
     print()
     print(f"{'figure':48s} {'ours':>8s} {'target':>9s}  verdict")
     for name, value, op, target in rows:

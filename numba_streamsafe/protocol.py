@@ -57,9 +57,10 @@ class Uses:
     extent, the whole block for a whole array). A second use of the same span
     of the same block (the same object, or another handle of the same
     allocation) merges into the first with the access lattice (``READ |
-    WRITE`` is ``READ_WRITE``); other spans of the block stay apart. ``untracked`` names memory no resource tracks;
-    ``producers`` are streams the launch must wait for as a whole (the CUDA
-    Array Interface rule for a foreign array that names its stream).
+    WRITE`` is ``READ_WRITE``); other spans of the block stay apart.
+    ``untracked`` names memory no resource tracks; ``producers`` are streams
+    the launch must wait for as a whole (the CUDA Array Interface rule for a
+    foreign array that names its stream).
     """
 
     __slots__ = ("blocks", "untracked", "producers", "names", "actual")
@@ -91,11 +92,11 @@ class Uses:
         if hi is None:
             hi = block.nbytes
         blocks = self.blocks
-        for i, (b, a, l, h) in enumerate(blocks):
-            if l == lo and h == hi and (b is block or (
+        for i, (b, a, start, end) in enumerate(blocks):
+            if start == lo and end == hi and (b is block or (
                     b.ptr == block.ptr and b.generation == block.generation
                     and b.device == block.device)):
-                blocks[i] = (b, Access(a | access), l, h)
+                blocks[i] = (b, Access(a | access), lo, hi)
                 if self.names is not None:
                     self.names[i] += "+" + what
                 return

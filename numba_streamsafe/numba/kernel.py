@@ -234,11 +234,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         inside a tuple (namedtuples and nested tuples too) are each used with
         the tuple's access."""
         if isinstance(arg, tuple):
-            host = False
-            for i, member in enumerate(arg):
-                if isinstance(member, tuple) or access_check.is_array(member):
-                    host = self._resolve(rt, uses, f"{name}[{i}]", access, member) or host
-            return host
+            return self._resolve_tuple(rt, uses, name, access, arg)
         kind, block, producer = target.resolve(rt, arg)
         if kind == target.DEVICE and access is not None:
             if block is None and getattr(arg, "size", None) == 0:
@@ -272,6 +268,16 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
                 "array (numba_streamsafe.to_device(a, stream=...))"
             )
         return True  # auto-transferred on the launch stream, freed there
+
+    def _resolve_tuple(self, rt: Any, uses: Uses, name: str, access: Access | None,
+                       arg: tuple[Any, ...]) -> bool:
+        """The uses of the arrays inside a tuple argument, each with the tuple's
+        access and named ``name[i]`` (other members are passed as they are)."""
+        host = False
+        for i, member in enumerate(arg):
+            if isinstance(member, tuple) or access_check.is_array(member):
+                host = self._resolve(rt, uses, f"{name}[{i}]", access, member) or host
+        return host
 
     def _not_an_array(self, name: str, access: Access, arg: Any) -> InvalidArgumentType:
         declared = _ACCESS_NAMES[access]

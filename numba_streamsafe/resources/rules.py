@@ -538,7 +538,7 @@ def _bound(book: MarkBook, spans: list) -> cython.int:
 def _settle(entry: Entry) -> cython.int:
     """Make the entry uniform again when one span with one write mark is left."""
     span: Span
-    spans = entry.spans
+    spans: list = entry.spans
     if len(spans) == 1:
         span = spans[0]
         if len(span.writes) == 1:

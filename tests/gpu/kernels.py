@@ -82,3 +82,45 @@ def unannotated(a, value):
 
 
 unannotated.ptx_signature = "void(int32[:], int32)"
+
+
+@tracked_kernel(access={"pair": "r", "out": "w"})
+def pair_sum(pair, out):
+    """``out = pair[0] + pair[1]``: the arrays of a tuple read (its access)."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < out.size:
+        out[i] = pair[0][i] + pair[1][i]
+        i += step
+
+
+pair_sum.ptx_signature = "void(UniTuple(int32[:], 2), int32[:])"
+
+
+@tracked_kernel(access={"nest": "r", "out": "w"})
+def nested_sum(nest, out):
+    """``out = nest[0][0] + nest[1]``: the arrays of a nested tuple read."""
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < out.size:
+        out[i] = nest[0][0][i] + nest[1][i]
+        i += step
+
+
+nested_sum.ptx_signature = "void(Tuple((UniTuple(int32[:], 1), int32[:])), int32[:])"
+
+
+@tracked_kernel(access={"pair": "w"})
+def slow_pair_fill(pair, value, spins):
+    """Sleep first, then set both arrays of ``pair`` to ``value``."""
+    for _ in range(spins):
+        cuda.nanosleep(SLEEP_NS)
+    i = cuda.grid(1)
+    step = cuda.gridsize(1)
+    while i < pair[0].size:
+        pair[0][i] = value
+        pair[1][i] = value
+        i += step
+
+
+slow_pair_fill.ptx_signature = "void(UniTuple(int32[:], 2), int32, int64)"

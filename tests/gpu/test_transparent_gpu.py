@@ -43,7 +43,12 @@ CASES = ["tracked_write_numba_copy_to_host", "plain_read_free_reuse", "plain_wri
          "forall_write_plain_read", "ufunc_read", "reduce_read", "gufunc_read",
          "eager_kernel_device_function", "device_copy",
          "upload_over_slow_read", "setitem_after_write", "memset_after_write",
-         "pinned_copy_to_host"]
+         "pinned_copy_to_host",
+         # ranges: views of one array, and arrays inside tuples
+         "view_overlap_read_after_write", "view_overlap_write_after_read",
+         "view_overlap_write_after_write", "view_adjacent_one_element",
+         "view_strided_against_contiguous", "view_read_then_whole_free",
+         "tuple_read", "tuple_write", "nested_tuple_read", "namedtuple_read"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -11,6 +11,7 @@ first. Prints one line per case: ``CASE name on_wrong off_wrong trials``.
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 import sys
@@ -103,6 +104,37 @@ def eager_slow_fill(out, value, spins):
     while i < out.size:
         out[i] = value
         i += cuda.gridsize(1)
+
+
+@cuda.jit
+def pair_sum(pair, out):
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = pair[0][i] + pair[1][i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def nested_sum(nest, out):
+    i = cuda.grid(1)
+    while i < out.size:
+        out[i] = nest[0][0][i] + nest[1][i]
+        i += cuda.gridsize(1)
+
+
+@cuda.jit
+def slow_pair_fill(pair, value, spins):
+    for _ in range(spins):
+        cuda.nanosleep(SLEEP_NS)
+    i = cuda.grid(1)
+    while i < pair[0].size:
+        pair[0][i] = value
+        pair[1][i] = value
+        i += cuda.gridsize(1)
+
+
+Pair = collections.namedtuple("Pair", "left right")
+Q = N // 4  # views below are quarters of an array
 
 
 @cuda.jit(device=True)
@@ -250,11 +282,106 @@ class Cases:
         return bool((out != v).any())
 
 
+    # --- views of one array (ranges): only the bytes two views share are ordered
+    def view_overlap_read_after_write(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x[:3 * Q], v, self.spins)
+        copy[GRID, BLOCK, self.b](x[2 * Q:], y[:2 * Q])      # x[2Q:3Q] is shared
+        h = y[:Q].copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def view_overlap_write_after_read(self, v: int) -> bool:
+        x, y = self.fresh(v), self.fresh()
+        slow_copy[GRID, BLOCK, self.a](x[:3 * Q], y[:3 * Q], self.spins)
+        fill[GRID, BLOCK, self.b](x[2 * Q:], -1)            # must wait for that read
+        h = y[:3 * Q].copy_to_host(stream=self.a)
+        self.done()
+        return bool((h != v).any())
+
+    def view_overlap_write_after_write(self, v: int) -> bool:
+        x = self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x[:3 * Q], v, self.spins)
+        fill[GRID, BLOCK, self.b](x[2 * Q:], v + 1)         # the later write must win
+        h = x[2 * Q:3 * Q].copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v + 1).any())
+
+    def view_adjacent_one_element(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x[:2 * Q + 1], v, self.spins)
+        copy[GRID, BLOCK, self.b](x[2 * Q:], y[:2 * Q])      # shares x[2Q] alone
+        h = y[:1].copy_to_host(stream=self.b)
+        self.done()
+        return bool(h[0] != v)
+
+    def view_strided_against_contiguous(self, v: int) -> bool:
+        x, y = self.fresh(), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x[::2], v, self.spins)  # the even elements
+        copy[GRID, BLOCK, self.b](x[2 * Q:2 * Q + 2], y[:2])  # x[2Q] is even
+        h = y[:1].copy_to_host(stream=self.b)
+        self.done()
+        return bool(h[0] != v)
+
+    def view_read_then_whole_free(self, v: int) -> bool:
+        with nss.stream_scope(self.a):
+            x = cuda.device_array(N, dtype=np.int32)
+        fill[GRID, BLOCK, self.a](x, v)
+        self.a.synchronize()
+        y = self.fresh()
+        slow_copy[GRID, BLOCK, self.b](x[2 * Q:], y[:2 * Q], self.spins)
+        del x                                             # the whole array's free
+        with nss.stream_scope(self.a):
+            z = cuda.device_array(N, dtype=np.int32)      # the same address, reused on a
+        fill[GRID, BLOCK, self.a](z, -1)
+        h = y[:2 * Q].copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    # --- arrays inside tuples
+    def tuple_read(self, v: int) -> bool:
+        x, z, y = self.fresh(), self.fresh(1), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        pair_sum[GRID, BLOCK, self.b]((x, z), y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v + 1).any())
+
+    def tuple_write(self, v: int) -> bool:
+        x, z, y = self.fresh(), self.fresh(), self.fresh()
+        slow_pair_fill[GRID, BLOCK, self.a]((x, z), v, self.spins)
+        copy[GRID, BLOCK, self.b](z, y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v).any())
+
+    def nested_tuple_read(self, v: int) -> bool:
+        x, z, y = self.fresh(), self.fresh(1), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        nested_sum[GRID, BLOCK, self.b](((x,), z), y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v + 1).any())
+
+    def namedtuple_read(self, v: int) -> bool:
+        x, z, y = self.fresh(), self.fresh(1), self.fresh()
+        slow_fill[GRID, BLOCK, self.a](x, v, self.spins)
+        pair_sum[GRID, BLOCK, self.b](Pair(x, z), y)
+        h = y.copy_to_host(stream=self.b)
+        self.done()
+        return bool((h != v + 1).any())
+
+
+RANGE_NAMES = ["view_overlap_read_after_write", "view_overlap_write_after_read",
+               "view_overlap_write_after_write", "view_adjacent_one_element",
+               "view_strided_against_contiguous", "view_read_then_whole_free",
+               "tuple_read", "tuple_write", "nested_tuple_read", "namedtuple_read"]
+
 NAMES = ["tracked_write_numba_copy_to_host", "plain_read_free_reuse", "plain_write_plain_read",
          "forall_write_plain_read", "ufunc_read", "reduce_read", "gufunc_read",
          "eager_kernel_device_function", "device_copy",
          "upload_over_slow_read", "setitem_after_write", "memset_after_write",
-         "pinned_copy_to_host"]
+         "pinned_copy_to_host", *RANGE_NAMES]
 
 
 def calibrate(cases: Cases) -> float:

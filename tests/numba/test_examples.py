@@ -124,8 +124,10 @@ def test_benchmarks_run_at_a_tiny_size():
     proc = _run("benchmarks/run_all.py", "--quick", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for figure in ("tracked / untracked launch, cross stream", "pipeline: tracked / device sync",
-                   "alloc+free 64MiB: ours / Numba default", "build keys in pageable memory"):
+                   "alloc+free 64MiB: ours / Numba default", "build keys in pageable memory",
+                   "chunks of one array / separate, K=8, tracked"):
         assert figure in proc.stdout
+    assert "K=8: views / separate" in proc.stdout and "correct: True" in proc.stdout
     assert "pipeline correct: {'tracked': True, 'tracked-eager': True, 'sync': True, " \
            "'events': True}" in proc.stdout
     assert "graph replay racing a slow writer: wrong 0/2 ordered" in proc.stdout

@@ -108,8 +108,10 @@ def assert_compiled(results: dict, names) -> None:
 @pytest.mark.slow
 def test_gpu_suite_kernels_compile(child_env, repo_root):
     results = compile_kernels(child_env, repo_root, str(GPU_KERNELS))
-    assert_compiled(results, ["copy", "fill", "slow_copy", "slow_fill", "unannotated"])
+    assert_compiled(results, ["copy", "fill", "nested_sum", "pair_sum", "slow_copy", "slow_fill",
+                              "slow_pair_fill", "unannotated"])
     assert results["slow_fill"]["nanosleep"] and results["slow_copy"]["nanosleep"]
+    assert results["slow_pair_fill"]["nanosleep"]
     assert not results["fill"]["nanosleep"]
 
 

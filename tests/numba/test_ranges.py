@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numba_streamsafe as nss
-from numba_streamsafe import Read, ReadWrite, Write, tracked_kernel
+from numba_streamsafe import ReadWrite, Write, tracked_kernel
 from numba_streamsafe.numba import emm, sim_plugin, transparent  # noqa: F401 - emm: companion
 from numba_streamsafe.resources.rules import MAX_SPANS
 
@@ -430,7 +430,7 @@ def test_random_programs_with_views(plain, ops):
     spans, writes = [], []
     model = host.copy()
     expected_reads = []
-    for n, (s, access, spec) in enumerate(ops):
+    for n, (_, access, spec) in enumerate(ops):
         v = _view(model, spec)
         spans.append(_span(model, v))
         writes.append(access == "w")
