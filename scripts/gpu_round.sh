@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+#   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
+#          against K separate arrays), the range race cases (tracked and plain), then the
+#          whole GPU suite;
 #   tests: the GPU suite (with the Dask and plain-Numba tests), the examples with inferred
 #          accesses, the traced sort -> join pipeline (JSON + PNG under $OUT), the access
 #          inference's cost against compiling;
@@ -34,6 +37,25 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
 }
 
 case "${1:-tests}" in
+ranges)
+    run build_ext python3 setup.py build_ext --inplace
+    python3 -c "import numba_streamsafe.numba.launcher as l, numba_streamsafe.compiled as c; \
+print(set(c.engine_builds().values()), 'libcuda entry:', l.available())" 2>&1 | tail -1
+    run chunked python3 -X faulthandler benchmarks/chunked_streams.py
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    run range_races timeout 580 python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_range_races.py tests/gpu/test_transparent_gpu.py -rs
+    if [[ ${WHOLE:-1} == 1 ]]; then
+        run gpu_suite timeout "${SUITE_TIMEOUT:-400}" python3 -X faulthandler -m pytest -m gpu \
+            -q -p no:cacheprovider tests/gpu -rs --deselect tests/gpu/test_range_races.py \
+            --deselect tests/gpu/test_transparent_gpu.py
+        tail -n 6 "$OUT/gpu_suite.log"
+    fi
+    tail -n 8 "$OUT/range_races.log"
+    grep -E "K=|chunks" "$OUT/chunked.log"
+    cat "$OUT/race.txt" 2>/dev/null
+    cat "$OUT/steps.txt"
+    ;;
 engine)
     # The engine: compiled here (and the tree before it in .before/, for the benchmarks),
     # then the GPU suite on the compiled build and, with SUITES=both, on the Python source.

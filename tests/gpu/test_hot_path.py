@@ -86,7 +86,8 @@ def _trace_view(t):
     replaced by their positions (they differ between runs)."""
     ids = {o.id: i for i, o in enumerate(t.ops)}
     ptrs = {p: i for i, p in enumerate(dict.fromkeys(u[2] for o in t.ops for u in o.uses))}
-    ops = [(o.label, o.stream, tuple((n, a, ptrs[p]) for n, a, p in o.uses)) for o in t.ops]
+    ops = [(o.label, o.stream, tuple((n, a, ptrs[p], size) for n, a, p, size in o.uses))
+           for o in t.ops]
     waits = sorted((ids[w.op], w.param, w.access, w.on_stream, ids.get(w.after, -1), w.hazard,
                     w.inserted, w.same_stream) for w in t.waits)
     events = sorted((ids[e.op], e.stream) for e in t.events)
@@ -118,7 +119,7 @@ def test_a_trace_records_the_compiled_launches_as_the_python_path_does(
         views[use_hot] = (launcher.launches() - fast0, *_trace_view(t))
     hot, py = views[True], views[False]
     assert hot[0] == 91 and py[0] == 0
-    assert hot[1][0][2] == (("src+dst", "READ_WRITE", 0),), hot[1][0]
+    assert hot[1][0][2] == (("src+dst", "READ_WRITE", 0, N * 4),), hot[1][0]
     assert hot[1:] == py[1:]
     assert any(w[6] for w in hot[2])  # the program does need waits
 

@@ -82,9 +82,10 @@ class Cases:
     def view_overlap_write_after_write(self, v: int) -> bool:
         k, x = self.k, self.fresh()
         k.slow_fill[GRID, BLOCK, self.a](x[:3 * Q], v, self.spins)
-        k.fill[GRID, BLOCK, self.b](x[2 * Q:], v + 1)
-        h = nss.copy_to_host(x[2 * Q:3 * Q], stream=self.b)
+        k.fill[GRID, BLOCK, self.b](x[2 * Q:], v + 1)      # the later write must win
         self.done()
+        h = nss.copy_to_host(x[2 * Q:3 * Q], stream=self.b)  # both writes are done
+        self.b.synchronize()
         return bool((h != v + 1).any())
 
     def view_adjacent_one_element(self, v: int) -> bool:

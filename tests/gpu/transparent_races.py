@@ -15,6 +15,7 @@ import collections
 import gc
 import os
 import sys
+import time
 
 import numpy as np
 from numba import cuda, guvectorize, int32, vectorize
@@ -303,8 +304,9 @@ class Cases:
         x = self.fresh()
         slow_fill[GRID, BLOCK, self.a](x[:3 * Q], v, self.spins)
         fill[GRID, BLOCK, self.b](x[2 * Q:], v + 1)         # the later write must win
-        h = x[2 * Q:3 * Q].copy_to_host(stream=self.b)
         self.done()
+        h = x[2 * Q:3 * Q].copy_to_host(stream=self.b)      # both writes are done
+        self.b.synchronize()
         return bool((h != v + 1).any())
 
     def view_adjacent_one_element(self, v: int) -> bool:
@@ -413,6 +415,7 @@ def main(names: list[str]) -> None:
     print(f"SPINS {cases.spins} slow_ms={ms:.2f}", flush=True)
     for name in names:
         case = getattr(cases, name)
+        started = time.perf_counter()
         wrong = {True: 0, False: 0}
         for i in range(TRIALS):
             for on in (True, False):
@@ -421,6 +424,7 @@ def main(names: list[str]) -> None:
                 gc.collect()
         cuda.synchronize()
         print(f"CASE {name} {wrong[True]} {wrong[False]} {TRIALS}", flush=True)
+        print(f"TIME {name} {time.perf_counter() - started:.1f} s", flush=True)
     print("OUTSTANDING", nss.get_runtime(0).bytes_outstanding(), flush=True)
 
 
