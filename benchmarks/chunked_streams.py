@@ -14,7 +14,10 @@ of one round (every stream's kernel once, then a synchronize):
 * ``views, ordering off`` (and ``separate``): the plain kernel inside
   ``numba_streamsafe.transparent(False)`` (no waits at all: the floor).
 
-Prints views / separate per K and kernel and writes ``chunked_streams.json``.
+Then the host cost of a launch whose argument is a view against one whose
+argument is the whole array (tracked and plain, one stream, interleaved).
+Prints views / separate per K and kernel, view / whole per launch, and
+writes ``chunked_streams.json``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,44 @@ def body(x, iters):
         x[i] = v
 
 
+def touch(x):
+    i = cuda.grid(1)
+    if i < x.size:
+        x[i] += 1
+
+
+def launch_cost(args: argparse.Namespace) -> dict:
+    """Host cost of a launch whose argument is a view against one whose
+    argument is the whole array, tracked and plain, on one stream."""
+    plain = cuda.jit(touch)
+    tracked = tracked_kernel(touch, access={"x": "rw"})
+    s = cuda.stream()
+    x = cuda.to_device(np.zeros(1 << 12, np.float32))
+    view = x[1 << 10:3 << 10]
+    variants = {"tracked whole": (tracked, x), "tracked view": (tracked, view),
+                "plain whole": (plain, x), "plain view": (plain, view)}
+    for kernel, arg in variants.values():
+        for _ in range(3):
+            kernel[1, 32, s](arg)
+    cuda.synchronize()
+    per: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, (kernel, arg) in variants.items():
+            cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.launches):
+                kernel[1, 32, s](arg)
+            cuda.synchronize()
+            per[name].append((time.perf_counter() - start) / args.launches * 1e6)
+
+    def ratio(num: str, den: str) -> float:
+        return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
+
+    return {"us_per_launch": {name: statistics.median(v) for name, v in per.items()},
+            "tracked view / whole": ratio("tracked view", "tracked whole"),
+            "plain view / whole": ratio("plain view", "plain whole")}
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunk", type=int, default=64 if SIMULATOR else 1 << 14,
@@ -52,6 +93,8 @@ def main() -> dict:
                         help="multiply-adds per element (the kernel's length)")
     parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 9)
     parser.add_argument("--k", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--launches", type=int, default=4 if SIMULATOR else 5000,
+                        help="launches a round of the launch-cost comparison")
     args = parser.parse_args()
     plain = cuda.jit(body)
     tracked = tracked_kernel(body, access={"x": "rw"})
@@ -106,6 +149,7 @@ def main() -> dict:
             "plain views / ordering off": ratio("plain views", "plain views, ordering off"),
             "correct": bool(np.allclose(got, want, rtol=1e-5)),
         }
+    launch = launch_cost(args)
     print(f"chunks of one array on K streams against K separate arrays on {device_name()} "
           f"({args.chunk} elements a chunk, {args.iters} iterations, {args.rounds} rounds)")
     for key, r in results.items():
@@ -116,6 +160,12 @@ def main() -> dict:
               f"{m['tracked separate']:.3f} ms")
         print(f"  {key}: views / separate: plain {r['plain views / separate']:.3f}, tracked "
               f"{r['tracked views / separate']:.3f}; correct: {r['correct']}")
+    m = launch["us_per_launch"]
+    print(f"  launch cost, one stream: tracked whole {m['tracked whole']:.2f} us, tracked view "
+          f"{m['tracked view']:.2f} us (view / whole {launch['tracked view / whole']:.3f}); "
+          f"plain whole {m['plain whole']:.2f} us, plain view {m['plain view']:.2f} us (view / "
+          f"whole {launch['plain view / whole']:.3f})")
+    results["launch"] = launch
     write_result("chunked_streams", {"chunk": args.chunk, "iters": args.iters,
                                      "rounds": args.rounds, "results": results})
     return results

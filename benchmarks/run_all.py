@@ -72,7 +72,7 @@ def main() -> int:
     run("graph_replay.py", *(["--n", "256", "--batches", "2"] if args.quick else []), *rounds)
     run("graph_replay.py", "--race", *(["--trials", "2"] if args.quick else []))
     run("chunked_streams.py", *(["--chunk", "64", "--iters", "2"] if args.quick else []),
-        *rounds)
+        *quick, *rounds)
 
     launch = load("launch_overhead").get("results", {})
     plain = load("plain_launch").get("results", {})
@@ -128,6 +128,9 @@ def main() -> int:
         for kind in ("plain", "tracked"):
             rows.append((f"chunks of one array / separate, {k}, {kind}",
                          at(chunked, k, f"{kind} views / separate"), "<=", 1.10))
+    for kind in ("tracked", "plain"):
+        rows.append((f"{kind} launch, view / whole-array argument",
+                     at(chunked, "launch", f"{kind} view / whole"), "<=", 1.05))
     print()
     print(f"{'figure':48s} {'ours':>8s} {'target':>9s}  verdict")
     for name, value, op, target in rows:
