@@ -18,8 +18,8 @@ cdef class ArgFields:
     cdef public Entry entry
     cdef readonly object argtype
     cdef readonly bytes fields
-    cdef readonly Py_ssize_t lo
-    cdef readonly Py_ssize_t hi
+    cdef readonly object lo
+    cdef readonly object hi
 
 
 cdef class Plan:

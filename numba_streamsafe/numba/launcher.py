@@ -69,16 +69,16 @@ class ArgFields:
     block's entry once a launch found it (read and written under the
     resource's lock; an entry that is ``gone`` is looked up again)."""
 
-    def __init__(self, block: Any, argtype: Any, fields: bytes, lo: cython.Py_ssize_t,
-                 hi: cython.Py_ssize_t) -> None:
+    def __init__(self, block: Any, argtype: Any, fields: bytes, lo: int, hi: int) -> None:
         self.block = block
         self.ptr = block.ptr
         self.key = tuple(block.id)  # a plain tuple: a trace keeps it untracked by the GC
         self.entry = None
         self.argtype = argtype
         self.fields = fields
-        self.lo = lo
-        self.hi = hi
+        # Python ints, kept: a launch appends them to its entries as they are.
+        self.lo = int(lo)
+        self.hi = int(hi)
 
 
 @cython.cclass

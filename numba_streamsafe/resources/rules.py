@@ -289,8 +289,6 @@ def resolve(table: Any, uses: Any, what: str) -> list:
     live: dict = table.live
     out = []
     entry: Entry  # a typed binding, not a cast: free where the module runs as Python
-    lo: cython.Py_ssize_t
-    hi: cython.Py_ssize_t
     for use in uses:
         block = use[0]
         found = live.get(block.ptr)
@@ -303,13 +301,11 @@ def resolve(table: Any, uses: Any, what: str) -> list:
         out.append(entry)
         out.append(int(use[1]))
         if len(use) > 2:
-            lo = max(use[2], 0)
-            hi = min(use[3], entry.nbytes)
-        else:
-            lo = 0
-            hi = entry.nbytes
-        out.append(lo)
-        out.append(hi)
+            out.append(max(use[2], 0))
+            out.append(min(use[3], entry.nbytes))
+        else:  # the whole block (Python ints as they are: no new objects)
+            out.append(0)
+            out.append(entry.block.nbytes)
     return out
 
 
@@ -333,15 +329,29 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     stream alone (also counted in ``book.same_stream``). Caller holds the
     resource's lock."""
     entry: Entry
+    lw: Mark
     marks = None
     same: cython.Py_ssize_t = 0
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
+    access: cython.int
     for i in range(0, n, 4):
         entry = entries[i]
+        access = entries[i + 1]
+        if entry.spans is None:  # the common case, as _waits decides it, inline
+            lw = entry.last_write
+            if lw.stream == stream:
+                same += 1
+            elif marks is None:
+                marks = [lw]
+            else:
+                marks.append(lw)
+            if access & _WRITE and entry.reads:
+                marks = _others(entry.reads, stream, marks)
+            continue
         if _same(entry, stream, entries[i + 2], entries[i + 3]):
             same += 1
-        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], marks)
+        marks = _waits(entry, stream, access, entries[i + 2], entries[i + 3], marks)
     if same:
         book.same_stream += same
     if marks is not None:
@@ -431,6 +441,13 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
     first: cython.Py_ssize_t = _split(spans, lo)
     end: cython.Py_ssize_t = _split(spans, hi)
     k: cython.Py_ssize_t
+    if end == first + 1:  # one range, used again as it was last: nothing changes
+        span = spans[first]
+        if access & _WRITE:
+            if not span.reads and len(span.writes) == 1 and span.writes.get(stream) is mark:
+                return 0
+        elif span.reads.get(stream) is mark:
+            return 0
     for k in range(first, end):
         span = spans[k]
         if access & _WRITE:
