@@ -313,12 +313,13 @@ def _adopt(rt: Any, f: _Foreign, stream: Any, handle: int, owner: Any, ordered: 
 def _rejoin(rt: Any, f: _Foreign, block: Block, lease: _Lease | None, stream: Any,
             handle: int, owner: Any, ordered: bool, tag: str) -> Any:
     """An array over memory the library tracks already (a borrowed block, or a
-    block of its own lent back): the import is recorded as a read-write use on
-    ``stream`` (the producer may have written it since), and the array keeps the
-    producer's objects alive."""
+    block of its own lent back): the import is recorded as a read-write use of
+    the bytes it spans on ``stream`` (the producer may have written them
+    since), and the array keeps the producer's objects alive."""
     if ordered:
         rt_block = rt.runtime_of(block.device) or rt
-        uses = single(block, Access.READ_WRITE, tag)
+        uses = single(block, Access.READ_WRITE, tag, False,
+                      target.extent_span(block, f.ptr, f.shape, f.strides, f.dtype.itemsize))
         with rt_block.activate():
             preflight(rt_block, handle, uses, False, owner)
             commit(rt_block, handle, uses, owner)

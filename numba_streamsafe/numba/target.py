@@ -21,7 +21,7 @@ from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 
 __all__ = ["SIMULATOR", "Resolved", "make_array", "wrap_memory", "resolve", "numba_stream",
            "runtime", "launch_runtime", "current_device", "device_id", "allocation_target",
-           "span", "array_span"]
+           "span", "array_span", "extent_span"]
 
 #: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
@@ -120,6 +120,14 @@ def array_span(block: Block | None, arg: Any) -> tuple[int, int]:
         ptr, shape = cai["data"][0], tuple(cai["shape"])
         itemsize = np.dtype(cai["typestr"]).itemsize
         strides = cai.get("strides") or c_strides(shape, itemsize)
+    return extent_span(block, ptr, shape, strides, itemsize)
+
+
+def extent_span(block: Block, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...] | None,
+                itemsize: int) -> tuple[int, int]:
+    """The bytes of ``block`` an array at ``ptr`` (its first element) of
+    ``shape`` and byte ``strides`` (None: C order) may touch, as offsets
+    ``(lo, hi)``: :func:`array_span` of an array given by its layout."""
     if strides is None:
         strides = c_strides(shape, itemsize)
     low = high = ptr
