@@ -236,12 +236,16 @@ def _forget(marks: dict, stream: Any, tomb: Any) -> cython.int:
 # ------------------------------------------------------------------- the rules
 @cython.cfunc
 def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
-           hi: cython.Py_ssize_t, marks: list | None) -> list | None:
+           hi: cython.Py_ssize_t, marks: list | None, book: MarkBook | None = None
+           ) -> list | None:
     """The rule: a use of the bytes ``lo .. hi - 1`` of ``entry``'s block on
     ``stream`` waits for the writes of those bytes on other streams, and a
     write also for their reads on other streams. Appends those marks to
-    ``marks`` (made when None and one is needed) and returns it."""
+    ``marks`` (made when None and one is needed) and returns it. With
+    ``book``, a use of bytes last written on ``stream`` alone counts in
+    ``book.same_stream``."""
     span: Span
+    n: cython.Py_ssize_t
     if lo >= hi:
         return marks  # touches no byte
     spans = entry.spans
@@ -254,30 +258,25 @@ def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
                 marks.append(lw)
         if access & _WRITE and entry.reads:
             marks = _others(entry.reads, stream, marks)
+        if book is not None and lw.stream == stream:
+            book.same_stream += 1
         return marks
+    same: cython.bint = True
     for s in spans:
         span = s
         if span.hi <= lo:
             continue
         if span.lo >= hi:
             break
+        n = 0 if marks is None else len(marks)
         marks = _others(span.writes, stream, marks)
+        if marks is not None and len(marks) != n:
+            same = False
         if access & _WRITE and span.reads:
             marks = _others(span.reads, stream, marks)
+    if book is not None and same:
+        book.same_stream += 1
     return marks
-
-
-@cython.cfunc
-def _same(entry: Entry, stream: Any, lo: cython.Py_ssize_t, hi: cython.Py_ssize_t) -> cython.bint:
-    """Whether the bytes ``lo .. hi - 1`` were last written on ``stream`` alone."""
-    span: Span
-    if entry.spans is None:
-        return entry.last_write.stream == stream
-    for s in entry.spans:
-        span = s
-        if span.hi > lo and span.lo < hi and not _only(span.writes, stream):
-            return False
-    return True
 
 
 def resolve(table: Any, uses: Any, what: str) -> list:
@@ -332,6 +331,7 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     lw: Mark
     marks = None
     same: cython.Py_ssize_t = 0
+    before: cython.Py_ssize_t = book.same_stream
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     access: cython.int
@@ -349,14 +349,12 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
             if access & _WRITE and entry.reads:
                 marks = _others(entry.reads, stream, marks)
             continue
-        if _same(entry, stream, entries[i + 2], entries[i + 3]):
-            same += 1
-        marks = _waits(entry, stream, access, entries[i + 2], entries[i + 3], marks)
+        marks = _waits(entry, stream, access, entries[i + 2], entries[i + 3], marks, book)
     if same:
         book.same_stream += same
     if marks is not None:
         book.wait_all(stream, marks, owner, False, direct)
-    return same
+    return book.same_stream - before
 
 
 def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
