@@ -145,7 +145,7 @@ class Entry:
                   hi: cython.Py_ssize_t = -1) -> list:
         """Marks of other streams that ``access`` on ``stream`` to the bytes
         ``lo .. hi - 1`` (default: the whole block) must wait for."""
-        out = _waits(self, stream, access, lo, self.nbytes if hi < 0 else hi, None)
+        out = _waits(self, stream, access, lo, self.nbytes if hi < 0 else hi, None, None)
         return [] if out is None else out
 
     def only_on(self, stream: Any) -> bool:
@@ -236,16 +236,13 @@ def _forget(marks: dict, stream: Any, tomb: Any) -> cython.int:
 # ------------------------------------------------------------------- the rules
 @cython.cfunc
 def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
-           hi: cython.Py_ssize_t, marks: list | None, book: MarkBook | None = None
-           ) -> list | None:
+           hi: cython.Py_ssize_t, marks: list | None, book: MarkBook | None) -> list | None:
     """The rule: a use of the bytes ``lo .. hi - 1`` of ``entry``'s block on
     ``stream`` waits for the writes of those bytes on other streams, and a
     write also for their reads on other streams. Appends those marks to
     ``marks`` (made when None and one is needed) and returns it. With
     ``book``, a use of bytes last written on ``stream`` alone counts in
     ``book.same_stream``."""
-    span: Span
-    n: cython.Py_ssize_t
     if lo >= hi:
         return marks  # touches no byte
     spans = entry.spans
@@ -261,6 +258,15 @@ def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
         if book is not None and lw.stream == stream:
             book.same_stream += 1
         return marks
+    return _span_waits(spans, stream, access, lo, hi, marks, book)
+
+
+@cython.cfunc
+def _span_waits(spans: list, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
+                hi: cython.Py_ssize_t, marks: list | None, book: MarkBook | None) -> list | None:
+    """:func:`_waits` over the ranges of a split entry that ``lo .. hi - 1`` meets."""
+    span: Span
+    n: cython.Py_ssize_t
     same: cython.bint = True
     for s in spans:
         span = s
@@ -315,7 +321,8 @@ def needed_locked(entries: list, stream: Any) -> list:
     marks = None
     i: cython.Py_ssize_t
     for i in range(0, len(entries), 4):
-        marks = _waits(entries[i], stream, entries[i + 1], entries[i + 2], entries[i + 3], marks)
+        marks = _waits(entries[i], stream, entries[i + 1], entries[i + 2], entries[i + 3], marks,
+                       None)
     return [] if marks is None else marks
 
 
@@ -328,30 +335,13 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     stream alone (also counted in ``book.same_stream``). Caller holds the
     resource's lock."""
     entry: Entry
-    lw: Mark
     marks = None
-    same: cython.Py_ssize_t = 0
     before: cython.Py_ssize_t = book.same_stream
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
-    access: cython.int
     for i in range(0, n, 4):
         entry = entries[i]
-        access = entries[i + 1]
-        if entry.spans is None:  # the common case, as _waits decides it, inline
-            lw = entry.last_write
-            if lw.stream == stream:
-                same += 1
-            elif marks is None:
-                marks = [lw]
-            else:
-                marks.append(lw)
-            if access & _WRITE and entry.reads:
-                marks = _others(entry.reads, stream, marks)
-            continue
-        marks = _waits(entry, stream, access, entries[i + 2], entries[i + 3], marks, book)
-    if same:
-        book.same_stream += same
+        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], marks, book)
     if marks is not None:
         book.wait_all(stream, marks, owner, False, direct)
     return book.same_stream - before
