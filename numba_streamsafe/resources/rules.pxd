@@ -12,6 +12,7 @@ cdef class Span:
 
 cdef class Entry:
     cdef readonly object block
+    cdef readonly object size
     cdef readonly Py_ssize_t nbytes
     cdef readonly Mark last_write
     cdef readonly dict reads

@@ -127,7 +127,8 @@ class Entry:
     block; neighbours with the same marks join again, a write of the whole
     block makes it uniform again, and at most :data:`MAX_SPANS` are kept.
 
-    ``gone`` is set when the entry leaves its table (the block freed,
+    ``size`` is the block's size as a Python int, ``nbytes`` the same as a
+    C integer. ``gone`` is set when the entry leaves its table (the block freed,
     released, replaced at its address, or the table cleared): whoever holds
     the entry can tell without a lookup. Only this module changes an entry's
     state; callers hold the resource's lock.
@@ -135,6 +136,7 @@ class Entry:
 
     def __init__(self, block: Any, ready: Mark) -> None:
         self.block = block
+        self.size = block.nbytes
         self.nbytes = block.nbytes
         self.last_write = ready
         self.reads = {}
@@ -243,31 +245,40 @@ def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
     ``marks`` (made when None and one is needed) and returns it. With
     ``book``, a use of bytes last written on ``stream`` alone counts in
     ``book.same_stream``."""
-    if lo >= hi:
-        return marks  # touches no byte
-    spans = entry.spans
-    if spans is None:
-        lw = entry.last_write
-        if lw.stream != stream:
-            if marks is None:
-                marks = [lw]
-            else:
-                marks.append(lw)
-        if access & _WRITE and entry.reads:
-            marks = _others(entry.reads, stream, marks)
-        if book is not None and lw.stream == stream:
-            book.same_stream += 1
-        return marks
-    return _span_waits(spans, stream, access, lo, hi, marks, book)
+    if entry.spans is None:
+        return _uniform_waits(entry, stream, access, marks, book)
+    return _span_waits(entry.spans, stream, access, lo, hi, marks, book)
+
+
+@cython.cfunc
+@cython.inline
+def _uniform_waits(entry: Entry, stream: Any, access: cython.int, marks: list | None,
+                   book: MarkBook | None) -> list | None:
+    """:func:`_waits` of an entry whose bytes share one state (every byte a
+    use may touch has it)."""
+    lw = entry.last_write
+    if lw.stream != stream:
+        if marks is None:
+            marks = [lw]
+        else:
+            marks.append(lw)
+    elif book is not None:
+        book.same_stream += 1
+    if access & _WRITE and entry.reads:
+        marks = _others(entry.reads, stream, marks)
+    return marks
 
 
 @cython.cfunc
 def _span_waits(spans: list, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
                 hi: cython.Py_ssize_t, marks: list | None, book: MarkBook | None) -> list | None:
-    """:func:`_waits` over the ranges of a split entry that ``lo .. hi - 1`` meets."""
+    """:func:`_waits` over the ranges of a split entry that ``lo .. hi - 1``
+    meets (none when it is empty)."""
     span: Span
     n: cython.Py_ssize_t
     same: cython.bint = True
+    if lo >= hi:
+        return marks
     for s in spans:
         span = s
         if span.hi <= lo:
@@ -310,7 +321,7 @@ def resolve(table: Any, uses: Any, what: str) -> list:
             out.append(min(use[3], entry.nbytes))
         else:  # the whole block (Python ints as they are: no new objects)
             out.append(0)
-            out.append(entry.block.nbytes)
+            out.append(entry.size)
     return out
 
 
@@ -341,7 +352,11 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     i: cython.Py_ssize_t
     for i in range(0, n, 4):
         entry = entries[i]
-        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], marks, book)
+        if entry.spans is None:  # _waits's dispatch, without reading the span it ignores
+            marks = _uniform_waits(entry, stream, entries[i + 1], marks, book)
+        else:
+            marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], marks,
+                           book)
     if marks is not None:
         book.wait_all(stream, marks, owner, False, direct)
     return book.same_stream - before
