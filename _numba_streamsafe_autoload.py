@@ -1,36 +1,77 @@
 """Run at interpreter start (``numba_streamsafe_sim.pth``): under Numba's CUDA
-simulator with the plugin selected, load the plugin right after ``numba.cuda``.
+simulator with a memory manager selected, load it right after ``numba.cuda``.
 
 On a GPU Numba imports the plugin named by ``NUMBA_CUDA_MEMORY_MANAGER``
-itself; its CUDA simulator never does, so a program that does not import
-``numba_streamsafe`` would run unordered and unchecked there. Without both
-variables set this module only reads them.
+itself, and refuses a name it cannot import; its CUDA simulator never
+does, so a program that does not import ``numba_streamsafe`` would run
+unordered and unchecked there, and a misspelled name would go unnoticed.
+Here ``numba_streamsafe`` is imported (routing the simulator, transparent
+mode), and a name that no module has raises the error Numba raises on a
+GPU. Without both variables set this
+module only reads them. The package's wheel and its editable install both
+put the ``.pth`` file beside it (``setup.py``).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
 
+PLUGIN = "numba_streamsafe"
 
-def _wanted() -> bool:
-    return (os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
-            and os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip() == "numba_streamsafe")
+
+def _wanted() -> str | None:
+    """The memory manager to load under the simulator, or None."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() in ("", "0"):
+        return None
+    name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
+    return None if name in ("", "default") else name
+
+
+def load(name: str) -> None:
+    """Import this library's plugin; for another memory manager, check that
+    ``name`` names a module (the simulator cannot use another library's
+    manager, so it is not imported).
+
+    Raises
+    ------
+    RuntimeError
+        ``name`` names no importable module (Numba's error on a GPU), with
+        the name this library is imported by when ``name`` looks like a
+        misspelling of it.
+    """
+    try:
+        if name == PLUGIN:
+            importlib.import_module(name)
+        elif importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}")
+    except Exception as exc:
+        hint = ""
+        if name != PLUGIN and name.replace("-", "_").lower().startswith("numba_stream"):
+            hint = f" (this library's plugin is named {PLUGIN!r})"
+        raise RuntimeError(
+            f"Failed to use memory manager from {name}: NUMBA_CUDA_MEMORY_MANAGER names a "
+            f"module that cannot be imported ({type(exc).__name__}: {exc}){hint}. Numba "
+            "refuses it on a GPU; set the variable to an importable module, or unset it"
+        ) from exc
 
 
 class _ThenPlugin:
     """The loader of ``numba.cuda``, followed by the import of the plugin."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, name: str) -> None:
         self._inner = inner
+        self._name = name
 
     def create_module(self, spec: Any) -> Any:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self._inner.exec_module(module)
-        import numba_streamsafe  # noqa: F401 - routes the simulator, transparent mode
+        load(self._name)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -38,6 +79,9 @@ class _ThenPlugin:
 
 class _Finder:
     """Finds ``numba.cuda`` with the other finders and wraps its loader, once."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "numba.cuda":
@@ -48,10 +92,11 @@ class _Finder:
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenPlugin(spec.loader)
+                    spec.loader = _ThenPlugin(spec.loader, self._name)
                 return spec
         return None
 
 
-if _wanted() and "numba.cuda" not in sys.modules:
-    sys.meta_path.insert(0, _Finder())
+_name = _wanted()
+if _name is not None and "numba.cuda" not in sys.modules:
+    sys.meta_path.insert(0, _Finder(_name))

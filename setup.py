@@ -20,6 +20,53 @@ from setuptools.command.build_py import build_py
 PTH = "numba_streamsafe_sim.pth"
 
 
+#: The module the hook imports (installed at the top of the tree with it).
+AUTOLOAD = "_numba_streamsafe_autoload.py"
+
+
+class _WithHook:
+    """An editable install's strategy that also writes the simulator's hook
+    (the ``.pth`` file and its module) into the editable wheel, so that an
+    editable install loads the plugin under the simulator as a wheel does.
+    The module is a copy: reinstall after changing it."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __call__(self, wheel, files, mapping):  # type: ignore[no-untyped-def]
+        self._inner(wheel, files, mapping)  # type: ignore[operator]
+        for name in (PTH, AUTOLOAD):
+            with open(name, "rb") as f:
+                wheel.writestr(name, f.read())
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        self._inner.__enter__()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+        return self._inner.__exit__(*exc)  # type: ignore[attr-defined]
+
+
+def _editable_command() -> dict:
+    """``editable_wheel`` with the hook, where setuptools' editable strategies
+    are the ones this wraps; otherwise setuptools' own, with a warning."""
+    try:
+        from setuptools.command.editable_wheel import editable_wheel
+    except ImportError:
+        return {}
+    if not hasattr(editable_wheel, "_select_strategy"):
+        print("WARNING: this setuptools' editable install cannot carry numba_streamsafe's "
+              "simulator hook: under NUMBA_ENABLE_CUDASIM=1 import numba_streamsafe in the "
+              "program, or install the package without -e.", file=sys.stderr)
+        return {}
+
+    class EditableWithHook(editable_wheel):
+        def _select_strategy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            return _WithHook(super()._select_strategy(*args, **kwargs))
+
+    return {"editable_wheel": EditableWithHook}
+
+
 class BuildPyWithPth(build_py):
     """build_py that also puts the simulator's start-up hook at the top of the
     installed tree (a ``.pth`` file runs its import line at interpreter start)."""
@@ -82,7 +129,7 @@ class BuildExtOrSay(build_ext):
 
 
 setup(
-    cmdclass={"build_py": BuildPyWithPth, "build_ext": BuildExtOrSay},
+    cmdclass={"build_py": BuildPyWithPth, "build_ext": BuildExtOrSay, **_editable_command()},
     py_modules=["_numba_streamsafe_autoload"],
     ext_modules=engine_extensions(),
 )
