@@ -7,9 +7,10 @@ does, so a program that does not import ``numba_streamsafe`` would run
 unordered and unchecked there, and a misspelled name would go unnoticed.
 Here ``numba_streamsafe`` is imported (routing the simulator, transparent
 mode), and a name that no module has raises the error Numba raises on a
-GPU. Without both variables set this
-module only reads them. The package's wheel and its editable install both
-put the ``.pth`` file beside it (``setup.py``).
+GPU. Without a manager selected this module only reads the variable; with
+one, whether the simulator is on is read when ``numba.cuda`` loads. The
+package's wheel and its editable install both put the ``.pth`` file beside
+it (``setup.py``).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ from typing import Any
 PLUGIN = "numba_streamsafe"
 
 
-def _wanted() -> str | None:
-    """The memory manager to load under the simulator, or None."""
-    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() in ("", "0"):
-        return None
+def _selected() -> str | None:
+    """The memory manager the environment selects, or None."""
     name = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip()
     return None if name in ("", "default") else name
+
+
+def _simulator() -> bool:
+    """Whether Numba's CUDA simulator is selected (read when ``numba.cuda``
+    loads: a program may select it after start-up, before that import)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
 
 
 def load(name: str) -> None:
@@ -87,6 +92,8 @@ class _Finder:
         if name != "numba.cuda":
             return None
         sys.meta_path.remove(self)
+        if not _simulator():
+            return None  # on a GPU Numba loads the manager itself
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
@@ -97,6 +104,6 @@ class _Finder:
         return None
 
 
-_name = _wanted()
+_name = _selected()
 if _name is not None and "numba.cuda" not in sys.modules:
     sys.meta_path.insert(0, _Finder(_name))

@@ -7,8 +7,8 @@ Run it as it is, then with the library's plugin selected::
 
 With the plugin selected, transparent mode orders every launch and copy of
 Numba's on the library's memory, so the result is right; without it the
-stages race. With no GPU it runs on Numba's CUDA simulator (the plugin is
-loaded by ``numba.cuda``'s import there, or by the test that runs this file),
+stages race. With no GPU it runs on Numba's CUDA simulator by itself (the
+plugin is loaded by ``numba.cuda``'s import there, or by the test that runs this file),
 where the library's checker reports each race with the kernel, the argument,
 the stream and this file's line.
 
@@ -28,10 +28,26 @@ The stages:
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import sys
 
-import numpy as np
-from numba import config, cuda
+
+def _gpu_present() -> bool:
+    """Whether the CUDA driver finds a GPU (checked before Numba loads)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _gpu_present():
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # no GPU: Numba's CUDA simulator
+
+import numpy as np  # noqa: E402
+from numba import config, cuda  # noqa: E402
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 

@@ -214,3 +214,107 @@ def test_bad_access_names_and_stream_objects_are_stream_safe_errors(rt):
     with pytest.raises(InvalidArgumentType) as info2:
         nss.copy_to_host(x, stream="s1")
     assert isinstance(info2.value, TypeError) and isinstance(info2.value, StreamSafeError)
+
+
+# ------------------------------------------------ the start-up hook, as installed
+def _installed_hook() -> bool:
+    """Whether this interpreter's install (a wheel or ``pip install -e``) put the
+    simulator's start-up hook in site-packages."""
+    import sysconfig
+
+    return os.path.exists(os.path.join(sysconfig.get_paths()["purelib"],
+                                        "numba_streamsafe_sim.pth"))
+
+
+def _bare(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """A child interpreter as a user starts one: none of the tests' paths, no
+    simulator or memory manager unless ``env`` sets them."""
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "PYTHONPATH")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+UNAWARE = """
+    import sys
+    import numpy as np
+    from numba import cuda
+
+    @cuda.jit
+    def fill(x, v):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] = v
+
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(64, np.int64)
+    fill[1, 64, a](x, 1)
+    x.copy_to_host(stream=b)          # unordered after the fill on a
+    nss = sys.modules.get("numba_streamsafe")
+    print("LOADED", nss is not None, "HAZARDS", len(nss.hazards()) if nss else -1)
+"""
+
+
+@pytest.mark.skipif(not _installed_hook(), reason="the package is not installed in this "
+                    "interpreter (pip install -e . or a wheel puts the start-up hook there)")
+def test_an_installed_copy_orders_a_program_that_imports_nothing_of_it(tmp_path):
+    """With only the two variables set, the installed hook loads the plugin under
+    the simulator (an editable install too) and its checker sees the program."""
+    proc = _bare(UNAWARE, tmp_path, NUMBA_ENABLE_CUDASIM="1", **PLUGIN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LOADED True" in proc.stdout, proc.stdout
+    with_transparent_off = _bare(UNAWARE, tmp_path, NUMBA_ENABLE_CUDASIM="1",
+                                 NUMBA_STREAMSAFE_TRANSPARENT="0", **PLUGIN)
+    assert "LOADED True HAZARDS 1" in with_transparent_off.stdout, with_transparent_off.stdout
+
+
+@pytest.mark.skipif(not _installed_hook(), reason="the package is not installed in this "
+                    "interpreter (pip install -e . or a wheel puts the start-up hook there)")
+@pytest.mark.parametrize("name", ["numba_streamsafee", "numba-streamsafe"])
+def test_a_misspelled_plugin_name_is_an_error_on_the_simulator(tmp_path, name):
+    proc = _bare(UNAWARE, tmp_path, NUMBA_ENABLE_CUDASIM="1", NUMBA_CUDA_MEMORY_MANAGER=name)
+    assert proc.returncode != 0
+    assert f"Failed to use memory manager from {name}" in proc.stderr
+    assert "this library's plugin is named 'numba_streamsafe'" in proc.stderr
+
+
+def test_the_hook_refuses_a_name_no_module_has_and_loads_the_plugin():
+    import _numba_streamsafe_autoload as hook
+
+    with pytest.raises(RuntimeError, match="numba_streamsafee.*named 'numba_streamsafe'"):
+        hook.load("numba_streamsafee")
+    with pytest.raises(RuntimeError, match="No module named 'no_such_manager'"):
+        hook.load("no_such_manager")
+    hook.load("numba_streamsafe")        # imported already here: no error
+    hook.load("numpy")                   # another library's module: found, not imported again
+
+
+def test_the_plain_numba_example_picks_the_simulator_by_itself(tmp_path):
+    """Without NUMBA_ENABLE_CUDASIM, on a machine without a GPU, the example
+    runs on the simulator (the plugin loaded where the package is installed)."""
+    if not SIMULATOR_ONLY:
+        pytest.skip("this machine has a GPU")
+    script = ROOT / "examples" / "plain_numba_pipeline.py"
+    code = f"import runpy, sys; sys.argv = ['x']; runpy.run_path({str(script)!r}, " \
+           "run_name='__main__')"
+    proc = _bare(code, tmp_path, **PLUGIN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "plain Numba pipeline on Numba's CUDA simulator" in proc.stdout
+    loaded = "plugin loaded" in proc.stdout
+    assert loaded == _installed_hook(), proc.stdout
+    if loaded:
+        assert "rounds right" in proc.stdout
+
+
+def _no_gpu() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return True
+    return False
+
+
+SIMULATOR_ONLY = _no_gpu()
