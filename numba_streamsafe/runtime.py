@@ -9,6 +9,7 @@ device's blocks (see ``docs/architecture.md``, section 7).
 
 from __future__ import annotations
 
+import collections
 import threading
 import warnings
 import weakref
@@ -108,6 +109,9 @@ class DeviceRuntime(RuntimeStreams):
         self._checked_handles: set[int] = set()
         self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._stream_lock = threading.Lock()
+        #: Handles this runtime made for stream objects that have died (their
+        #: finalizers append them; :meth:`stream_handle` destroys them).
+        self._dead_streams: collections.deque[int] = collections.deque()
         #: True while runtimes of other devices are installed beside this one:
         #: the launch protocol then looks for blocks of other devices.
         self.multi_device = False

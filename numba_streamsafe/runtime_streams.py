@@ -4,6 +4,7 @@ one stream after another (a part of :class:`~.runtime.DeviceRuntime`)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
@@ -32,6 +33,7 @@ class RuntimeStreams:
     _keys: Any
     _stream_lock: Any
     _stream_objects: Any
+    _dead_streams: Any
 
     def stream_ref(self, stream: Any) -> StreamRef:
         """``(handle, owner)`` of ``stream``: its driver handle
@@ -48,7 +50,8 @@ class RuntimeStreams:
 
         Stream objects that carry no handle (those of Numba's CUDA simulator)
         get a blocking stream of this runtime's driver (as ``numba.cuda.stream()``
-        makes on a GPU), created on first sight and kept for the object's lifetime.
+        makes on a GPU), created on first sight and kept for the object's
+        lifetime; the next stream made after the object dies destroys it.
         """
         handle = stream_handle(stream)
         if handle is not None:
@@ -70,11 +73,36 @@ class RuntimeStreams:
             return handle
         with self._stream_lock:
             handle = self._stream_objects.get(stream)
+            if handle is not None:
+                return handle
+        if self._dead_streams:
+            self._destroy_dead_streams()
+        with self._stream_lock:
+            handle = self._stream_objects.get(stream)
             if handle is None:
                 # Numba's cuda.stream() makes blocking streams: so does its stand-in here.
                 handle = self.driver.create_stream(blocking=True)
                 self._stream_objects[stream] = handle
+                # When the object dies, so does its stream (no use refers to it then:
+                # a recorded use keeps its stream object alive).
+                weakref.finalize(stream, self._dead_streams.append, handle)
         return handle
+
+    def _destroy_dead_streams(self) -> None:
+        """Destroy the streams made for stream objects that have died (their
+        histories retired first), as a GPU's stream objects destroy theirs."""
+        while True:
+            try:
+                handle = self._dead_streams.popleft()
+            except IndexError:
+                return
+            with self.driver.activate():
+                self.resource.flush()
+                if self.resource.blocks_on_stream(handle):
+                    continue  # a raw allocation on it outlived the object: keep the stream
+                self.resource.retire_stream(handle, self.driver.destroy_stream)
+            self._keys.pop(handle, None)
+            self._checked_handles.discard(handle)
 
     def destroy_stream(self, stream: Any) -> None:
         """Destroy a stream, refusing while blocks live on it.

@@ -392,6 +392,11 @@ class SimDriver(SimMemory, HappensBefore):
                 _join(s.clock, clock)
 
     @property
+    def live_streams(self) -> int:
+        """Streams of this device that exist (the default streams included)."""
+        return len(self._streams)
+
+    @property
     def live_events(self) -> int:
         """Events of this device created and not yet destroyed."""
         device = self.device

@@ -318,3 +318,32 @@ def _no_gpu() -> bool:
 
 
 SIMULATOR_ONLY = _no_gpu()
+
+
+def test_a_dead_simulator_stream_object_takes_its_stream_with_it(rt):
+    """Streams made for the simulator's stream objects are destroyed once the
+    objects die, so a long program's synchronize does not slow down with them."""
+    x = nss.device_array(64, np.int64)
+    alive = []
+    for i in range(600):
+        s = cuda.stream()
+        fill64[1, 64, s](x, i)
+        nss.copy_to_host(x, stream=s)
+        if i % 100 == 0:
+            alive.append(s)          # some stay alive: their streams stay
+        del s
+    cuda.synchronize()
+    # Each new stream destroys those of the objects that died before it: the
+    # default streams, the living and the last one are left (600 without this).
+    assert rt.driver.live_streams <= 3 + len(alive) + 2, rt.driver.live_streams
+    for s in alive:                  # the living still work, ordered as before
+        fill64[1, 64, s](x, 1)
+    assert (nss.copy_to_host(x, stream=alive[0]) == 1).all()
+    assert not rt.driver.hazards
+
+
+@tracked_kernel
+def fill64(out: Write, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
