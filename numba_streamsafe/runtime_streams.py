@@ -28,6 +28,7 @@ class RuntimeStreams:
     # The state these methods use (for type checkers).
     driver: Driver
     resource: MemoryResource
+    device: int
     _checked_handles: set[int]
     _destroyed: set[int]
     _keys: Any
@@ -51,7 +52,10 @@ class RuntimeStreams:
         Stream objects that carry no handle (those of Numba's CUDA simulator)
         get a blocking stream of this runtime's driver (as ``numba.cuda.stream()``
         makes on a GPU), created on first sight and kept for the object's
-        lifetime; the next stream made after the object dies destroys it.
+        lifetime; the next stream made after the object dies destroys it. An
+        object marked with the device it was made on (``_nss_device``: the
+        simulator's streams under :func:`~numba_streamsafe.use_device`) is
+        refused by another device's runtime.
         """
         handle = stream_handle(stream)
         if handle is not None:
@@ -75,6 +79,12 @@ class RuntimeStreams:
             handle = self._stream_objects.get(stream)
             if handle is not None:
                 return handle
+        device = getattr(stream, "_nss_device", self.device)
+        if device != self.device:
+            raise StreamMisuse(
+                f"stream {stream!r} was made on device {device}, and work on device "
+                f"{self.device} cannot be queued on it (a stream belongs to its device's "
+                f"context); make a stream under use_device({self.device}) for this work")
         if self._dead_streams:
             self._destroy_dead_streams()
         with self._stream_lock:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.settings import settings
 
 __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
            "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]
@@ -105,12 +106,26 @@ def transparent(enabled: bool) -> Iterator[None]:
     ------
     None
 
+    Raises
+    ------
+    InvalidArgument
+        ``enabled`` is True in a process started with
+        ``NUMBA_STREAMSAFE_TRANSPARENT=0``: the mode is off for the whole
+        process there (no hook orders Numba's work), and this block cannot
+        turn it on.
+
     Examples
     --------
     >>> with transparent(False):                 # doctest: +SKIP
     ...     legacy_stage[grid, block, s](x)      # ordered by hand below
     ...     done.record(s)
     """
+    if enabled and not settings().transparent:
+        raise InvalidArgument(
+            "transparent(True) cannot turn transparent mode on: this process started with "
+            "NUMBA_STREAMSAFE_TRANSPARENT=0, which leaves Numba's own launches and copies "
+            "unordered in the whole process. Unset the variable (the mode is on by default), "
+            "or order that work with tracked kernels and copies")
     local = _local
     old = local.transparent
     local.transparent = FENCE if enabled else OBSERVE
@@ -191,16 +206,18 @@ def use_device(device: int) -> Iterator[int]:
     if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
         # Numba's simulator has one device; more exist once their runtimes are installed.
         known = sorted({0, *installed_devices()})
-        where = ("install a runtime over a simulated driver of that ordinal first "
-                 "(set_runtime(DeviceRuntime(AsyncResource(SimDriver(device=d, system=...))), d))")
+        where = ("On Numba's CUDA simulator more devices exist once a runtime over a simulated "
+                 "device of that ordinal is installed: set_runtime(DeviceRuntime(AsyncResource("
+                 "SimDriver(device=d, system=system))), d), as the guide's page on several GPUs "
+                 "shows")
     else:
         known = list(range(len(gpus)))
-        where = "use one of those ordinals"
+        where = "Use one of those ordinals"
     if isinstance(device, bool) or not isinstance(device, int) or device not in known:
         raise InvalidArgument(
             f"use_device({device!r}): there is no device {device!r}; this process has "
             f"{len(known)} device{'s' if len(known) != 1 else ''} ({', '.join(map(str, known))}). "
-            f"{where.capitalize()}")
+            f"{where}")
     get_runtime(device)
     old = _local.device
     _local.device = device

@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = ["selected", "install", "uninstall", "installed", "shim_set_memory_manager", "setup"]
 
-_NAMES = ("device_array", "device_array_like", "to_device")
+_NAMES = ("device_array", "device_array_like", "to_device", "close", "stream")
 _original: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -74,8 +74,32 @@ def _to_device(obj: Any, stream: Any = 0, copy: bool = True, to: Any = None) -> 
     return _library["to_device"](obj, stream=_stream(stream), to=to, tag="cuda.to_device")
 
 
+def _close() -> None:
+    """``numba.cuda.close()``: the simulator's contexts go, and with them every
+    block of the installed runtimes, as the plugin's ``reset`` does on a GPU
+    (arrays from before are refused with ``StaleContext``)."""
+    from numba_streamsafe.runtime import installed_devices, installed_runtime
+
+    _original["close"]()
+    for device in installed_devices():
+        rt = installed_runtime(device)
+        if rt is not None:
+            rt.reset()
+
+
+def _new_stream() -> Any:
+    """``numba.cuda.stream()``: the simulator's stream, marked with the device it
+    was made on (:func:`~numba_streamsafe.use_device`), which alone may use it,
+    as a GPU's stream belongs to its context."""
+    from numba_streamsafe.numba import target
+
+    stream = _original["stream"]()
+    stream._nss_device = target.current_device()
+    return stream
+
+
 _PATCHES = {"device_array": _device_array, "device_array_like": _device_array_like,
-            "to_device": _to_device}
+            "to_device": _to_device, "close": _close, "stream": _new_stream}
 
 
 #: ``(install, uninstall)`` of what comes with the routing (transparent mode),

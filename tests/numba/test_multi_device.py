@@ -257,3 +257,24 @@ def test_the_plugin_serves_its_contexts_device(child_env):
     done = subprocess.run([sys.executable, "-c", PLUGIN_SCRIPT], capture_output=True, text=True,
                           env=child_env(NUMBA_STREAMSAFE_DRIVER="sim"), timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "OK", done.stderr[-3000:]
+
+
+def test_a_stream_made_on_one_device_is_refused_for_work_on_another(two):
+    """As on a GPU, where a stream belongs to its device's context: with the
+    plugin's routing, the simulator's streams remember their device."""
+    from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
+
+    sim_plugin.install()
+    try:
+        with nss.use_device(1):
+            s1 = cuda.stream()
+            y = nss.device_array(N, np.int64, stream=s1)
+            fill[GRID, BLOCK, s1](y, 3)                  # its own device: fine
+        x = nss.device_array(N, np.int64)
+        with pytest.raises(nss.StreamMisuse, match=r"made on device 1.*use_device\(0\)"):
+            fill[GRID, BLOCK, s1](x, 1)
+        s0 = cuda.stream()
+        fill[GRID, BLOCK, s0](x, 1)
+        assert (nss.copy_to_host(x, stream=s0) == 1).all()
+    finally:
+        sim_plugin.uninstall()

@@ -75,6 +75,7 @@ def test_a_device_that_does_not_exist_is_refused(rt):
         with nss.use_device(5):
             pass
     assert "1 device" in str(info.value)
+    assert "SimDriver(device=d, system=system)" in str(info.value), "not mangled"
 
 
 def test_an_integer_stream_never_created_is_refused_with_advice(rt, streams):

@@ -347,3 +347,25 @@ def fill64(out: Write, value):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = value
+
+
+def test_an_array_from_before_cuda_close_is_refused_on_the_simulator(rt):
+    """As on a GPU (the plugin's reset): cuda.close() ends the context, and an
+    array made before it is refused with StaleContext, not copied back."""
+    from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
+
+    sim_plugin.install()
+    try:
+        x = cuda.to_device(np.arange(8))
+        y = nss.device_array(8, np.int64)
+        epoch = rt.epoch
+        cuda.close()
+        assert rt.epoch == epoch + 1
+        with pytest.raises(nss.StaleContext):
+            x.copy_to_host()
+        with pytest.raises(nss.StaleContext):
+            nss.copy_to_host(y)
+        z = cuda.to_device(np.arange(4))         # the new context works
+        assert (z.copy_to_host() == np.arange(4)).all()
+    finally:
+        sim_plugin.uninstall()

@@ -380,3 +380,21 @@ def test_eager_kernels_and_device_functions_are_covered(plain, streams):
     text = "\n".join(str(h) for h in off)
     assert "'eager_fill' argument 'out'" in text
     assert "'copy_through_device_function' argument 'dst'" in text
+
+
+def test_transparent_true_is_refused_where_the_process_turned_the_mode_off(monkeypatch):
+    from numba_streamsafe.core.settings import reload_settings
+
+    monkeypatch.setenv("NUMBA_STREAMSAFE_TRANSPARENT", "0")
+    reload_settings()
+    try:
+        with pytest.raises(nss.InvalidArgument, match="NUMBA_STREAMSAFE_TRANSPARENT=0"):
+            with nss.transparent(True):
+                pass
+        with nss.transparent(False):     # turning it off stays allowed
+            pass
+    finally:
+        monkeypatch.delenv("NUMBA_STREAMSAFE_TRANSPARENT")
+        reload_settings()
+    with nss.transparent(True):
+        pass
