@@ -1,18 +1,31 @@
 """``python -m numba_streamsafe``: what this installation runs on, in the manner
-of ``numba -s`` and ``cupy.show_config()``.
+of ``numba -s`` and ``cupy.show_config()``; what a bug report needs.
 
-Prints the versions of the library and of what it builds on, the CUDA driver
-and devices (or Numba's CUDA simulator), whether the compiled hot path is
-built and in use, the memory manager Numba is told to use, and the library's
-settings in force.
+Lists the system (OS, glibc, Python), the versions of the library and of what
+it builds on, how it is installed (editable or not, the simulator's start-up
+hook), the CUDA compiler libraries (NVVM, NVRTC), the CUDA driver, runtime and
+devices with their memory-pool support (or Numba's CUDA simulator), whether
+the compiled engine is built and in use, the memory manager Numba is told to
+use, the library's settings in force (a bad value is listed, not raised) and
+the other ``NUMBA_*`` variables set. ``--json`` prints the same as JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import os
+import platform
 import sys
+import sysconfig
+from collections.abc import Callable
 from importlib import metadata
+from typing import Any
+
+#: The distributions whose versions the report lists.
+DISTRIBUTIONS = ("numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core", "numpy",
+                 "Cython")
 
 
 def _version(dist: str) -> str:
@@ -22,67 +35,200 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _target() -> list[str]:
+def _guarded(section: Callable[[], Any]) -> Any:
+    """A section's value, or what went wrong: the report never raises."""
+    try:
+        return section()
+    except Exception as exc:
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
+def _system() -> dict[str, str]:
+    libc, libc_version = platform.libc_ver()
+    return {"os": platform.platform(), "machine": platform.machine(),
+            "libc": f"{libc} {libc_version}".strip() or "unknown",
+            "python": f"{platform.python_implementation()} {sys.version.split()[0]}"}
+
+
+def _install() -> dict[str, Any]:
+    import numba_streamsafe
+
+    out: dict[str, Any] = {"location": os.path.dirname(numba_streamsafe.__file__)}
+    try:
+        direct = metadata.distribution("numba-streamsafe").read_text("direct_url.json")
+        editable = bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
+        out["installed"] = "editable (pip install -e)" if editable else "installed"
+    except metadata.PackageNotFoundError:
+        out["installed"] = "not installed (run from a source tree)"
+    hook = os.path.join(sysconfig.get_paths()["purelib"], "numba_streamsafe_sim.pth")
+    out["simulator start-up hook"] = ("installed" if os.path.exists(hook)
+                                      else "not installed: under the simulator import "
+                                      "numba_streamsafe in the program")
+    return out
+
+
+def _compilers() -> dict[str, str]:
+    """NVVM and NVRTC as numba-cuda finds them (kernels compile without a GPU)."""
+    from numba.cuda.cuda_paths import get_cuda_paths
+
+    paths = get_cuda_paths()
+    out = {}
+    for lib in ("nvvm", "nvrtc"):
+        found = paths.get(lib)
+        out[f"{lib} path"] = (f"{found.info} (by {found.by})" if found and found.info
+                              else "not found")
+    out["nvvm version"] = _guarded(lambda: ".".join(map(str, _nvvm_version())))
+    out["nvrtc version"] = _guarded(lambda: ".".join(map(str, _nvrtc_version())))
+    return out
+
+
+def _nvvm_version() -> tuple[int, ...]:
+    from numba.cuda.cudadrv import nvvm
+
+    return tuple(nvvm.NVVM().get_version())
+
+
+def _nvrtc_version() -> tuple[int, ...]:
+    from numba.cuda.cudadrv import nvrtc
+
+    return tuple(nvrtc._get_nvrtc_version())  # type: ignore[attr-defined]  # numba-cuda's own
+
+
+def _target() -> dict[str, Any]:
     from numba import config
 
     if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
-        return ["target: Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), over the library's "
-                "simulated driver"]
+        return {"target": "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), over the library's "
+                          "simulated driver"}
     try:
-        from cuda.bindings import driver
-
-        err, version = driver.cuDriverGetVersion()
-        if err:
-            return [f"target: no CUDA driver usable (cuDriverGetVersion: error {int(err)})"]
-        from numba import cuda
-
-        lines = [f"CUDA driver: {version // 1000}.{version % 1000 // 10}"]
-        for gpu in cuda.gpus:
-            name = gpu.name.decode() if isinstance(gpu.name, bytes) else gpu.name
-            lines.append(f"device {gpu.id}: {name}, compute capability "
-                         f"{'.'.join(map(str, gpu.compute_capability))}")
-        return lines
+        return _gpus()
     except Exception as exc:  # no driver, no device: say so, and go on
-        return [f"target: no CUDA GPU usable ({type(exc).__name__}: {exc})"]
+        return {"target": f"no CUDA GPU usable ({type(exc).__name__}: {exc})"}
+
+
+def _gpus() -> dict[str, Any]:
+    from cuda.bindings import driver
+
+    err, version = driver.cuDriverGetVersion()
+    if err:
+        return {"target": f"no CUDA driver usable (cuDriverGetVersion: error {int(err)})"}
+    out: dict[str, Any] = {"cuda driver": f"{version // 1000}.{version % 1000 // 10}",
+                           "cuda runtime": _guarded(_runtime_version)}
+    from numba import cuda
+
+    pools = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+    devices = []
+    for gpu in cuda.gpus:
+        name = gpu.name.decode() if isinstance(gpu.name, bytes) else gpu.name
+        err, supported = driver.cuDeviceGetAttribute(pools, gpu.id)
+        devices.append({"id": gpu.id, "name": name,
+                        "compute capability": ".".join(map(str, gpu.compute_capability)),
+                        "memory pools": "unknown" if err else bool(supported)})
+    out["devices"] = devices
+    return out
+
+
+def _runtime_version() -> str:
+    from cuda.bindings import runtime
+
+    err, version = runtime.cudaRuntimeGetVersion()
+    return "not loadable" if err else f"{version // 1000}.{version % 1000 // 10}"
+
+
+def _engine() -> dict[str, Any]:
+    import numba_streamsafe.numba.launcher as launcher
+    from numba_streamsafe.compiled import engine_builds, pure_python
+
+    builds = engine_builds()
+    if pure_python:
+        state = "not in use (NUMBA_STREAMSAFE_PURE_PYTHON=1)"
+    elif not all(b.startswith("compiled") for b in builds.values()):
+        state = ("WARNING: not built (no C compiler or no Cython at install time?): the engine "
+                 "runs as Python, with slower launches; reinstall with a C compiler")
+    elif launcher.available():
+        state = "compiled, launch path in use (libcuda loaded)"
+    else:
+        state = "compiled; its launch path unused here (no CUDA driver library loaded)"
+    return {"state": state, "modules": builds}
+
+
+def _settings() -> dict[str, Any]:
+    """The settings in force, or, where a variable holds a value it does not
+    take, the error and the variables as given."""
+    from numba_streamsafe.core.errors import InvalidArgument
+    from numba_streamsafe.core.settings import reload_settings
+
+    given = {k: v for k, v in sorted(os.environ.items()) if k.startswith("NUMBA_STREAMSAFE_")}
+    try:
+        settings = reload_settings()
+    except InvalidArgument as exc:
+        return {"error": str(exc), "as given": given}
+    out = {}
+    for field in dataclasses.fields(settings):
+        name = f"NUMBA_STREAMSAFE_{field.name.upper()}"
+        out[name] = f"{getattr(settings, field.name)}{' (set)' if name in given else ''}"
+    return out
+
+
+def collect() -> dict[str, Any]:
+    """The report as a dict (what ``--json`` prints)."""
+    from numba_streamsafe import __version__
+
+    manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "") or "default"
+    return {
+        "numba_streamsafe": __version__,
+        "system": _guarded(_system),
+        "versions": {dist: _version(dist) for dist in DISTRIBUTIONS},
+        "install": _guarded(_install),
+        "compilers": _guarded(_compilers),
+        "target": _guarded(_target),
+        "engine": _guarded(_engine),
+        "memory manager": manager + (" (this library: transparent mode on its memory)"
+                                     if manager == "numba_streamsafe" else ""),
+        "settings": _guarded(_settings),
+        "other NUMBA_ variables": {k: v for k, v in sorted(os.environ.items())
+                                   if k.startswith("NUMBA_")
+                                   and not k.startswith("NUMBA_STREAMSAFE_")},
+    }
+
+
+def _lines(value: Any, indent: str = "") -> list[str]:
+    if isinstance(value, dict):
+        out = []
+        for key, item in value.items():
+            if isinstance(item, dict | list):
+                out.append(f"{indent}{key}:")
+                out += _lines(item, indent + "  ")
+            else:
+                out.append(f"{indent}{key}: {item}")
+        return out or [f"{indent}(none)"]
+    if isinstance(value, list):
+        out = []
+        for item in value:
+            out += _lines(item, indent + "  ") if isinstance(item, dict) else [f"{indent}{item}"]
+        return out
+    return [f"{indent}{value}"]
 
 
 def report() -> str:
     """The report's text."""
-    from numba_streamsafe import __version__
-    from numba_streamsafe.compiled import pure_python
-    from numba_streamsafe.core.settings import reload_settings
+    data = collect()
+    head = f"numba_streamsafe {data.pop('numba_streamsafe')}"
+    return "\n".join([head, *_lines(data)])
 
-    lines = [f"numba_streamsafe {__version__} (Python {sys.version.split()[0]})"]
-    for dist in ("numba", "numba-cuda", "cuda-bindings", "cuda-core", "numpy"):
-        lines.append(f"  {dist}: {_version(dist)}")
-    lines += _target()
-    import numba_streamsafe.numba.launcher as launcher
-    from numba_streamsafe.compiled import engine_builds
 
-    builds = engine_builds()
-    for name, build in builds.items():
-        lines.append(f"engine {name}: {build}")
-    if pure_python:
-        lines.append("compiled engine: not in use (NUMBA_STREAMSAFE_PURE_PYTHON=1)")
-    elif not all(b.startswith("compiled") for b in builds.values()):
-        lines.append("compiled engine: not built (no C compiler or no Cython at install time?): "
-                     "the engine runs as Python; reinstall with a C compiler for the compiled one")
-    elif launcher.available():
-        lines.append("compiled launch path: in use (libcuda loaded)")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m numba_streamsafe",
+        description="What this installation of numba_streamsafe runs on (for bug reports).")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    if args.json:
+        print(json.dumps(collect(), indent=2, default=str))
     else:
-        lines.append("compiled launch path: unused here (no CUDA driver library loaded)")
-    manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "") or "default"
-    lines.append(f"memory manager (NUMBA_CUDA_MEMORY_MANAGER): {manager}"
-                 + (" (this library: transparent mode on its memory)"
-                    if manager == "numba_streamsafe" else ""))
-    settings = reload_settings()
-    lines.append("settings in force:")
-    for field in dataclasses.fields(settings):
-        name = f"NUMBA_STREAMSAFE_{field.name.upper()}"
-        given = " (set)" if name in os.environ else ""
-        lines.append(f"  {name} = {getattr(settings, field.name)}{given}")
-    return "\n".join(lines)
+        print(report())
+    return 0
 
 
 if __name__ == "__main__":
-    print(report())
+    raise SystemExit(main())

@@ -165,6 +165,27 @@ def test_python_m_numba_streamsafe_reports_versions_path_and_settings(child_env,
     for key in ("numba_streamsafe", "numba-cuda", "cuda-bindings", "numpy", "engine",
                 "memory manager", "NUMBA_STREAMSAFE_FENCES", "eager", "simulator"):
         assert key in out, (key, out)
+    for key in ("libc", "llvmlite", "Cython", "nvvm path", "nvrtc version", "installed",
+                "simulator start-up hook", "other NUMBA_ variables", "NUMBA_ENABLE_CUDASIM"):
+        assert key in out, (key, out)
+
+
+def test_the_report_lists_a_bad_setting_and_speaks_json(child_env, repo_root):
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "numba_streamsafe", "--json"], cwd=repo_root,
+                          env=child_env(NUMBA_ENABLE_CUDASIM="1", NUMBA_STREAMSAFE_FENCES="lazzy"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert "lazzy" in report["settings"]["error"] and "'lazy' or 'eager'" in \
+        report["settings"]["error"]
+    assert report["settings"]["as given"] == {"NUMBA_STREAMSAFE_FENCES": "lazzy"}
+    assert report["versions"]["numba-cuda"] != "not installed"
+    assert report["other NUMBA_ variables"]["NUMBA_ENABLE_CUDASIM"] == "1"
+    usage = subprocess.run([sys.executable, "-m", "numba_streamsafe", "--help"], cwd=repo_root,
+                           env=child_env(), capture_output=True, text=True, timeout=120)
+    assert usage.returncode == 0 and "--json" in usage.stdout
 
 
 @pytest.mark.slow
