@@ -60,6 +60,16 @@ from numba_streamsafe.runtime import (
 
 __version__ = "0.1.0"
 
+if not _compiled.pure_python and not sys.modules["numba_streamsafe.resources.rules"].COMPILED:
+    import warnings
+
+    warnings.warn(
+        "numba_streamsafe's compiled engine is not built, so it runs as Python: correct, with "
+        "slower launches and allocations. Reinstall with a C compiler present (Cython is a "
+        "build requirement) for the compiled engine, or set NUMBA_STREAMSAFE_PURE_PYTHON=1 to "
+        "choose the Python build and silence this; `python -m numba_streamsafe` says which "
+        "build runs", RuntimeWarning, stacklevel=2)
+
 if "numba.cuda" in sys.modules and os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in (
         "", "0"):
     # Numba's CUDA simulator has no memory managers: give it the plugin's routing
