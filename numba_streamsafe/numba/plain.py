@@ -13,10 +13,12 @@ Numba itself would refuse is handed to Numba to refuse.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.access_check import holds_arrays
@@ -45,8 +47,9 @@ class PlainKernel(TrackedKernel):
     Raises
     ------
     InvalidArgument
-        The kernel takes parameters other than positional ones (``*args``):
-        transparent mode leaves such a kernel to Numba.
+        The kernel takes keyword-only or ``**`` parameters: transparent mode
+        leaves such a kernel to Numba. A ``*args`` parameter is ordered as the
+        tuple Numba packs the remaining arguments into.
     """
 
     _warns = False  # Numba's configuration warns (GPU); the simulator does not
@@ -64,7 +67,7 @@ class PlainKernel(TrackedKernel):
         self.allow_foreign = True
         self.infer = True
         self.check_access = False
-        self.params = tuple((name, None) for name, _ in self._parse_access(func, {}))
+        self.params, self._star = _parameters(func)
         self._access_ready = False
         self._inferred = None
         #: Every parameter's inferred access, whatever its first argument was.
@@ -92,6 +95,20 @@ class PlainKernel(TrackedKernel):
     def _launch(self, stream: Any, args: tuple[Any, ...],
                 dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
                 numba_launch: Callable[[], Callable[..., Any]]) -> None:
+        if self._star:
+            # Numba packs the arguments past the fixed ones into a tuple for the
+            # ``*args`` parameter: ordered as that tuple, launched as given.
+            fixed = len(self.params) - 1
+            if len(args) < fixed:
+                numba_launch()(*args)  # Numba refuses it with its own error
+                return
+
+            def as_given() -> Callable[..., Any]:
+                launch = numba_launch()
+                return lambda *_: launch(*args)
+
+            super()._launch(stream, (*args[:fixed], tuple(args[fixed:])), None, as_given)
+            return
         if len(args) != len(self.params):
             numba_launch()(*args)  # Numba refuses it with its own error
             return
@@ -134,3 +151,26 @@ class PlainKernel(TrackedKernel):
     def _configure(self, config: tuple[Any, ...]) -> Any:
         return self._numba_configure(self.dispatcher, config)
 
+
+def _parameters(func: Callable[..., Any]) -> tuple[tuple[tuple[str, None], ...], bool]:
+    """A plain kernel's parameters (their accesses come at the first launch),
+    and whether the last one is ``*args``.
+
+    Raises
+    ------
+    InvalidArgument
+        A keyword-only or ``**`` parameter: transparent mode leaves the kernel
+        to Numba.
+    """
+    params = []
+    star = False
+    for name, p in inspect.signature(func).parameters.items():
+        if p.kind is p.VAR_POSITIONAL:
+            star = True
+        elif p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or star:
+            raise InvalidArgument(
+                f"{getattr(func, '__name__', 'kernel')}: parameter {name!r} is "
+                f"{p.kind.description}; transparent mode orders kernels of positional "
+                "parameters and *args")
+        params.append((name, None))
+    return tuple(params), star

@@ -105,7 +105,7 @@ def _plain_kernel(dispatcher: Any, configure: Callable[[Any, Any], Any]) -> Any:
     if kernel is None:
         try:
             kernel = PlainKernel(dispatcher, configure, _fence)
-        except InvalidArgument:  # *args kernels: Numba launches them, unordered
+        except InvalidArgument:  # keyword-only or ** parameters: Numba launches them, unordered
             kernel = False
         kernel = dispatcher.__dict__.setdefault("_nss_plain", kernel)
     return kernel

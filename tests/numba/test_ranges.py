@@ -477,3 +477,34 @@ def test_random_programs_with_views(plain, ops):
         run()
     found = _hazards(plain)
     assert bool(found) == conflict, (found, spans, ops)
+
+
+@cuda.jit
+def star_sum(out, *arrays):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = arrays[0][i] + arrays[1][i]
+
+
+def test_a_varargs_kernel_orders_the_arrays_numba_packs(plain):
+    """Numba packs the arguments of ``*arrays`` into a tuple: they are ordered
+    as a tuple's arrays are."""
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(C, dtype=np.int64)
+    z = cuda.to_device(np.ones(C, dtype=np.int64))
+    y = cuda.device_array(C, dtype=np.int64)
+    cuda.synchronize()
+
+    def program():
+        fill[1, C, a](x, 4)
+        star_sum[1, C, b](y, x, z)          # reads x through *arrays
+        out = y.copy_to_host(stream=b)
+        b.synchronize()
+        assert (out == 5).all()
+
+    program()
+    assert _hazards(plain) == []
+    with nss.transparent(False):
+        program()
+    text = "\n".join(str(h) for h in _hazards(plain))
+    assert "'star_sum' argument 'arrays[0]'" in text, text
