@@ -47,6 +47,11 @@ def body(x, iters):
         x[i] = v
 
 
+def paired(per: dict[str, list[float]], num: str, den: str) -> float:
+    """The median over rounds of ``num``'s time over ``den``'s in the same round."""
+    return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
+
+
 def touch(x):
     i = cuda.grid(1)
     if i < x.size:
@@ -77,12 +82,9 @@ def launch_cost(args: argparse.Namespace) -> dict:
             cuda.synchronize()
             per[name].append((time.perf_counter() - start) / args.launches * 1e6)
 
-    def ratio(num: str, den: str) -> float:
-        return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
-
     return {"us_per_launch": {name: statistics.median(v) for name, v in per.items()},
-            "tracked view / whole": ratio("tracked view", "tracked whole"),
-            "plain view / whole": ratio("plain view", "plain whole")}
+            "tracked view / whole": paired(per, "tracked view", "tracked whole"),
+            "plain view / whole": paired(per, "plain view", "plain whole")}
 
 
 def main() -> dict:
@@ -136,17 +138,15 @@ def main() -> dict:
                 cuda.synchronize()
                 per[name].append(time.perf_counter() - start)
 
-        def ratio(num: str, den: str, per=per) -> float:
-            return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
-
         # Every element got the same updates either way: the results agree.
         got = whole.copy_to_host().reshape(k, args.chunk)
         want = np.stack([a.copy_to_host() for a in separate])
         results[f"K={k}"] = {
             "ms_per_round": {name: statistics.median(v) * 1e3 for name, v in per.items()},
-            "plain views / separate": ratio("plain views", "plain separate"),
-            "tracked views / separate": ratio("tracked views", "tracked separate"),
-            "plain views / ordering off": ratio("plain views", "plain views, ordering off"),
+            "plain views / separate": paired(per, "plain views", "plain separate"),
+            "tracked views / separate": paired(per, "tracked views", "tracked separate"),
+            "plain views / ordering off": paired(per, "plain views",
+                                                 "plain views, ordering off"),
             "correct": bool(np.allclose(got, want, rtol=1e-5)),
         }
     launch = launch_cost(args)

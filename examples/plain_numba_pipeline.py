@@ -28,22 +28,12 @@ The stages:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 
+from gpu_present import gpu_present
 
-def _gpu_present() -> bool:
-    """Whether the CUDA driver finds a GPU (checked before Numba loads)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    count = ctypes.c_int(0)
-    return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-
-
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _gpu_present():
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # no GPU: Numba's CUDA simulator
 
 import numpy as np  # noqa: E402

@@ -7,21 +7,12 @@ whose checker reports every unordered pair of accesses (a race).
 
 from __future__ import annotations
 
-import ctypes
 import os
 from typing import Any
 
+from gpu_present import gpu_present
 
-def _gpu_present() -> bool:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    count = ctypes.c_int(0)
-    return lib.cuInit(0) == 0 and lib.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
-
-
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _gpu_present():
+if "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 from numba import config  # noqa: E402

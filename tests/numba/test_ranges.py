@@ -84,6 +84,13 @@ def pair_write(pair, value):
         pair[1][i] = value
 
 
+@cuda.jit
+def star_sum(out, *arrays):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = arrays[0][i] + arrays[1][i]
+
+
 @tracked_kernel
 def t_add_one(x: ReadWrite):
     i = cuda.grid(1)
@@ -136,6 +143,16 @@ def _hazards(rt) -> list:
     out = list(rt.driver.hazards)
     rt.driver.hazards.clear()
     return out
+
+
+def _ordered_then_not(rt, program) -> str:
+    """Run ``program()`` in transparent mode (it must leave no hazard), then
+    with the mode off (the negative control); the text of the hazards then."""
+    program()
+    assert _hazards(rt) == []
+    with nss.transparent(False):
+        program()
+    return "\n".join(str(h) for h in _hazards(rt))
 
 
 # ------------------------------------------------------------ disjoint views
@@ -275,8 +292,10 @@ def test_a_free_of_the_whole_array_waits_for_a_view_read_elsewhere(plain):
 
 
 # -------------------------------------------------------------------- tuples
-@pytest.mark.parametrize("shape", ["tuple", "namedtuple"])
+@pytest.mark.parametrize("shape", ["tuple", "namedtuple", "varargs"])
 def test_arrays_inside_a_tuple_are_ordered(plain, shape):
+    """A tuple's arrays, a namedtuple's, and those Numba packs into a kernel's
+    ``*arrays`` tuple are ordered as top-level arrays are."""
     a, b = cuda.stream(), cuda.stream()
     x = cuda.device_array(C, dtype=np.int64)
     z = cuda.to_device(np.ones(C, dtype=np.int64))
@@ -285,18 +304,18 @@ def test_arrays_inside_a_tuple_are_ordered(plain, shape):
 
     def program():
         fill[1, C, a](x, 7)
-        pair = (x, z) if shape == "tuple" else Pair(x, z)
-        pair_sum[1, C, b](pair, y)        # reads x through the tuple
+        if shape == "varargs":
+            star_sum[1, C, b](y, x, z)    # reads x through *arrays
+        else:
+            pair_sum[1, C, b]((x, z) if shape == "tuple" else Pair(x, z), y)
         out = y.copy_to_host(stream=b)
         b.synchronize()
         assert (out == 8).all()
 
-    program()
-    assert _hazards(plain) == []
-    with nss.transparent(False):
-        program()
-    text = "\n".join(str(h) for h in _hazards(plain))
-    assert "'pair_sum' argument 'pair[0]'" in text, text
+    text = _ordered_then_not(plain, program)
+    name = "'star_sum' argument 'arrays[0]'" if shape == "varargs" else \
+        "'pair_sum' argument 'pair[0]'"
+    assert name in text, text
 
 
 def test_a_nested_tuple_and_a_written_tuple_are_ordered(plain):
@@ -313,11 +332,7 @@ def test_a_nested_tuple_and_a_written_tuple_are_ordered(plain):
         b.synchronize()
         assert (out == 6).all()
 
-    program()
-    assert _hazards(plain) == []
-    with nss.transparent(False):
-        program()
-    text = "\n".join(str(h) for h in _hazards(plain))
+    text = _ordered_then_not(plain, program)
     assert "argument 'nest[0][0]'" in text and "argument 'nest[1]'" in text, text
 
 
@@ -477,34 +492,3 @@ def test_random_programs_with_views(plain, ops):
         run()
     found = _hazards(plain)
     assert bool(found) == conflict, (found, spans, ops)
-
-
-@cuda.jit
-def star_sum(out, *arrays):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = arrays[0][i] + arrays[1][i]
-
-
-def test_a_varargs_kernel_orders_the_arrays_numba_packs(plain):
-    """Numba packs the arguments of ``*arrays`` into a tuple: they are ordered
-    as a tuple's arrays are."""
-    a, b = cuda.stream(), cuda.stream()
-    x = cuda.device_array(C, dtype=np.int64)
-    z = cuda.to_device(np.ones(C, dtype=np.int64))
-    y = cuda.device_array(C, dtype=np.int64)
-    cuda.synchronize()
-
-    def program():
-        fill[1, C, a](x, 4)
-        star_sum[1, C, b](y, x, z)          # reads x through *arrays
-        out = y.copy_to_host(stream=b)
-        b.synchronize()
-        assert (out == 5).all()
-
-    program()
-    assert _hazards(plain) == []
-    with nss.transparent(False):
-        program()
-    text = "\n".join(str(h) for h in _hazards(plain))
-    assert "'star_sum' argument 'arrays[0]'" in text, text

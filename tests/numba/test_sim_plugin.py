@@ -296,9 +296,10 @@ def test_the_plain_numba_example_picks_the_simulator_by_itself(tmp_path):
     if not SIMULATOR_ONLY:
         pytest.skip("this machine has a GPU")
     script = ROOT / "examples" / "plain_numba_pipeline.py"
-    code = f"import runpy, sys; sys.argv = ['x']; runpy.run_path({str(script)!r}, " \
-           "run_name='__main__')"
-    proc = _bare(code, tmp_path, **PLUGIN)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "PYTHONPATH")}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env={**env, **PLUGIN},
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "plain Numba pipeline on Numba's CUDA simulator" in proc.stdout
     loaded = "plugin loaded" in proc.stdout
