@@ -303,6 +303,7 @@ EXAMPLE = """
     import runpy, sys
     import numba_streamsafe  # what the start-up hook does in an installed copy
     sys.argv = ["plain_numba_pipeline.py"]
+    sys.path.insert(0, "examples")  # as `python examples/plain_numba_pipeline.py` puts it
     try:
         runpy.run_path("examples/plain_numba_pipeline.py", run_name="__main__")
     except SystemExit as exc:
