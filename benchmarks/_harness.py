@@ -24,7 +24,8 @@ from numba import cuda  # noqa: E402
 
 SIMULATOR = target.SIMULATOR
 
-__all__ = ["SIMULATOR", "median_time", "write_result", "device_name", "cuda"]
+__all__ = ["SIMULATOR", "median_time", "ratio_of_medians", "write_result", "device_name",
+           "cuda"]
 
 
 def device_name() -> str:
@@ -45,6 +46,12 @@ def median_time(fn: Callable[[], Any], repeats: int, sync: Callable[[], None] = 
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times), times
+
+
+def ratio_of_medians(per: dict[str, list[float]], num: str, den: str) -> float:
+    """Median over rounds of ``per[num][r] / per[den][r]``: two variants timed
+    side by side, round by round, in one process."""
+    return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
 
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:

@@ -30,7 +30,7 @@ import time
 os.environ.setdefault("NUMBA_CUDA_MEMORY_MANAGER", "numba_streamsafe")
 
 import numpy as np  # noqa: E402
-from _harness import SIMULATOR, cuda, device_name, write_result  # noqa: E402
+from _harness import SIMULATOR, cuda, device_name, ratio_of_medians, write_result  # noqa: E402
 
 import numba_streamsafe as nss  # noqa: E402
 from numba_streamsafe import tracked_kernel  # noqa: E402
@@ -45,11 +45,6 @@ def body(x, iters):
         for _ in range(iters):
             v = v * np.float32(0.999) + np.float32(0.001)
         x[i] = v
-
-
-def paired(per: dict[str, list[float]], num: str, den: str) -> float:
-    """The median over rounds of ``num``'s time over ``den``'s in the same round."""
-    return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
 
 
 def touch(x):
@@ -83,8 +78,8 @@ def launch_cost(args: argparse.Namespace) -> dict:
             per[name].append((time.perf_counter() - start) / args.launches * 1e6)
 
     return {"us_per_launch": {name: statistics.median(v) for name, v in per.items()},
-            "tracked view / whole": paired(per, "tracked view", "tracked whole"),
-            "plain view / whole": paired(per, "plain view", "plain whole")}
+            "tracked view / whole": ratio_of_medians(per, "tracked view", "tracked whole"),
+            "plain view / whole": ratio_of_medians(per, "plain view", "plain whole")}
 
 
 def main() -> dict:
@@ -143,10 +138,10 @@ def main() -> dict:
         want = np.stack([a.copy_to_host() for a in separate])
         results[f"K={k}"] = {
             "ms_per_round": {name: statistics.median(v) * 1e3 for name, v in per.items()},
-            "plain views / separate": paired(per, "plain views", "plain separate"),
-            "tracked views / separate": paired(per, "tracked views", "tracked separate"),
-            "plain views / ordering off": paired(per, "plain views",
-                                                 "plain views, ordering off"),
+            "plain views / separate": ratio_of_medians(per, "plain views", "plain separate"),
+            "tracked views / separate": ratio_of_medians(per, "tracked views", "tracked separate"),
+            "plain views / ordering off": ratio_of_medians(per, "plain views",
+                                                           "plain views, ordering off"),
             "correct": bool(np.allclose(got, want, rtol=1e-5)),
         }
     launch = launch_cost(args)

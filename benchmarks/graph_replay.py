@@ -30,7 +30,7 @@ import statistics
 import time
 
 import numpy as np
-from _harness import SIMULATOR, cuda, device_name, write_result
+from _harness import SIMULATOR, cuda, device_name, ratio_of_medians, write_result
 from data import expected_probe, make_relations
 from kernels_join import build_table, count_matches, hash_probe
 from kernels_sort import copy_into
@@ -165,10 +165,8 @@ def main() -> dict:
             per[f"{label} host"].append((queued - start) * 1e6)
             per[f"{label} wall"].append((done - start) * 1e6)
             ok[label] = ok[label] and check()
-    ratio_host = statistics.median(g / e for g, e in zip(per["graph host"], per["eager host"],
-                                                         strict=True))
-    ratio_wall = statistics.median(g / e for g, e in zip(per["graph wall"], per["eager wall"],
-                                                         strict=True))
+    ratio_host = ratio_of_medians(per, "graph host", "eager host")
+    ratio_wall = ratio_of_medians(per, "graph wall", "eager wall")
     med = {k: statistics.median(v) for k, v in per.items()}
     hazards = hazards_now() - hazards0
     ops = 1 + 2 * args.batches

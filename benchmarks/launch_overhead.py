@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _harness import SIMULATOR, cuda, device_name, write_result
+from _harness import SIMULATOR, cuda, device_name, ratio_of_medians, write_result
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
@@ -156,11 +156,6 @@ def threaded(variants: dict[str, Callable[[int], Callable[[], None]]], nthreads:
     if errors:
         raise errors[0]
     return per
-
-
-def ratio_of_medians(per: dict[str, list[float]], num: str, den: str) -> float:
-    """Median over rounds of ``per[num][r] / per[den][r]``."""
-    return statistics.median(a / b for a, b in zip(per[num], per[den], strict=True))
 
 
 def main() -> dict:

@@ -24,7 +24,7 @@ import time
 os.environ.setdefault("NUMBA_CUDA_MEMORY_MANAGER", "numba_streamsafe")
 
 import numpy as np  # noqa: E402
-from _harness import SIMULATOR, cuda, device_name, write_result  # noqa: E402
+from _harness import SIMULATOR, cuda, device_name, ratio_of_medians, write_result  # noqa: E402
 
 import numba_streamsafe as nss  # noqa: E402
 from numba_streamsafe import Read, Write, tracked_kernel  # noqa: E402
@@ -72,13 +72,10 @@ def main() -> dict:
                 cuda.synchronize()
                 per[label].append((time.perf_counter() - start) / args.launches * 1e6)
 
-        def ratio(num: str, den: str, per=per) -> float:
-            return statistics.median(x / y for x, y in zip(per[num], per[den], strict=True))
-
         results[scenario] = {
             "us_per_launch": {k: statistics.median(v) for k, v in per.items()},
-            "transparent_over_numba": ratio("transparent", "Numba path"),
-            "transparent_over_tracked": ratio("transparent", "tracked"),
+            "transparent_over_numba": ratio_of_medians(per, "transparent", "Numba path"),
+            "transparent_over_tracked": ratio_of_medians(per, "transparent", "tracked"),
         }
     c.copy_to_host()  # the launches ran
     print(f"plain launch in transparent mode on {device_name()} "
