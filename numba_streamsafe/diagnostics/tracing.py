@@ -99,11 +99,9 @@ class Trace:
             with lock:
                 for entry in list(live.values()):
                     b = entry.block
-                    ranges = entry.uses()
+                    last_write, reads = entry.newest()
                     self._initial[(b.device, b.ptr, b.generation)] = (
-                        max((m for r in ranges for m in r[2].values()),
-                            key=lambda m: m.seq).stream,
-                        tuple({s for r in ranges for s in r[3]}), b.nbytes)
+                        last_write.stream, tuple(reads), b.nbytes)
 
     # ------------------------------------------------------------ the queries
     def _build(self) -> None:

@@ -81,21 +81,7 @@ class PeerUses(AsyncState):
         block; of a block whose ranges were used apart (:meth:`block_ranges`),
         its newest write mark and the newest read mark of each stream."""
         with self._lock:
-            ranges = self._table.entry(block, "block_events").uses()
-        if len(ranges) == 1:
-            writes, reads = ranges[0][2], ranges[0][3]
-            return max(writes.values(), key=lambda m: m.seq), reads
-        newest: dict[int, Mark] = {}
-        last: Mark | None = None
-        for _, _, writes, reads in ranges:
-            for mark in writes.values():
-                if last is None or mark.seq > last.seq:
-                    last = mark
-            for stream, mark in reads.items():
-                if stream not in newest or mark.seq > newest[stream].seq:
-                    newest[stream] = mark
-        assert last is not None
-        return last, newest
+            return self._table.entry(block, "block_events").newest()  # type: ignore[no-any-return]
 
     def block_ranges(self, block: Block) -> tuple[tuple[int, int, dict[int, Mark],
                                                         dict[int, Mark]], ...]:

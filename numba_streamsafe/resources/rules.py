@@ -177,6 +177,26 @@ class Entry:
             out.append((span.lo, span.hi, dict(span.writes), dict(span.reads)))
         return tuple(out)
 
+    def newest(self) -> tuple:
+        """Diagnostics: ``(write mark, {stream: read mark})``: the newest write
+        mark of any range and each stream's newest read mark (a uniform
+        entry's last write and reads)."""
+        span: Span
+        if self.spans is None:
+            return self.last_write, dict(self.reads)
+        last = None
+        reads: dict = {}
+        for s in self.spans:
+            span = s
+            for mark in span.writes.values():
+                if last is None or cython.cast(Mark, mark).seq > cython.cast(Mark, last).seq:
+                    last = mark
+            for stream, mark in span.reads.items():
+                found = reads.get(stream)
+                if found is None or cython.cast(Mark, mark).seq > cython.cast(Mark, found).seq:
+                    reads[stream] = mark
+        return last, reads
+
     def release(self, marks: MarkBook) -> None:
         """Drop the entry's uses of its marks (the block is gone)."""
         span: Span
@@ -397,7 +417,6 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
                   access: cython.int) -> cython.int:
     """A use of the whole block whose state is uniform."""
-    prev: Mark
     if access & _WRITE:
         mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
         lw = entry.last_write
@@ -410,14 +429,24 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
             _release_all(book, entry.reads)
             entry.reads = {}
     else:
-        reads = entry.reads
-        earlier = reads.get(stream)
-        if earlier is not mark:
-            reads[stream] = mark
-            mark.refs += 1
-            if earlier is not None:
-                prev = earlier
-                book.release(prev)
+        _note_read(book, entry.reads, stream, mark)
+    return 0
+
+
+@cython.cfunc
+@cython.inline
+@cython.exceptval(-1)
+def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.int:
+    """``mark`` becomes the read of ``stream`` in ``reads``: it covers the
+    stream's earlier read, whose use ends."""
+    prev: Mark
+    earlier = reads.get(stream)
+    if earlier is not mark:
+        reads[stream] = mark
+        mark.refs += 1
+        if earlier is not None:
+            prev = earlier
+            book.release(prev)
     return 0
 
 
@@ -428,7 +457,6 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
     """A use of the bytes ``lo .. hi - 1`` (not empty), or of the whole block
     whose state is split."""
     span: Span
-    prev: Mark
     if access & _WRITE and lo <= 0 and hi >= entry.nbytes:
         # A write of the whole block orders every range before it.
         mark.refs += 1
@@ -460,13 +488,7 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
             span.writes = {stream: mark}
             span.reads = {}
         else:
-            earlier = span.reads.get(stream)
-            if earlier is not mark:
-                span.reads[stream] = mark
-                mark.refs += 1
-                if earlier is not None:
-                    prev = earlier
-                    book.release(prev)
+            _note_read(book, span.reads, stream, mark)
     _coalesce(book, spans, first - 1 if first > 0 else 0, end + 1)
     if len(spans) > _MAX_SPANS:
         _bound(book, spans)
