@@ -99,20 +99,18 @@ class RuntimeStreams:
         return handle
 
     def _destroy_dead_streams(self) -> None:
-        """Destroy the streams made for stream objects that have died (their
-        histories retired first), as a GPU's stream objects destroy theirs."""
+        """Destroy the streams made for stream objects that have died, as a
+        GPU's stream objects destroy theirs (:meth:`destroy_stream`: their
+        histories retired first)."""
         while True:
             try:
                 handle = self._dead_streams.popleft()
             except IndexError:
                 return
-            with self.driver.activate():
-                self.resource.flush()
-                if self.resource.blocks_on_stream(handle):
-                    continue  # a raw allocation on it outlived the object: keep the stream
-                self.resource.retire_stream(handle, self.driver.destroy_stream)
-            self._keys.pop(handle, None)
-            self._checked_handles.discard(handle)
+            try:
+                self.destroy_stream(handle)
+            except StreamMisuse:
+                pass  # a raw allocation on it outlived the object: the stream stays
 
     def destroy_stream(self, stream: Any) -> None:
         """Destroy a stream, refusing while blocks live on it.

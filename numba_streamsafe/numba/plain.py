@@ -124,10 +124,7 @@ class PlainKernel(TrackedKernel):
                 access = self._every.get(name)
                 if access is None:
                     return False
-            host = False
-            for i, member in enumerate(arg):
-                host = self._resolve(rt, uses, f"{name}[{i}]", access, member) or host
-            return host
+            return self._resolve_tuple(rt, uses, name, access, arg)
         kind, block, producer = target.resolve(rt, arg)
         if kind != target.DEVICE:
             return kind == target.HOST  # host arrays: Numba's transfers, on the launch stream

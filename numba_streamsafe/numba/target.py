@@ -119,7 +119,7 @@ def array_span(block: Block | None, arg: Any) -> tuple[int, int]:
             return 0, block.nbytes
         ptr, shape = cai["data"][0], tuple(cai["shape"])
         itemsize = np.dtype(cai["typestr"]).itemsize
-        strides = cai.get("strides") or c_strides(shape, itemsize)
+        strides = cai.get("strides")
     return extent_span(block, ptr, shape, strides, itemsize)
 
 
