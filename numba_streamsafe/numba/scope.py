@@ -8,11 +8,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from numba import config as _config
+
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.settings import settings
 
 __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
-           "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]
+           "current_device", "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]
 
 #: Values of the per-thread transparent-mode flag (:func:`transparent`):
 #: Numba's own operations are fenced (FENCE), left unordered but still shown
@@ -20,6 +22,9 @@ __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_s
 #: untouched because an operation the library fences already made them
 #: (INSIDE: :func:`numba_call`).
 FENCE, OBSERVE, INSIDE = 2, 1, 0
+
+#: True when Numba's CUDA simulator is on (as ``target.SIMULATOR``).
+_SIMULATOR: bool = bool(_config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 
 class _Scopes(threading.local):
@@ -97,6 +102,11 @@ def transparent(enabled: bool) -> Iterator[None]:
     Tracked kernels and the library's copies are fenced either way (see
     :func:`tracking` to switch those off).
 
+    The setting belongs to the thread and covers every device: Numba's work
+    on any GPU from this thread inside the block is left unordered
+    (:func:`tracking`, by contrast, switches one device's runtime for every
+    thread).
+
     Parameters
     ----------
     enabled : bool
@@ -165,6 +175,54 @@ def device_scope() -> int | None:
     return _local.device
 
 
+def current_device() -> int:
+    """The device work from this thread goes to now.
+
+    On a GPU, the device of the thread's current context (``cuCtxGetDevice``:
+    :func:`use_device` and Numba's ``with cuda.gpus[d]:`` make it current),
+    else 0 (Numba makes device 0's context current when none is). On Numba's
+    CUDA simulator, the device of the innermost :func:`use_device`, else 0.
+    """
+    if _SIMULATOR:
+        device = _local.device
+        return 0 if device is None else device
+    from cuda.bindings import driver as _drv
+
+    err, ordinal = _drv.cuCtxGetDevice()
+    return 0 if err else int(ordinal)
+
+
+def check_device(device: Any, caller: str) -> None:
+    """Refuse ``device`` unless it is a device ordinal of this process.
+
+    Raises
+    ------
+    InvalidArgument
+        ``device`` is not an int naming a device of this machine (on Numba's
+        CUDA simulator: device 0, or one with a runtime installed).
+    """
+    from numba import config
+    from numba.cuda import gpus
+
+    from numba_streamsafe.runtime import installed_devices
+
+    if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+        # Numba's simulator has one device; more exist once their runtimes are installed.
+        known = sorted({0, *installed_devices()})
+        where = ("On Numba's CUDA simulator more devices exist once a runtime over a simulated "
+                 "device of that ordinal is installed: set_runtime(DeviceRuntime(AsyncResource("
+                 "SimDriver(device=d, system=system))), d), as the guide's page on several GPUs "
+                 "shows")
+    else:
+        known = list(range(len(gpus)))
+        where = "Use one of those ordinals"
+    if isinstance(device, bool) or not isinstance(device, int) or device not in known:
+        raise InvalidArgument(
+            f"{caller}({device!r}): there is no device {device!r}; this process has "
+            f"{len(known)} device{'s' if len(known) != 1 else ''} ({', '.join(map(str, known))}). "
+            f"{where}")
+
+
 @contextlib.contextmanager
 def use_device(device: int) -> Iterator[int]:
     """Send the library's work on this thread to ``device`` inside the block.
@@ -201,23 +259,9 @@ def use_device(device: int) -> Iterator[int]:
     from numba import config
     from numba.cuda import gpus
 
-    from numba_streamsafe.runtime import get_runtime, installed_devices
+    from numba_streamsafe.runtime import get_runtime
 
-    if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
-        # Numba's simulator has one device; more exist once their runtimes are installed.
-        known = sorted({0, *installed_devices()})
-        where = ("On Numba's CUDA simulator more devices exist once a runtime over a simulated "
-                 "device of that ordinal is installed: set_runtime(DeviceRuntime(AsyncResource("
-                 "SimDriver(device=d, system=system))), d), as the guide's page on several GPUs "
-                 "shows")
-    else:
-        known = list(range(len(gpus)))
-        where = "Use one of those ordinals"
-    if isinstance(device, bool) or not isinstance(device, int) or device not in known:
-        raise InvalidArgument(
-            f"use_device({device!r}): there is no device {device!r}; this process has "
-            f"{len(known)} device{'s' if len(known) != 1 else ''} ({', '.join(map(str, known))}). "
-            f"{where}")
+    check_device(device, "use_device")
     get_runtime(device)
     old = _local.device
     _local.device = device
@@ -232,8 +276,8 @@ def use_device(device: int) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
-    """Turn launch tracking on or off for ``device`` inside the block.
+def tracking(enabled: bool, device: int | None = None) -> Iterator[None]:
+    """Turn launch tracking on or off for one device inside the block.
 
     With tracking off, tracked kernels and copies launch without waits or
     events, as plain Numba would: this is how the examples show the race.
@@ -242,12 +286,20 @@ def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
     ----------
     enabled : bool
         The ``tracking`` setting inside the block.
-    device : int
-        Whose runtime to switch.
+    device : int, optional
+        The device whose runtime to switch. By default the device of the
+        current context on entry: the innermost :func:`use_device` (or Numba's
+        ``with cuda.gpus[d]:``), else device 0. Nest one block per device to
+        switch several.
 
     Yields
     ------
     None
+
+    Raises
+    ------
+    InvalidArgument
+        ``device`` is not a device of this machine (or of the simulator).
 
     Notes
     -----
@@ -256,6 +308,8 @@ def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
     its ``tracking`` to ``enabled``, and on exit puts back that runtime's
     previous setting. Hence:
 
+    - work on other devices keeps their own setting: inside
+      ``with use_device(1), tracking(False):`` only device 1 is untracked;
     - a runtime installed inside the block with
       :func:`~numba_streamsafe.set_runtime` is not switched: launches on it
       keep its own setting (tracked, for a tracking stack);
@@ -264,11 +318,22 @@ def tracking(enabled: bool, device: int = 0) -> Iterator[None]:
     - install a runtime *before* entering the block to run it untracked.
 
     The setting is shared by every thread using that runtime (not per
-    thread); nested blocks restore in the order they exit.
+    thread); nested blocks restore in the order they exit. Transparent mode
+    (:func:`transparent`) is the other way round: a setting of the thread,
+    for every device.
+
+    Examples
+    --------
+    >>> with use_device(1), tracking(False):     # doctest: +SKIP
+    ...     kernel[grid, block, s1](x1)          # device 1 untracked; device 0 as it was
     """
     from numba_streamsafe.numba.policy import launch_policy
     from numba_streamsafe.runtime import get_runtime
 
+    if device is None:
+        device = current_device()
+    else:
+        check_device(device, "tracking")
     policy = launch_policy(get_runtime(device))
     old = policy.tracking
     policy.tracking = enabled

@@ -16,7 +16,7 @@ from numba import config, cuda
 
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.streams import stream_handle
-from numba_streamsafe.numba.scope import device_scope
+from numba_streamsafe.numba.scope import current_device
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 
 __all__ = ["SIMULATOR", "Resolved", "make_array", "wrap_memory", "resolve", "numba_stream",
@@ -154,12 +154,6 @@ def numba_stream(stream: Any) -> Any:
 if SIMULATOR:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimArray
 
-    def current_device() -> int:
-        """The device of the innermost :func:`~numba_streamsafe.use_device` on this
-        thread, else 0 (Numba's CUDA simulator has one device)."""
-        device = device_scope()
-        return 0 if device is None else device
-
     def allocation_target() -> tuple[DeviceRuntime, Any]:
         """The runtime new arrays are allocated from, and the context to make them in."""
         return launch_runtime(), None
@@ -220,15 +214,11 @@ else:
     from numba.cuda.cudadrv.driver import MemoryPointer
     from numba.cuda.cudadrv.driver import binding as _binding
 
+    from numba_streamsafe.numba import shared_libraries
+
     _CUdeviceptr = _binding.CUdeviceptr
-
-    def current_device() -> int:
-        """The device of the thread's current context (``cuCtxGetDevice``), else 0
-        (Numba makes device 0's context current when none is)."""
-        from cuda.bindings import driver as _drv
-
-        err, device = _drv.cuCtxGetDevice()
-        return 0 if err else int(device)
+    # Two GPUs of one kind share each kernel's library: unload it once.
+    shared_libraries.install()
 
     def allocation_target() -> tuple[DeviceRuntime, Any]:
         """The runtime of the current Numba context's device, and that context

@@ -15,6 +15,12 @@ wrong in most trials; tracked it must never be.
   through peer access; ``x1`` is dropped, and GPU 1 allocates ``z1`` (which
   may take ``x1``'s address) and fills it. The free must wait for GPU 0's read.
 
+Per-device switches: inside ``with use_device(1), tracking(False):`` a
+two-stream race on GPU 1 shows (untracked) while the same race on GPU 0 stays
+ordered. The exit: a two-GPU program (slow producers, several cases, arrays
+alive at exit, ``two_gpu_exit.py``) exits 0 in five child processes, where
+the same kernels under Numba alone crash at exit (the negative control).
+
 The peer cases skip when the GPUs cannot access each other's memory. Every
 case prints one summary line and appends it to ``$NSS_RACE_REPORT`` when set;
 ``NSS_RACE_SPINS`` fixes the sleep length instead of calibrating it. With
@@ -25,8 +31,11 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +43,8 @@ import pytest
 import numba_streamsafe as nss
 
 pytestmark = pytest.mark.gpu
+
+HERE = Path(__file__).resolve().parent
 
 TRIALS = int(os.environ.get("NSS_MULTI_GPU_TRIALS", "100"))
 N = 1 << 16
@@ -212,3 +223,90 @@ def test_multi_gpu_race(race, case):
     assert wrong[True] == 0, line
     assert wrong[False] >= UNTRACKED_MIN_SHARE * TRIALS, (
         "the race did not show without tracking, so this run proves nothing: " + line)
+
+
+# ------------------------------------------------------ per-device switches
+def _two_stream_race(race, device: int, streams, value: int) -> bool:
+    """On ``device``: a slow write of x on one stream, a read of x on another.
+    True when the read saw the old contents (the race)."""
+    k = race.k
+    s, t = streams
+    with nss.use_device(device):
+        x = nss.device_array(N, np.int32, stream=s)
+        y = nss.device_array(N, np.int32, stream=s)
+        k.fill[GRID, BLOCK, s](x, 1)
+        s.synchronize()
+        k.slow_fill[GRID, BLOCK, s](x, value, race.spins)
+        k.copy[GRID, BLOCK, t](x, y)
+        out = nss.copy_to_host(y, stream=t)
+        t.synchronize()
+        s.synchronize()
+    return bool((out != value).any())
+
+
+def test_tracking_switches_only_the_device_of_the_current_context(race):
+    """``with use_device(1), tracking(False):`` leaves GPU 1 untracked (its race
+    shows) and GPU 0 tracked (never wrong), for GPU 0's work inside the block."""
+    streams = {}
+    for device in (0, 1):
+        with nss.use_device(device):
+            streams[device] = (race.cuda.stream(), race.cuda.stream())
+    wrong = {0: 0, 1: 0}
+    for i in range(TRIALS):
+        with nss.use_device(1), nss.tracking(False):
+            wrong[1] += _two_stream_race(race, 1, streams[1], i + 2)
+            with nss.use_device(0):
+                wrong[0] += _two_stream_race(race, 0, streams[0], i + 2)
+    line = (f"per-device-tracking gpu0_tracked_wrong={wrong[0]}/{TRIALS} "
+            f"gpu1_untracked_wrong={wrong[1]}/{TRIALS} spins={race.spins}")
+    print(line)
+    report = os.environ.get("NSS_RACE_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(line + "\n")
+    assert wrong[0] == 0, line
+    assert wrong[1] >= UNTRACKED_MIN_SHARE * TRIALS, (
+        "the race did not show on the untracked device, so this run proves nothing: " + line)
+
+
+# ------------------------------------------------------------ interpreter exit
+EXIT_RUNS = 5
+
+
+def _exit_run(child_env, mode: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(HERE / "two_gpu_exit.py"), mode, "30", "5"],
+        env=child_env(NUMBA_DISABLE_PERFORMANCE_WARNINGS="1", **env), capture_output=True,
+        text=True, timeout=300)
+
+
+def test_a_two_gpu_program_exits_cleanly(race, child_env):
+    """Slow producers, four cross-device cases, plain kernels on both GPUs and
+    arrays alive at exit: exit status 0 in each of five runs. Under Numba
+    alone the same plain kernels crash at exit (negative control), while
+    numba-cuda unloads a library shared by two contexts twice."""
+    from numba_streamsafe.numba import shared_libraries
+
+    runs = [_exit_run(child_env, str(HERE / "kernels.py"),
+                      NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe") for _ in range(EXIT_RUNS)]
+    control = _exit_run(child_env, "numba-only")
+    codes = [p.returncode for p in runs]
+    line = (f"two-gpu-exit library_exit_codes={codes} numba_only_exit_code={control.returncode} "
+            f"guard={'on' if shared_libraries.install() is not None else 'not needed'}")
+    print(line)
+    report = os.environ.get("NSS_RACE_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(line + "\n")
+    for p in runs:
+        out = f"--- exit {p.returncode}\n{p.stdout}\n--- stderr\n{p.stderr[-4000:]}"
+        assert p.returncode == 0, out
+        assert p.stdout.splitlines()[-1:] == ["done"], out
+        assert "Fatal Python error" not in p.stderr, out
+        wrong = [ln for ln in p.stdout.splitlines() if "wrong=" in ln]
+        assert len(wrong) == 4 and all(" wrong=0/" in ln for ln in wrong), out
+    assert control.stdout.splitlines()[-1:] == ["done"], control.stderr[-4000:]
+    if shared_libraries.install() is not None:
+        assert control.returncode != 0, (
+            "Numba alone exited cleanly: this numba-cuda may no longer unload a shared "
+            "library twice, and the control proves nothing: " + line)

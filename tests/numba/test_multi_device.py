@@ -278,3 +278,103 @@ def test_a_stream_made_on_one_device_is_refused_for_work_on_another(two):
         assert (nss.copy_to_host(x, stream=s0) == 1).all()
     finally:
         sim_plugin.uninstall()
+
+
+# ------------------------------------------------- per-device switches
+def _race_on(device: int, stream_pair) -> None:
+    """On ``device``: a write of y on one stream, then a read of y on another."""
+    s, t = stream_pair
+    with nss.use_device(device):
+        y = nss.device_array(N, np.int64, stream=s)
+        z = nss.device_array(N, np.int64, stream=s)
+        nss.memset(y, 0, stream=s)
+        nss.memset(z, 0, stream=s)
+        sync = nss.get_runtime(device).driver.synchronize  # the host waits: seen by the checker
+        sync()
+        fill[GRID, BLOCK, s](y, 5)
+        add[GRID, BLOCK, t](y, z, 1)                   # reads y: waits for s when tracked
+        sync()
+
+
+def _streams_of(device: int):
+    with nss.use_device(device):
+        return cuda.stream(), cuda.stream()
+
+
+def test_tracking_switches_the_device_of_the_current_context(two):
+    """``with use_device(1), tracking(False):`` turns device 1 off and leaves
+    device 0 tracked, for work on device 0 inside the block too."""
+    from numba_streamsafe.numba.policy import launch_policy
+
+    system, (rt0, rt1), _, _ = two
+    p0, p1 = launch_policy(rt0), launch_policy(rt1)
+    on0, on1 = _streams_of(0), _streams_of(1)
+    with nss.use_device(1), nss.tracking(False):
+        assert (p0.tracking, p1.tracking) == (True, False)
+        _race_on(0, on0)                               # device 0: still ordered
+        assert system.hazards == []
+        _race_on(1, on1)                               # device 1: the race
+        assert "read-after-write" in {h.kind for h in system.hazards}, system.hazards
+    assert (p0.tracking, p1.tracking) == (True, True)
+    with nss.tracking(False):                          # outside use_device: device 0
+        assert (p0.tracking, p1.tracking) == (False, True)
+    with nss.tracking(False, 1):                       # named
+        assert (p0.tracking, p1.tracking) == (True, False)
+    system.hazards.clear()
+    _race_on(1, on1)
+    assert system.hazards == []
+
+
+@pytest.mark.parametrize("device", [-1, 7, 1.0, True, "1"])
+def test_tracking_refuses_a_device_that_is_not_an_ordinal(two, device):
+    with pytest.raises(nss.InvalidArgument, match=r"there is no device .*this process has 2"):
+        with nss.tracking(False, device):
+            pass
+
+
+def test_transparent_false_covers_every_device_of_the_thread(two):
+    """Transparent mode is the thread's: ``transparent(False)`` entered on device
+    0 leaves plain Numba work on device 1 unordered too (the checker reports
+    it); with the mode on, neither device races."""
+    from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
+
+    system, _, _, _ = two
+
+    @cuda.jit
+    def plain_fill(out, value):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = value
+
+    @cuda.jit
+    def plain_copy(src, dst):
+        i = cuda.grid(1)
+        if i < src.size:
+            dst[i] = src[i]
+
+    def program(device: int) -> None:
+        with nss.use_device(device):
+            s, t = cuda.stream(), cuda.stream()
+            x = cuda.device_array(N, np.int64, stream=s)
+            y = cuda.device_array(N, np.int64, stream=s)
+            cuda.synchronize()                           # the plugin shows it to the checker
+            plain_fill[GRID * 4, BLOCK, s](x, 3)
+            plain_copy[GRID * 4, BLOCK, t](x, y)
+            cuda.synchronize()
+            assert (y.copy_to_host() == 3).all()
+
+    sim_plugin.install()
+    try:
+        for device in (0, 1):
+            program(device)
+        assert system.hazards == []
+        with nss.transparent(False):
+            program(1)
+            on_1 = list(system.hazards)
+            system.hazards.clear()
+            program(0)
+            on_0 = list(system.hazards)
+    finally:
+        sim_plugin.uninstall()
+    assert {h.kind for h in on_1} == {"read-after-write"}, on_1
+    assert {h.kind for h in on_0} == {"read-after-write"}, on_0
