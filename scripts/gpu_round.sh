@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+#   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
 #          against K separate arrays), the range race cases (tracked and plain), then the
 #          whole GPU suite;
@@ -37,6 +38,25 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
 }
 
 case "${1:-tests}" in
+two-gpu)
+    # Two GPUs (nvidia-h100-x2): the multi-GPU races, the per-device switches and the
+    # interpreter exit (five child processes with the library, one with Numba alone), then
+    # the rest of the GPU suite on the same machine.
+    python3 setup.py build_ext --inplace -j 8 > "$OUT/build_ext.log" 2>&1
+    export NSS_RACE_REPORT=$OUT/race.txt
+    run multi_gpu timeout 150 python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_multi_gpu.py -rs
+    tail -n 3 "$OUT/multi_gpu.log"
+    for i in 1 2 3; do  # the crash without the library, shown directly
+        run "numba_only_exit_$i" python3 -X faulthandler tests/gpu/two_gpu_exit.py numba-only 30 5
+    done
+    if [[ ${WHOLE:-1} == 1 ]]; then
+        run gpu_suite timeout "${SUITE_TIMEOUT:-390}" python3 -X faulthandler -m pytest -m gpu \
+            -q -p no:cacheprovider tests/gpu -rs --deselect tests/gpu/test_multi_gpu.py
+        tail -n 3 "$OUT/gpu_suite.log"
+    fi
+    cat "$OUT/race.txt"
+    ;;
 ranges)
     run build_ext python3 setup.py build_ext --inplace
     python3 -c "import numba_streamsafe.numba.launcher as l, numba_streamsafe.compiled as c; \
