@@ -1,4 +1,4 @@
-"""Nox sessions: tests, lint, typecheck, gpu, bench, demo, docs, wheel."""
+"""Nox sessions: tests, numba_cuda, lint, typecheck, gpu, bench, demo, docs, wheel."""
 
 from __future__ import annotations
 
@@ -24,6 +24,27 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-q", env={"NUMBA_STREAMSAFE_PURE_PYTHON": "1"})
     # Exit status 5: no test is marked slow.
     session.run("pytest", "-m", "slow", success_codes=[0, 5])
+
+
+#: The oldest and the newest supported numba-cuda release, each with a numba it works
+#: with: numba-cuda before 0.30 fails to import with numba 0.66 or newer (its simulator
+#: and its CUDA target alike), although its metadata allows them.
+NUMBA_CUDA_RELEASES = {
+    "oldest": ["numba-cuda==0.24.0", "numba==0.62.1"],
+    "newest": ["numba-cuda==0.30.4"],
+}
+
+
+@nox.session
+@nox.parametrize("release", list(NUMBA_CUDA_RELEASES))
+def numba_cuda(session: nox.Session, release: str) -> None:
+    """The CPU suite on the oldest and on the newest supported numba-cuda release
+    (``nox -s "numba_cuda(release='oldest')"``); the internals test checks what
+    the Numba layer reads of each."""
+    session.install("-e", ".[test,cpu]", *NUMBA_CUDA_RELEASES[release])
+    session.run("python", "-c", "from importlib.metadata import version as v; "
+                "print('numba-cuda', v('numba-cuda'), 'numba', v('numba'))")
+    session.run("pytest", "-q", *session.posargs)
 
 
 @nox.session

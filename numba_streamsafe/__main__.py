@@ -2,7 +2,8 @@
 of ``numba -s`` and ``cupy.show_config()``; what a bug report needs.
 
 Lists the system (OS, glibc, Python), the versions of the library and of what
-it builds on, how it is installed (editable or not, the simulator's start-up
+it builds on (and whether that numba-cuda and numba are a supported pair), how
+it is installed (editable or not, the simulator's start-up
 hook), the CUDA compiler libraries (NVVM, NVRTC), the CUDA driver, runtime and
 devices with their memory-pool support (or Numba's CUDA simulator), whether
 the compiled engine is built and in use, the memory manager Numba is told to
@@ -48,6 +49,60 @@ def _system() -> dict[str, str]:
     return {"os": platform.platform(), "machine": platform.machine(),
             "libc": f"{libc} {libc_version}".strip() or "unknown",
             "python": f"{platform.python_implementation()} {sys.version.split()[0]}"}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.30.4"`` -> ``(0, 30, 4)`` (a pre-release suffix is dropped)."""
+    parts = []
+    for piece in version.split("."):
+        digits = piece[:len(piece) - len(piece.lstrip("0123456789"))]
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) < len(piece):
+            break
+    return tuple(parts)
+
+
+def _supported_numba_cuda() -> tuple[str, str]:
+    """The numba-cuda bounds this installation declares (``>=``, ``<``), read from
+    its metadata (pyproject.toml's dependency); the source tree's when not installed."""
+    try:
+        requires = metadata.requires("numba-streamsafe") or []
+    except metadata.PackageNotFoundError:
+        requires = []
+    for req in requires:
+        name, _, spec = req.partition(" ")[0].partition("numba-cuda")
+        if name == "" and spec[:1] in "<>=!~" and ";" not in req:
+            lower = upper = ""
+            for clause in spec.split(","):
+                if clause.startswith(">="):
+                    lower = clause[2:]
+                elif clause.startswith("<"):
+                    upper = clause[1:]
+            return lower, upper
+    return "", ""
+
+
+def _support() -> dict[str, str]:
+    """Whether the numba-cuda and numba found are a supported pair."""
+    found = _version("numba-cuda")
+    lower, upper = _supported_numba_cuda()
+    out: dict[str, str] = {}
+    if not lower and not upper:
+        out["numba-cuda"] = f"{found} (the supported releases are unknown: not installed)"
+    else:
+        release = _release(found)
+        inside = ((not lower or release >= _release(lower))
+                  and (not upper or release < _release(upper)))
+        span = f">={lower}, <{upper}"
+        out["numba-cuda"] = (f"{found}: supported ({span})" if inside else
+                             f"{found}: NOT supported ({span}); install a release in that range")
+    numba = _version("numba")
+    if _release(found) < (0, 30) and _release(numba) >= (0, 66):
+        out["numba"] = (f"{numba} with numba-cuda {found}: numba-cuda before 0.30 fails to "
+                        "import with numba 0.66 or newer; install numba<=0.65")
+    return out
 
 
 def _install() -> dict[str, Any]:
@@ -179,6 +234,7 @@ def collect() -> dict[str, Any]:
         "numba_streamsafe": __version__,
         "system": _guarded(_system),
         "versions": {dist: _version(dist) for dist in DISTRIBUTIONS},
+        "support": _guarded(_support),
         "install": _guarded(_install),
         "compilers": _guarded(_compilers),
         "target": _guarded(_target),

@@ -9,7 +9,7 @@ Both modes first launch ``SPREAD`` plain ``cuda.jit`` kernels on both GPUs (a
 slow producer on GPU 0, its consumer on GPU 1 ordered by an event): GPUs of
 one kind then share each kernel's library, and at exit Numba unloads it from
 both contexts. With ``numba-only`` that is all, and ``numba_streamsafe`` is
-never imported: numba-cuda 0.29-0.30 crash there at exit (the negative
+never imported: numba-cuda 0.24-0.30 crash there at exit (the negative
 control). Otherwise the library is imported and four cross-device cases
 follow, ``TRIALS`` each (default 30), through the public API only, each with
 a slow producer (a kernel of about ``SLOW_MS`` milliseconds, default 5) on

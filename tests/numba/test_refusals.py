@@ -182,10 +182,29 @@ def test_the_report_lists_a_bad_setting_and_speaks_json(child_env, repo_root):
         report["settings"]["error"]
     assert report["settings"]["as given"]["NUMBA_STREAMSAFE_FENCES"] == "lazzy"
     assert report["versions"]["numba-cuda"] != "not installed"
+    assert ": supported (>=" in report["support"]["numba-cuda"], report["support"]
     assert report["other NUMBA_ variables"]["NUMBA_ENABLE_CUDASIM"] == "1"
     usage = subprocess.run([sys.executable, "-m", "numba_streamsafe", "--help"], cwd=repo_root,
                            env=child_env(), capture_output=True, text=True, timeout=120)
     assert usage.returncode == 0 and "--json" in usage.stdout
+
+
+def test_the_report_says_whether_numba_cuda_and_numba_are_a_supported_pair(monkeypatch):
+    from numba_streamsafe import __main__ as report
+
+    assert report._release("0.30.4") == (0, 30, 4)
+    assert report._release("0.31.0rc1") == (0, 31, 0)
+    versions = {"numba-cuda": "0.29.0", "numba": "0.68.1"}
+    monkeypatch.setattr(report, "_version", versions.__getitem__)
+    monkeypatch.setattr(report, "_supported_numba_cuda", lambda: ("0.24", "0.31"))
+    out = report._support()
+    assert out["numba-cuda"] == "0.29.0: supported (>=0.24, <0.31)"
+    assert "install numba<=0.65" in out["numba"]
+    versions.update({"numba-cuda": "0.31.1", "numba": "0.68.1"})
+    out = report._support()
+    assert "NOT supported (>=0.24, <0.31)" in out["numba-cuda"] and "numba" not in out
+    versions.update({"numba-cuda": "0.23.0", "numba": "0.62.1"})
+    assert "NOT supported" in report._support()["numba-cuda"]
 
 
 @pytest.mark.slow
