@@ -22,7 +22,8 @@ alive at exit, ``two_gpu_exit.py``) exits 0 in five child processes, where
 the same kernels under Numba alone crash at exit (the negative control).
 
 The peer cases skip when the GPUs cannot access each other's memory. Every
-case prints one summary line and appends it to ``$NSS_RACE_REPORT`` when set;
+case prints one summary line and appends it to ``$NSS_RACE_REPORT`` when set
+(the ``race_report`` fixture);
 ``NSS_RACE_SPINS`` fixes the sleep length instead of calibrating it. With
 fewer than two GPUs every test skips.
 """
@@ -193,7 +194,7 @@ def race(gpu, kernels):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_multi_gpu_race(race, case):
+def test_multi_gpu_race(race, race_report, case):
     if case in NEEDS_PEER and race.peer is not None:
         pytest.skip(f"the GPUs have no peer access to each other: {race.peer}")
     trial = getattr(race, case.replace("-", "_"))
@@ -215,11 +216,7 @@ def test_multi_gpu_race(race, case):
     if case == "free-after-peer-use":
         line += (f" address_reused_tracked={reused[True]}/{TRIALS}"
                  f" address_reused_untracked={reused[False]}/{TRIALS} gc_calls={race.gc_calls}")
-    print(line)
-    report = os.environ.get("NSS_RACE_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(line + "\n")
+    race_report(line)
     assert wrong[True] == 0, line
     assert wrong[False] >= UNTRACKED_MIN_SHARE * TRIALS, (
         "the race did not show without tracking, so this run proves nothing: " + line)
@@ -244,7 +241,7 @@ def _two_stream_race(race, device: int, streams, value: int) -> bool:
     return bool((out != value).any())
 
 
-def test_tracking_switches_only_the_device_of_the_current_context(race):
+def test_tracking_switches_only_the_device_of_the_current_context(race, race_report):
     """``with use_device(1), tracking(False):`` leaves GPU 1 untracked (its race
     shows) and GPU 0 tracked (never wrong), for GPU 0's work inside the block."""
     streams = {}
@@ -259,11 +256,7 @@ def test_tracking_switches_only_the_device_of_the_current_context(race):
                 wrong[0] += _two_stream_race(race, 0, streams[0], i + 2)
     line = (f"per-device-tracking gpu0_tracked_wrong={wrong[0]}/{TRIALS} "
             f"gpu1_untracked_wrong={wrong[1]}/{TRIALS} spins={race.spins}")
-    print(line)
-    report = os.environ.get("NSS_RACE_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(line + "\n")
+    race_report(line)
     assert wrong[0] == 0, line
     assert wrong[1] >= UNTRACKED_MIN_SHARE * TRIALS, (
         "the race did not show on the untracked device, so this run proves nothing: " + line)
@@ -280,7 +273,7 @@ def _exit_run(child_env, mode: str, **env: str) -> subprocess.CompletedProcess:
         text=True, timeout=300)
 
 
-def test_a_two_gpu_program_exits_cleanly(race, child_env):
+def test_a_two_gpu_program_exits_cleanly(race, child_env, race_report):
     """Slow producers, four cross-device cases, plain kernels on both GPUs and
     arrays alive at exit: exit status 0 in each of five runs. Under Numba
     alone the same plain kernels crash at exit (negative control), while
@@ -293,11 +286,7 @@ def test_a_two_gpu_program_exits_cleanly(race, child_env):
     codes = [p.returncode for p in runs]
     line = (f"two-gpu-exit library_exit_codes={codes} numba_only_exit_code={control.returncode} "
             f"guard={'on' if shared_libraries.install() is not None else 'not needed'}")
-    print(line)
-    report = os.environ.get("NSS_RACE_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(line + "\n")
+    race_report(line)
     for p in runs:
         out = f"--- exit {p.returncode}\n{p.stdout}\n--- stderr\n{p.stderr[-4000:]}"
         assert p.returncode == 0, out
