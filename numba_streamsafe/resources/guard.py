@@ -20,8 +20,7 @@ from numba_streamsafe.core.errors import (
     StreamSafeError,
     UseAfterFree,
 )
-from numba_streamsafe.resources.base import MemoryResource, Use
-from numba_streamsafe.resources.guard_queue import GuardQueue
+from numba_streamsafe.resources.base import DeferringAdaptor, MemoryResource, Use
 
 __all__ = ["DebugGuardResource"]
 
@@ -48,7 +47,7 @@ def _check_byte(name: str, value: Any) -> int:
     return value
 
 
-class DebugGuardResource(GuardQueue):
+class DebugGuardResource(DeferringAdaptor):
     """Catch out-of-bounds writes and uses after free, for debugging.
 
     Every allocation of ``nbytes`` takes ``nbytes + 2 * guard_bytes`` from
@@ -481,3 +480,64 @@ class DebugGuardResource(GuardQueue):
                 kept.extend(q)
                 self._quarantine = kept
         self.upstream.retire_stream(stream, destroy)
+
+    # ----------------------------------------------------------- deferred frees
+    def _free_queued(self, block: Block) -> None:
+        """Check and free the inner ``block`` that a finalizer queued."""
+        self._free(block, check=True)
+
+    def _queued_error(self, block: Block, exc: Exception) -> bool:
+        """A queued block with a corrupted guard: logged, kept live, raised at flush."""
+        if not isinstance(exc, OutOfBounds):
+            return False
+        with self._lock:
+            self._violations.append(exc)
+        _log.error("deferred free: %s", exc)
+        return True
+
+    def _raise_violations(self) -> None:
+        with self._lock:
+            found, self._violations = self._violations, []
+        if not found:
+            return
+        if len(found) == 1:
+            raise found[0]
+        raise OutOfBounds(
+            f"{len(found)} blocks freed by their finalizers had corrupted guards (each was "
+            f"logged and left live); the first: {found[0]}"
+        ) from found[0]
+
+    def flush(self) -> None:
+        """Free every queued block (checking it), then flush the upstream.
+
+        Raises
+        ------
+        OutOfBounds
+            A queued block had a corrupted guard (it was left live).
+        """
+        super().flush()
+        self._raise_violations()
+
+    def reap_pending(self) -> None:
+        """Free the queued blocks, then reap the upstream's pending frees.
+
+        Raises
+        ------
+        OutOfBounds
+            As :meth:`flush`.
+        """
+        super().reap_pending()
+        self._raise_violations()
+
+    # ---------------------------------------------------------------- lifecycle
+    def reset_context(self) -> None:
+        """Reset the upstream, then forget every live, quarantined and queued block."""
+        super().reset_context()
+        with self._lock:
+            entries = list(self._live.values()) + list(self._quarantine)
+            self._live.clear()
+            self._quarantine.clear()
+            self._violations = []
+        for entry in entries:
+            entry.inner.state = BlockState.FREED
+            entry.inner.stream_owner = None
