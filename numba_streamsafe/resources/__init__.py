@@ -16,7 +16,7 @@ from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, Res
 from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
 from numba_streamsafe.resources.guard import DebugGuardResource
-from numba_streamsafe.resources.logging import LoggingResource
+from numba_streamsafe.resources.logging_resource import LoggingResource
 from numba_streamsafe.resources.marks import EventPool, Mark
 
 __all__ = [
