@@ -101,7 +101,7 @@ def components() -> None:
     disp_cfg = (1, 32, s1, 0)
     from numba_streamsafe.numba.launch import fenced
 
-    from numba_streamsafe.numba import direct
+    from numba_streamsafe.numba import launch_plan
 
     plan = tracked._plan(rt, (a, b, c))
     params = plan.pack((a, b, c)) if plan is not None else 0
@@ -134,7 +134,7 @@ def components() -> None:
     })
     if plan is not None:  # direct launches (a GPU)
         pieces.update({
-            "E: direct.argtypes_of (3 arrays)": lambda: direct.argtypes_of((a, b, c)),
+            "E: launch_plan.argtypes_of (3 arrays)": lambda: launch_plan.argtypes_of((a, b, c)),
             "E1: kernel._plan (3 arrays)": lambda: tracked._plan(rt, (a, b, c)),
             "E2: plan.pack (3 arrays)": lambda: plan.pack((a, b, c)),
             "E3: driver.launch_kernel": lambda: drv.launch_kernel(plan.function, (1, 1, 1),

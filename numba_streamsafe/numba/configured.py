@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from numba_streamsafe.numba import access_check, direct, launcher, target
+from numba_streamsafe.numba import access_check, launch_plan, launcher, target
 from numba_streamsafe.numba.policy import launch_policy
 
 if TYPE_CHECKING:
@@ -53,9 +53,9 @@ def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], stream: Any,
         dims = kernel._check_config(config[0], config[1], shmem)
     else:
         dims = None
-        grid = direct.normalize_dims(config[0])
+        grid = launch_plan.normalize_dims(config[0])
         if grid is not None:
-            block = direct.normalize_dims(config[1])
+            block = launch_plan.normalize_dims(config[1])
             if block is not None and type(shmem) is int:
                 dims = (grid, block, shmem)
     kernel._launch(stream, args, dims, functools.partial(_numba_launch, kernel, config))

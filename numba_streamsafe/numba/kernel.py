@@ -21,7 +21,7 @@ from numba_streamsafe.core.errors import (
 )
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.numba import access_check, arrays, direct, launcher, target
+from numba_streamsafe.numba import access_check, arrays, launch_plan, launcher, target
 from numba_streamsafe.numba.configured import (
     _ForAll,
     _warn_low_occupancy,
@@ -52,7 +52,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     2. queues on the launch stream the waits its declared accesses need
        (preflight),
     3. launches: directly (one ``cuLaunchKernel`` of the compiled overload,
-       see :mod:`numba_streamsafe.numba.direct`) when the arguments are device
+       see :mod:`numba_streamsafe.numba.launch_plan`) when the arguments are device
        arrays and scalars of an overload compiled before, otherwise through
        Numba, with allocations Numba makes for the launch (auto-transferred
        host inputs) ordered on the launch stream,
@@ -137,8 +137,8 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         #: Direct-launch plans of device 0 per tuple of argument types (or
         #: UNSUPPORTED); those of other devices (a plan holds one device's
         #: loaded function) in ``_device_plans``.
-        self._plans: dict[tuple[Any, ...], direct.LaunchPlan | str] = {}
-        self._device_plans: dict[int, dict[tuple[Any, ...], direct.LaunchPlan | str]] = {}
+        self._plans: dict[tuple[Any, ...], launch_plan.LaunchPlan | str] = {}
+        self._device_plans: dict[int, dict[tuple[Any, ...], launch_plan.LaunchPlan | str]] = {}
         #: Grids Numba's low-occupancy warning was given for (direct launches).
         self._warned_grids: set[tuple[int, int, int]] = set()
         #: What the compiled launch path reads for this kernel on one runtime
@@ -344,22 +344,22 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT
 
-    def _plan(self, rt: Any, args: tuple[Any, ...]) -> direct.LaunchPlan | None:
+    def _plan(self, rt: Any, args: tuple[Any, ...]) -> launch_plan.LaunchPlan | None:
         """The direct-launch plan for ``args``, or None (Numba launches)."""
-        argtypes = direct.argtypes_of(args)
+        argtypes = launch_plan.argtypes_of(args)
         if argtypes is None:
             return None
         device = rt.device
         plans = self._plans if device == 0 else self._device_plans.setdefault(device, {})
         plan = plans.get(argtypes)
         if plan is None:
-            plan = direct.build_plan(self.dispatcher, argtypes)
+            plan = launch_plan.build_plan(self.dispatcher, argtypes)
             if plan is None:  # not compiled yet: Numba compiles it on this launch
                 return None
             plans[argtypes] = plan
-        if plan is direct.UNSUPPORTED:
+        if plan is launch_plan.UNSUPPORTED:
             return None
-        assert isinstance(plan, direct.LaunchPlan)
+        assert isinstance(plan, launch_plan.LaunchPlan)
         if not plan.current(device):  # another device's function, or unloaded (reset)
             del plans[argtypes]
             return None
@@ -432,7 +432,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
 
 
     # ------------------------------------------------------ compiled hot path
-    def _after_direct(self, rt: Any, plan: direct.LaunchPlan, args: tuple[Any, ...],
+    def _after_direct(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...],
                       handle: int, owner: Any) -> None:
         """After a direct launch on the Python path that a graph may have captured
         or the compiled hot path may take next (:meth:`_remember`)."""
@@ -444,7 +444,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             return
         self._remember(rt, plan, args, handle, owner)
 
-    def _remember(self, rt: Any, plan: direct.LaunchPlan, args: tuple[Any, ...], handle: int,
+    def _remember(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...], handle: int,
                   owner: Any) -> None:
         """After a direct launch on the Python path: let the compiled launch
         path (:func:`numba_streamsafe.numba.launcher.launch`) take the next
@@ -457,17 +457,17 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             state = self.launch_state = launch_state_for(self, rt)
             if state is None:
                 return
-        argtypes = direct.argtypes_of(args)
+        argtypes = launch_plan.argtypes_of(args)
         if argtypes is None:
             return
         # Python scalars are matched by their type, arrays by their Numba type.
-        keys = tuple(type(a) if type(a) in direct._PY_SCALARS else t
+        keys = tuple(type(a) if type(a) in launch_plan._PY_SCALARS else t
                      for a, t in zip(args, argtypes, strict=True))
         state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan._cache,
                                      plan._cufunc, rt.device))
         for (_, access), arg, ty in zip(self.params, args, argtypes, strict=True):
             if access is not None:
-                direct.cached_fields(arg, ty)
+                launch_plan.cached_fields(arg, ty)
         if owner is not None:
             cached = getattr(owner, "_nss_stream", None)
             if cached is None or cached[0] is not rt:

@@ -7,7 +7,7 @@ One concept per module: ``base`` (the MemoryResource contract and adaptors),
 ``marks`` and ``rules`` (the engine's state and its decisions, compiled
 where a compiler is present), ``async_resource`` (the tracking resource,
 composed of ``marks``, ``rules``, ``block_table``, ``freed`` and
-``deferred``), ``direct``, ``budget``, ``logging`` and ``guard`` (resources
+``deferred``), ``direct``, ``budget``, ``logging_resource`` and ``guard`` (resources
 and adaptors).
 """
 

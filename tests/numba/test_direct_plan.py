@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from numba.cuda import types
 from numba.cuda.np import numpy_support
 
-from numba_streamsafe.numba import direct, packing
+from numba_streamsafe.numba import launch_plan, packing
 
 SCALARS = [types.int8, types.uint8, types.int16, types.uint16, types.int32, types.uint32,
            types.int64, types.uint64, types.float32, types.float64, types.boolean]
@@ -77,12 +77,12 @@ def expected_params(argtypes, args):
 
 
 def test_param_slots_flatten_as_numba_does():
-    codes, kinds = direct.param_slots((types.Array(types.float32, 2, "C"), types.int32,
+    codes, kinds = launch_plan.param_slots((types.Array(types.float32, 2, "C"), types.int32,
                                        types.complex128, types.boolean))
     assert codes == ["Q", "Q", "q", "q", "Q", "q", "q", "q", "q", "i", "d", "d", "?"]
     assert len(kinds) == 4
-    assert direct.param_slots((types.UniTuple(types.int64, 2),)) is None
-    assert direct.param_slots((types.NPDatetime("s"),)) is None
+    assert launch_plan.param_slots((types.UniTuple(types.int64, 2),)) is None
+    assert launch_plan.param_slots((types.NPDatetime("s"),)) is None
 
 
 @st.composite
@@ -120,8 +120,8 @@ def programs(draw):
 @given(programs())
 def test_packed_parameters_are_numbas(program):
     argtypes, args = program
-    codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
+    codes, kinds = launch_plan.param_slots(argtypes)
+    plan = launch_plan.LaunchPlan(FakeKernel(argtypes), argtypes)
     address = plan.pack(args)
     assert address is not None
     assert plan.nparams == len(codes)
@@ -130,8 +130,8 @@ def test_packed_parameters_are_numbas(program):
 
 def test_values_that_do_not_fit_are_left_to_numba():
     argtypes = (types.int32, types.uint8)
-    codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
+    codes, kinds = launch_plan.param_slots(argtypes)
+    plan = launch_plan.LaunchPlan(FakeKernel(argtypes), argtypes)
     assert plan.pack((2**31, 1)) is None  # Numba's ctypes conversion wraps it
     assert plan.pack((1, -1)) is None
     assert plan.pack((1, "x")) is None
@@ -139,15 +139,15 @@ def test_values_that_do_not_fit_are_left_to_numba():
 
 
 def test_argument_types():
-    assert direct.argtypes_of((1, 2.0, True, 1j)) == (types.int64, types.float64,
+    assert launch_plan.argtypes_of((1, 2.0, True, 1j)) == (types.int64, types.float64,
                                                        types.boolean, types.complex128)
-    assert direct.argtypes_of((np.float32(1), np.int16(2))) == (types.float32, types.int16)
+    assert launch_plan.argtypes_of((np.float32(1), np.int16(2))) == (types.float32, types.int16)
     arr = SimpleNamespace(gpu_data=object(), _numba_type_=types.Array(types.int32, 1, "C"))
-    assert direct.argtypes_of((arr,)) == (types.Array(types.int32, 1, "C"),)
+    assert launch_plan.argtypes_of((arr,)) == (types.Array(types.int32, 1, "C"),)
     # Host arrays (Numba transfers them), tuples and other objects are Numba's.
-    assert direct.argtypes_of((np.zeros(3),)) is None
-    assert direct.argtypes_of(((1, 2),)) is None
-    assert direct.argtypes_of((None,)) is None
+    assert launch_plan.argtypes_of((np.zeros(3),)) is None
+    assert launch_plan.argtypes_of(((1, 2),)) is None
+    assert launch_plan.argtypes_of((None,)) is None
 
 
 def test_plan_choice():
@@ -155,29 +155,30 @@ def test_plan_choice():
     a1 = types.Array(types.float32, 1, "A")
     key = (c1, types.int64)
     kernel = FakeKernel(key)
-    plan = direct.build_plan(FakeDispatcher({key: kernel}), key)
-    assert isinstance(plan, direct.LaunchPlan) and plan.function == 0xABC0
+    plan = launch_plan.build_plan(FakeDispatcher({key: kernel}), key)
+    assert isinstance(plan, launch_plan.LaunchPlan) and plan.function == 0xABC0
     assert plan.current(0) and not plan.current(1)
     # Not compiled yet: None (asked again later), not UNSUPPORTED.
-    assert direct.build_plan(FakeDispatcher({}), key) is None
+    assert launch_plan.build_plan(FakeDispatcher({}), key) is None
     # A forall launch compiles into a specialized copy of the dispatcher.
     disp = FakeDispatcher({})
     disp.specializations[((9, 0), key)] = FakeDispatcher({key: kernel}, specialized=True)
-    assert isinstance(direct.build_plan(disp, key), direct.LaunchPlan)
+    assert isinstance(launch_plan.build_plan(disp, key), launch_plan.LaunchPlan)
     # Kernels the direct path leaves to Numba.
     for k in (FakeKernel(key, debug=True), FakeKernel(key, cooperative=True)):
-        assert direct.build_plan(FakeDispatcher({key: k}), key) is direct.UNSUPPORTED
-    assert direct.build_plan(FakeDispatcher({key: kernel}, extensions=[object()]),
-                             key) is direct.UNSUPPORTED
+        assert launch_plan.build_plan(FakeDispatcher({key: k}), key) is launch_plan.UNSUPPORTED
+    assert launch_plan.build_plan(FakeDispatcher({key: kernel}, extensions=[object()]),
+                             key) is launch_plan.UNSUPPORTED
     # A signature: arrays of layout 'A' take any layout, scalars convert.
     spec = FakeDispatcher({(a1, types.int32): FakeKernel((a1, types.int32))}, specialized=True)
-    assert isinstance(direct.build_plan(spec, (c1, types.int64)), direct.LaunchPlan)
+    assert isinstance(launch_plan.build_plan(spec, (c1, types.int64)), launch_plan.LaunchPlan)
     c2 = types.Array(types.float32, 2, "C")
     f64 = types.Array(types.float64, 1, "C")
     for wrong in ((c2, types.int64), (f64, types.int64), (c1,), (c1, c1)):
-        assert direct.build_plan(spec, wrong) is direct.UNSUPPORTED
+        assert launch_plan.build_plan(spec, wrong) is launch_plan.UNSUPPORTED
     spec_c = FakeDispatcher({(c1,): FakeKernel((c1,))}, specialized=True)
-    assert direct.build_plan(spec_c, (types.Array(types.float32, 1, "F"),)) is direct.UNSUPPORTED
+    f_order = (types.Array(types.float32, 1, "F"),)
+    assert launch_plan.build_plan(spec_c, f_order) is launch_plan.UNSUPPORTED
 
 
 @pytest.mark.parametrize("dim,expected", [
@@ -186,7 +187,7 @@ def test_plan_choice():
     (np.int64(4), None), ([2, 3], None), (True, None),
 ])
 def test_dims(dim, expected):
-    assert direct.normalize_dims(dim) == expected
+    assert launch_plan.normalize_dims(dim) == expected
 
 
 def test_runtime_switch(monkeypatch):
@@ -222,7 +223,7 @@ def test_runtime_switch(monkeypatch):
 def test_a_number_for_a_boolean_parameter_is_left_to_numba():
     from numba.cuda import types
 
-    from numba_streamsafe.numba.direct import _accepts
+    from numba_streamsafe.numba.launch_plan import _accepts
 
     assert _accepts(types.boolean, types.boolean)
     for other in (types.float64, types.int64, types.float32):
@@ -235,8 +236,8 @@ def test_a_float_out_of_a_float32_range_is_left_to_numba():
     conversion gives inf): the direct path must hand it to Numba's path, not
     raise. Likewise an int too large for a float64."""
     argtypes = (types.float32, types.float64)
-    codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
+    codes, kinds = launch_plan.param_slots(argtypes)
+    plan = launch_plan.LaunchPlan(FakeKernel(argtypes), argtypes)
     assert plan.pack((1e300, 1.0)) is None
     assert plan.pack((1.0, 2**1100)) is None
     assert plan.pack((3.5e38, 1.0)) is None
@@ -257,17 +258,17 @@ def test_zero_dim_arrays_are_left_to_numba():
                                                         "data": (0x7F00_0000_0000, False),
                                                         "version": 3, "strides": None})
     for arg in (np.array(2.0), np.zeros((), np.int32), foreign):
-        assert direct.argtypes_of((arg,)) is None, type(arg)
-        assert direct.argtypes_of((np.float32(1), arg)) is None
+        assert launch_plan.argtypes_of((arg,)) is None, type(arg)
+        assert launch_plan.argtypes_of((np.float32(1), arg)) is None
     # NumPy scalars of every kind are still typed as Numba types them.
-    assert direct.argtypes_of((np.float64(2.0), np.bool_(True), np.complex64(1j))) == (
+    assert launch_plan.argtypes_of((np.float64(2.0), np.bool_(True), np.complex64(1j))) == (
         types.float64, types.boolean, types.complex64)
-    assert direct.argtypes_of((np.datetime64(1, "s"),)) == (types.NPDatetime("s"),)
+    assert launch_plan.argtypes_of((np.datetime64(1, "s"),)) == (types.NPDatetime("s"),)
     # A tracked 0-d device array is covered (it has gpu_data).
     dev = SimpleNamespace(gpu_data=object(), _numba_type_=zero_d)
-    assert direct.argtypes_of((dev,)) == (zero_d,)
-    codes, kinds = direct.param_slots((zero_d,))
-    plan = direct.LaunchPlan(FakeKernel((zero_d,)), (zero_d,))
+    assert launch_plan.argtypes_of((dev,)) == (zero_d,)
+    codes, kinds = launch_plan.param_slots((zero_d,))
+    plan = launch_plan.LaunchPlan(FakeKernel((zero_d,)), (zero_d,))
     data = np.zeros((), np.float64)
     assert read_params(plan.pack((fake_array(data, 0x7F00_0000_0100),)), codes) == [
         0, 0, 1, 8, 0x7F00_0000_0100]
@@ -305,8 +306,8 @@ def test_float32_parameters_convert_as_numbas_c_float(monkeypatch, by_ctypes):
         pytest.skip("this Python's struct packs signalling NaNs otherwise than C's cast")
     monkeypatch.setattr(packing, "_F32_BY_CTYPES", by_ctypes)
     argtypes = (types.float32, types.complex64)
-    codes, kinds = direct.param_slots(argtypes)
-    plan = direct.LaunchPlan(FakeKernel(argtypes), argtypes)
+    codes, kinds = launch_plan.param_slots(argtypes)
+    plan = launch_plan.LaunchPlan(FakeKernel(argtypes), argtypes)
     for value in F32_EDGES:
         for imag in (0.0, _nan(0x7FF0_0000_2000_0001)):
             address = plan.pack((value, complex(float(value), imag)))
@@ -349,7 +350,7 @@ ORACLE = textwrap.dedent(r'''
     except ImportError as exc:
         print("SKIP cuda.core's ParamHolder cannot be imported: %s" % exc)
         sys.exit(0)
-    from numba_streamsafe.numba import direct
+    from numba_streamsafe.numba import launch_plan
 
     INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
     DECLARED = [getattr(types, n) for n in INTS] + [
@@ -399,15 +400,15 @@ ORACLE = textwrap.dedent(r'''
         return [ctypes.string_at(p, n).hex() for p, n in zip(pointers, SIZE[ty])]
 
     def direct_bytes(ty, value):
-        argtypes = direct.argtypes_of((value,))
-        if argtypes is None or not direct._accepts(ty, argtypes[0]):
+        argtypes = launch_plan.argtypes_of((value,))
+        if argtypes is None or not launch_plan._accepts(ty, argtypes[0]):
             return None
-        codes, kinds = direct.param_slots((ty,))
+        codes, kinds = launch_plan.param_slots((ty,))
         kernel = type("K", (), {})()
         cufunc = type("F", (), {"handle": 1})()
         kernel._codelibrary = type("L", (), {"get_cufunc": lambda self: cufunc,
                                              "_cufunc_cache": {0: cufunc}})()
-        plan = direct.LaunchPlan(kernel, (ty,))  # owns the buffer read below
+        plan = launch_plan.LaunchPlan(kernel, (ty,))  # owns the buffer read below
         address = plan.pack((value,))
         if address is None:
             return None

@@ -1,6 +1,6 @@
 """The numba-cuda internals the Numba layer relies on are still there.
 
-``numba_streamsafe/numba/direct.py``, ``target.py`` and ``kernel.py`` read
+``numba_streamsafe/numba/launch_plan.py``, ``target.py`` and ``kernel.py`` read
 private numba-cuda attributes and import names from numba-cuda's internal
 modules. pyproject.toml names the supported releases (0.24 to 0.30; 0.30.4
 runs on the GPU machine, and nox's ``numba_cuda`` session runs this test on the
@@ -35,7 +35,7 @@ target (no simulator; ``child_env``):
   ``_finalizer()``) work on it.
 - ``numba.cuda.cudadrv.devicearray.DeviceNDArray``: built over a
   ``BlockPointer`` it keeps it as ``gpu_data``, and ``_numba_type_`` types it
-  (what ``direct.argtypes_of`` and ``target.resolve`` read).
+  (what ``launch_plan.argtypes_of`` and ``target.resolve`` read).
 - ``numba.cuda.core.config``: ``CUDA_LOW_OCCUPANCY_WARNINGS``,
   ``DISABLE_PERFORMANCE_WARNINGS``; ``numba.cuda.core.errors``:
   ``NumbaPerformanceWarning`` (the direct path's low-occupancy warning).
@@ -78,7 +78,7 @@ SCRIPT = textwrap.dedent(r'''
 
     RESULTS = {}
     # Launch-configuration-sensitive kernels came with numba.cuda.launchconfig
-    # (numba-cuda 0.30); before it no kernel is one, and direct.py's getattr
+    # (numba-cuda 0.30); before it no kernel is one, and launch_plan.py's getattr
     # defaults (False) say so.
     LAUNCH_CONFIGS = importlib.util.find_spec("numba.cuda.launchconfig") is not None
 
@@ -201,7 +201,7 @@ SCRIPT = textwrap.dedent(r'''
     def device_array_type():
         from numba.cuda import types
         from numba.cuda.cudadrv.devicearray import DeviceNDArray
-        from numba_streamsafe.numba import direct, target
+        from numba_streamsafe.numba import launch_plan, target
         need(DeviceNDArray, "_numba_type_", "numba.cuda.cudadrv.devicearray.DeviceNDArray")
         block = SimpleNamespace(ptr=4096, nbytes=64)
         pointer = target.BlockPointer(None, block, lambda b: None)
@@ -209,7 +209,7 @@ SCRIPT = textwrap.dedent(r'''
         assert array.gpu_data is pointer, "DeviceNDArray replaced the gpu_data it was given"
         assert array._numba_type_ == types.Array(types.float32, 1, "C"), array._numba_type_
         assert int(array.gpu_data.device_pointer) == 4096
-        assert direct.argtypes_of((array, 2.0)) == (array._numba_type_, types.float64)
+        assert launch_plan.argtypes_of((array, 2.0)) == (array._numba_type_, types.float64)
         assert target.resolve(None, array) == (target.DEVICE, block, None)
 
 
