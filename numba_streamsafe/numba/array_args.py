@@ -12,22 +12,25 @@ from numba_streamsafe.numba import target
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import current_stream
 
-__all__: list[str] = []
+__all__ = ["is_tracking", "is_strict", "stream_or_scope", "device_block"]
 
 
-def _tracking(rt: Any) -> bool:
+def is_tracking(rt: Any) -> bool:
+    """Whether ``rt``'s launch policy tracks (``tracking()`` may switch it off)."""
     return launch_policy(rt).tracking
 
 
-def _strict(rt: Any) -> bool:
+def is_strict(rt: Any) -> bool:
+    """Whether ``rt`` records in strict mode (an unfinished launch raises)."""
     return rt.mode is RecorderMode.STRICT
 
 
-def _stream(stream: Any) -> Any:
+def stream_or_scope(stream: Any) -> Any:
+    """``stream``, or the innermost :func:`~.scope.stream_scope`'s when it is None."""
     return current_stream() if stream is None else stream
 
 
-def _device_block(rt: Any, array: Any, what: str) -> Block | None:
+def device_block(rt: Any, array: Any, what: str) -> Block | None:
     kind, block, _ = target.resolve(rt, array)
     if kind != target.DEVICE:
         raise InvalidArgument(

@@ -24,7 +24,12 @@ from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.numba import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.array_args import _device_block, _stream, _strict, _tracking
+from numba_streamsafe.numba.array_args import (
+    device_block,
+    is_strict,
+    is_tracking,
+    stream_or_scope,
+)
 from numba_streamsafe.numba.boundaries import export_interface
 from numba_streamsafe.numba.scope import numba_call
 from numba_streamsafe.protocol import CopyUses, fenced, single
@@ -188,7 +193,7 @@ def device_array(shape: Any, dtype: Any = np.float64, *, stream: Any = None,
     if order not in ("C", "F"):
         raise InvalidArgument(f"order must be 'C' or 'F', got {order!r}")
     nbytes = _nbytes(shape, dtype)
-    stream = _stream(stream)
+    stream = stream_or_scope(stream)
     rt, context = target.allocation_target()
     # A zero-size array still gets a (minimal) block so it has an identity.
     block = rt.allocate(max(nbytes, 1), stream, tag)
@@ -258,23 +263,23 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
             f"{str(exc).rstrip('.')}. Give every row the same length"
         ) from None
     _check_dtype(host.dtype, "to_device: the host data's dtype")
-    stream = _stream(stream)
+    stream = stream_or_scope(stream)
     rt = target.runtime()
     if rt.capture is not None:  # a graph is being captured (graphs.py)
         rt.capture.refuse_host_copy(rt.stream_handle(stream), "to_device")
     if to is None:
         to = device_array(host.shape, host.dtype, stream=stream, tag=tag, order=order)
-        block = _device_block(rt, to, "to")
+        block = device_block(rt, to, "to")
     else:
-        block = _device_block(rt, to, "to")
+        block = device_block(rt, to, "to")
         _check_fits(host, to)
     handle, owner = rt.stream_ref(stream)
 
     if host.nbytes:
         fenced(rt, handle, single(block, Access.WRITE, "to", True, target.array_span(block, to)),
                f"copy to device ({tag})",
-               _strict(rt), owner, numba_call, to.copy_to_device, host, target.numba_stream(stream),
-               tracking=_tracking(rt))
+               is_strict(rt), owner, numba_call, to.copy_to_device, host,
+               target.numba_stream(stream), tracking=is_tracking(rt))
     return to
 
 
@@ -331,11 +336,11 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
         does not fit it (:class:`~numba_streamsafe.core.errors.InvalidArgumentType`
         when it is no NumPy array or of another dtype); nothing is queued.
     """
-    stream = _stream(stream)
+    stream = stream_or_scope(stream)
     rt = target.runtime()
     if rt.capture is not None:  # a graph is being captured (graphs.py)
         rt.capture.refuse_host_copy(rt.stream_handle(stream), "copy_to_host")
-    block = _device_block(rt, array, "array")
+    block = device_block(rt, array, "array")
     shape, strides, dtype = _geometry(array)
     _check_dtype(dtype, "copy_to_host: the array's dtype")
     if any(s < 0 for s in strides):
@@ -357,9 +362,9 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
     return fenced(rt, handle,
                   single(block, Access.READ, "array", True, target.array_span(block, array)),
                   "copy to host",
-                  _strict(rt),
+                  is_strict(rt),
                   owner, numba_call, array.copy_to_host, out, target.numba_stream(stream),
-                  tracking=_tracking(rt))
+                  tracking=is_tracking(rt))
 
 
 def _check_out(out: Any, shape: tuple[int, ...], strides: tuple[int, ...],
@@ -405,10 +410,10 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
         Either is not a device array, or they do not match or are not
         contiguous; checked before any wait is queued.
     """
-    stream = _stream(stream)
+    stream = stream_or_scope(stream)
     rt = target.runtime()
-    src_block = _device_block(rt, src, "src")
-    dst_block = _device_block(rt, dst, "dst")
+    src_block = device_block(rt, src, "src")
+    dst_block = device_block(rt, dst, "dst")
     dst_shape, dst_strides, dst_dtype = _geometry(dst)
     src_shape, src_strides, src_dtype = _geometry(src)
     if dst_shape != src_shape or dst_dtype != src_dtype:
@@ -442,12 +447,12 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
     if _across_devices(rt, dst_block, src_block):
         nbytes = math.prod(dst_shape) * dst_dtype.itemsize
         if nbytes:
-            fenced(rt, handle, uses, "device copy across devices", _strict(rt), owner,
+            fenced(rt, handle, uses, "device copy across devices", is_strict(rt), owner,
                    rt.driver.copy_async, target.pointer_of(dst), target.pointer_of(src), nbytes,
-                   handle, tracking=_tracking(rt))
+                   handle, tracking=is_tracking(rt))
         return
-    fenced(rt, handle, uses, "device copy", _strict(rt), owner, numba_call, dst.copy_to_device, src,
-           target.numba_stream(stream), tracking=_tracking(rt))
+    fenced(rt, handle, uses, "device copy", is_strict(rt), owner, numba_call, dst.copy_to_device,
+           src, target.numba_stream(stream), tracking=is_tracking(rt))
 
 
 def _across_devices(rt: Any, *blocks: Block | None) -> bool:
@@ -477,17 +482,17 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
         ``value`` out of range, or an array that is not contiguous."""
     if not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
         raise InvalidArgument(f"memset value must be a byte (0-255), got {value!r}")
-    stream = _stream(stream)
+    stream = stream_or_scope(stream)
     rt = target.runtime()
-    block = _device_block(rt, array, "array")
+    block = device_block(rt, array, "array")
     if not (array.flags["C_CONTIGUOUS"] or array.flags["F_CONTIGUOUS"]):
         raise StreamMisuse("memset needs a contiguous array; copy the view first")
     handle, owner = rt.stream_ref(stream)
 
     fenced(rt, handle, single(block, Access.WRITE, "array", False, target.array_span(block, array)),
-           "memset", _strict(rt),
+           "memset", is_strict(rt),
            owner, numba_call, target.memset, array, int(value), target.numba_stream(stream),
-           tracking=_tracking(rt))
+           tracking=is_tracking(rt))
 
 
 target.export_hook = export_interface

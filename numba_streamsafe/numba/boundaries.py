@@ -11,7 +11,7 @@ from typing import Any
 from numba_streamsafe.core.access import Access, as_access
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.array_args import _device_block, _tracking
+from numba_streamsafe.numba.array_args import device_block, is_tracking
 from numba_streamsafe.numba.exports import order_export
 from numba_streamsafe.protocol import commit, preflight, single
 from numba_streamsafe.runtime import get_runtime
@@ -44,7 +44,7 @@ def export_interface(array: Any, desc: dict[str, Any]) -> dict[str, Any]:
     """
     rt = target.runtime()
     kind, block, _ = target.resolve(rt, array)
-    if kind != target.DEVICE or block is None or not _tracking(rt):
+    if kind != target.DEVICE or block is None or not is_tracking(rt):
         return desc
     named = desc.get("stream")
     order_export(block, 0 if named in (None, 1, 2) else int(named), "exported array",
@@ -84,7 +84,7 @@ def lend(array: Any, *, stream: Any, access: Access | str = "rw") -> Iterator[An
     """
     access = as_access(access)
     rt = target.runtime()
-    block = _device_block(rt, array, "lend: array")
+    block = device_block(rt, array, "lend: array")
     if block is None:
         raise InvalidArgument("lend: the array was not allocated by numba_streamsafe; only "
                               "its arrays have uses to order")

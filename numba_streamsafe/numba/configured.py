@@ -1,7 +1,7 @@
 """Configured launches of a tracked kernel on the Python path:
 ``k[grid, block, stream, shmem]`` (:func:`slow_launch`, for what the compiled
 :class:`~.launcher.Launcher` hands back) and ``k.forall(n)``
-(:class:`_ForAll`), and Numba's low-occupancy warning for direct launches."""
+(:class:`ForAll`), and Numba's low-occupancy warning for direct launches."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from numba_streamsafe.numba.policy import launch_policy
 if TYPE_CHECKING:
     from numba_streamsafe.numba.kernel import TrackedKernel
 
-__all__: list[str] = []
+__all__ = ["ForAll", "launch_state_for", "slow_launch", "warn_low_occupancy"]
 
 
 def _numba_warns_low_occupancy() -> bool:
@@ -27,7 +27,7 @@ def _numba_warns_low_occupancy() -> bool:
                 and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
 
 
-def _warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
+def warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
     """Numba's low-occupancy warning for a direct launch: once per kernel and
     grid, when Numba's settings ask for it (Numba warns once per configuration)."""
     size = grid[0] * grid[1] * grid[2]
@@ -68,7 +68,7 @@ def _numba_launch(kernel: TrackedKernel, config: tuple[Any, ...]) -> Callable[..
     return kernel._configure(config)
 
 
-class _ForAll:
+class ForAll:
     """A configured ``k.forall(n, tpb, stream, sharedmem)``."""
 
     __slots__ = ("kernel", "ntasks", "tpb", "stream", "sharedmem")

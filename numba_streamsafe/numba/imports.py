@@ -45,6 +45,7 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import arrays, dlpack, target
+from numba_streamsafe.numba.array_args import is_tracking
 from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
 
 __all__ = ["from_dlpack", "from_cuda_array_interface", "import_array"]
@@ -219,7 +220,7 @@ def from_dlpack(obj: Any, *, stream: Any, tag: str = "from_dlpack") -> Any:
                               "from_cuda_array_interface")
     rt = target.runtime()
     handle, owner = rt.stream_ref(stream)
-    ordered = arrays._tracking(rt)
+    ordered = is_tracking(rt)
     foreign = _open_dlpack(obj, rt, handle, ordered, "from_dlpack")
     return _adopt(rt, foreign, stream, handle, owner, ordered, tag, "from_dlpack")
 
@@ -260,7 +261,7 @@ def from_cuda_array_interface(obj: Any, *, stream: Any,
                               "__dlpack__", "from_dlpack")
     rt = target.runtime()
     handle, owner = rt.stream_ref(stream)
-    ordered = arrays._tracking(rt)
+    ordered = is_tracking(rt)
     foreign = _open_interface(obj, rt, handle, ordered, "from_cuda_array_interface")
     return _adopt(rt, foreign, stream, handle, owner, ordered, tag, "from_cuda_array_interface")
 
@@ -369,7 +370,7 @@ def import_array(obj: Any, *, stream: Any, tag: str = "imported") -> Any:
     """
     rt = target.runtime()
     handle, owner = rt.stream_ref(stream)
-    ordered = arrays._tracking(rt)
+    ordered = is_tracking(rt)
     if hasattr(obj, "__dlpack__"):
         f = _open_dlpack(obj, rt, handle, ordered, "import_array")
     elif hasattr(obj, "__cuda_array_interface__"):

@@ -33,12 +33,12 @@ from typing import Any
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.numba.inference_calls import (
-    _METADATA_CALLS,
-    _MISSING,
-    _atomics,
-    _device_py_func,
-    _is_read_only_call,
-    _resolve_attr,
+    METADATA_CALLS,
+    MISSING,
+    atomics,
+    device_py_func,
+    is_read_only_call,
+    resolve_attr,
 )
 
 __all__ = ["ParamUse", "infer_access", "infer_params"]
@@ -103,7 +103,7 @@ class _Walker:
         self.ir = run_frontend(func)
         self.a = _Analysis(list(self.ir.arg_names))
         self.uses = [ParamUse(n) for n in self.a.params]
-        self.atomics = _atomics()
+        self.atomics = atomics()
 
     # ------------------------------------------------------------ aliasing
     def _v(self, var: Any) -> set[int]:
@@ -189,7 +189,7 @@ class _Walker:
         if e.op == "static_getitem":
             k = e.index
         else:
-            k = self.a.values.get(getattr(e.index, "name", ""), _MISSING)
+            k = self.a.values.get(getattr(e.index, "name", ""), MISSING)
         if isinstance(k, int) and not isinstance(k, bool) and -len(items) <= k < len(items):
             return items[k]
         return None
@@ -214,10 +214,10 @@ class _Walker:
         elif op == "getattr":
             if e.attr not in _METADATA:
                 changed |= self._add(a.views, name, self._any(e.value))
-            base = a.values.get(e.value.name, _MISSING)
-            if base is not _MISSING and name not in a.values:
-                value = _resolve_attr(base, e.attr)
-                if value is not _MISSING:
+            base = a.values.get(e.value.name, MISSING)
+            if base is not MISSING and name not in a.values:
+                value = resolve_attr(base, e.attr)
+                if value is not MISSING:
                     a.values[name] = value
                     changed = True
         elif op in ("build_tuple", "build_list", "build_set"):
@@ -257,13 +257,13 @@ class _Walker:
             reach = reach | self._any(arg)
         if e.vararg is not None:
             reach = reach | self._any(e.vararg)
-        callee = a.values.get(e.func.name, _MISSING)
+        callee = a.values.get(e.func.name, MISSING)
         if callee is slice:
             return self._slice(name)
-        if callee is not _MISSING:
-            if callee in self.atomics or callee in _METADATA_CALLS:
+        if callee is not MISSING:
+            if callee in self.atomics or callee in METADATA_CALLS:
                 return False  # the old value, a length: no array
-            if _device_py_func(callee) is None and _is_read_only_call(callee):
+            if device_py_func(callee) is None and is_read_only_call(callee):
                 # min(a[i], b[i]), math.sqrt(x): a value, at most an element.
                 return self._add(a.elems, name, reach)
         # A device function or an unknown call may return a view of its arguments.
@@ -320,14 +320,14 @@ class _Walker:
 
     def _call_effects(self, e: Any, loc: Any) -> None:
         a = self.a
-        callee = a.values.get(e.func.name, _MISSING)
+        callee = a.values.get(e.func.name, MISSING)
         positional = list(e.args)
         kws = dict(e.kws)
         if e.vararg is not None or e.varkwarg is not None:
             self._unknown(positional + list(kws.values()) + [e.vararg, e.varkwarg], loc,
                           "passed through *args/**kwargs")
             return
-        if callee is _MISSING:
+        if callee is MISSING:
             if self._v(e.func) and _method_name(self, e.func) in _VIEW_METHODS:
                 return  # a.reshape(...): a view, no element touched
             self._unknown(positional + list(kws.values()) + [e.func], loc,
@@ -339,13 +339,13 @@ class _Walker:
             for arg in positional[1:] + list(kws.values()):
                 self._mark(self._any(arg), read=True)
             return
-        if callee in _METADATA_CALLS:
+        if callee in METADATA_CALLS:
             return
-        py = _device_py_func(callee)
+        py = device_py_func(callee)
         if py is not None:
             self._device_call(py, positional, kws, loc)
             return
-        if _is_read_only_call(callee):
+        if is_read_only_call(callee):
             for arg in positional:
                 self._mark(self._any(arg), read=True)
             for key, arg in kws.items():

@@ -11,14 +11,15 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-__all__: list[str] = []
+__all__ = ["MISSING", "METADATA_CALLS", "atomics", "resolve_attr", "device_py_func",
+           "is_read_only_call"]
 
-#: What :func:`_resolve_attr` gives for an attribute it cannot find.
-_MISSING = object()
+#: What :func:`resolve_attr` gives for an attribute it cannot find.
+MISSING = object()
 
 #: Calls that only read their array arguments (besides metadata-only ``len``).
 _READ_ONLY_MODULES = (math, cmath)
-_METADATA_CALLS = frozenset({len})
+METADATA_CALLS = frozenset({len})
 _READ_ONLY_BUILTINS = frozenset({
     range, min, max, abs, int, float, bool, complex, round, sum, any, all, enumerate, zip,
     print, divmod, pow, isinstance, tuple, slice, reversed, hash, type, iter, next,
@@ -27,7 +28,7 @@ _READ_ONLY_BUILTINS = frozenset({
 })
 
 
-def _atomics() -> frozenset[Any]:
+def atomics() -> frozenset[Any]:
     try:
         from numba.cuda import stubs
     except ImportError:  # pragma: no cover - Numba is a dependency
@@ -45,8 +46,8 @@ def _atomics() -> frozenset[Any]:
     return frozenset(out)
 
 
-def _resolve_attr(base: Any, attr: str) -> Any:
-    """``getattr(base, attr)``, or :data:`_MISSING`. Under Numba's CUDA
+def resolve_attr(base: Any, attr: str) -> Any:
+    """``getattr(base, attr)``, or :data:`MISSING`. Under Numba's CUDA
     simulator the ``numba.cuda`` module a kernel names holds no device
     functions (the simulator swaps them in while a kernel runs): they are
     looked up in ``numba.cuda.stubs``, where the GPU target's come from too."""
@@ -61,10 +62,10 @@ def _resolve_attr(base: Any, attr: str) -> Any:
             return getattr(stubs, attr)
         except Exception:
             pass
-    return _MISSING
+    return MISSING
 
 
-def _device_py_func(value: Any) -> Callable[..., Any] | None:
+def device_py_func(value: Any) -> Callable[..., Any] | None:
     """The Python function of a CUDA device function (dispatcher or simulator kernel)."""
     py = getattr(value, "py_func", None)
     if py is not None and hasattr(py, "__code__"):
@@ -72,7 +73,7 @@ def _device_py_func(value: Any) -> Callable[..., Any] | None:
     return None
 
 
-def _is_read_only_call(value: Any) -> bool:
+def is_read_only_call(value: Any) -> bool:
     if value in _READ_ONLY_BUILTINS:
         return True
     module = getattr(value, "__module__", None) or ""

@@ -23,10 +23,10 @@ from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.numba import access_check, arrays, launch_plan, launcher, target
 from numba_streamsafe.numba.configured import (
-    _ForAll,
-    _warn_low_occupancy,
+    ForAll,
     launch_state_for,
     slow_launch,
+    warn_low_occupancy,
 )
 from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import numba_call, stream_scope
@@ -191,9 +191,9 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         """A launch the compiled path handed back (:func:`~.configured.slow_launch`)."""
         slow_launch(self, launch.config, launch.stream, args)
 
-    def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> _ForAll:
+    def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> ForAll:
         """A 1-D launch over ``ntasks`` threads, as :meth:`numba.cuda.Dispatcher.forall`."""
-        return _ForAll(self, ntasks, tpb, stream, sharedmem)
+        return ForAll(self, ntasks, tpb, stream, sharedmem)
 
     def __call__(self, *args: Any) -> None:
         raise StreamMisuse(
@@ -414,7 +414,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             return False
         grid, block, shmem = dims
         if grid[0] * grid[1] * grid[2] < 128 and self._warns:
-            _warn_low_occupancy(self, grid)
+            warn_low_occupancy(self, grid)
         fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                plan.function, grid, block, shmem, handle, params, tracking=tracking)
         if rt.capture is not None or (launcher.COMPILED and tracking and
