@@ -58,16 +58,16 @@ from numba_streamsafe._driver.sim_capture import (  # noqa: F401 - the capture e
 from numba_streamsafe._driver.sim_checker import HappensBefore
 from numba_streamsafe._driver.sim_memory import SimMemory
 from numba_streamsafe._driver.sim_model import (
-    _INVALID_DEVICE,
     HOST,
+    INVALID_DEVICE,
     LEGACY_STREAM,
     PER_THREAD_STREAM,
+    Chunk,
     Hazard,
+    Op,
+    SimStream,
     SimSystem,
-    _Chunk,
-    _join,
-    _Op,
-    _Stream,
+    join_clocks,
 )
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
 from numba_streamsafe.diagnostics import tracehook
@@ -116,12 +116,12 @@ class SimDriver(SimMemory, HappensBefore):
         self.recycle_streams = recycle_streams
         self._lock = system.lock
         self._serials = system.serials
-        self._streams: dict[int, _Stream] = {
-            LEGACY_STREAM: _Stream(LEGACY_STREAM, next(self._serials)),
-            PER_THREAD_STREAM: _Stream(PER_THREAD_STREAM, next(self._serials), blocking=True),
+        self._streams: dict[int, SimStream] = {
+            LEGACY_STREAM: SimStream(LEGACY_STREAM, next(self._serials)),
+            PER_THREAD_STREAM: SimStream(PER_THREAD_STREAM, next(self._serials), blocking=True),
         }
         #: Serial -> stream, for the live streams.
-        self._by_serial: dict[int, _Stream] = {s.serial: s for s in self._streams.values()}
+        self._by_serial: dict[int, SimStream] = {s.serial: s for s in self._streams.values()}
         #: Handles of destroyed streams, handed out again newest first.
         self._free_handles: list[int] = []
         #: Clocks of destroyed streams whose work the host has not yet waited for.
@@ -134,8 +134,8 @@ class SimDriver(SimMemory, HappensBefore):
         self._host_clock = system.host_clock
         self._events = system.events
         self._bases: list[int] = []
-        self._chunks: dict[int, _Chunk] = {}
-        self._pool: list[_Chunk] = []
+        self._chunks: dict[int, Chunk] = {}
+        self._pool: list[Chunk] = []
         #: Attributes set with :meth:`set_pool_attribute`.
         self.pool_attributes: dict[str, int] = {}
         self._reserved = 0
@@ -182,7 +182,7 @@ class SimDriver(SimMemory, HappensBefore):
                 self.destroyed_streams.discard(handle)
             else:
                 handle = self.system.take_handles()
-            stream = _Stream(handle, next(self._serials), blocking)
+            stream = SimStream(handle, next(self._serials), blocking)
             self._streams[handle] = stream
             self._by_serial[stream.serial] = stream
             self.streams_created += 1
@@ -237,7 +237,7 @@ class SimDriver(SimMemory, HappensBefore):
         """The limits of every CUDA GPU of compute capability 5 and up."""
         return SIMULATED
 
-    def _stream(self, stream: int, call: str) -> _Stream:
+    def _stream(self, stream: int, call: str) -> SimStream:
         try:
             return self._streams[stream]
         except KeyError:
@@ -252,31 +252,31 @@ class SimDriver(SimMemory, HappensBefore):
                 "numba.cuda.stream()"
             )
 
-    def _enqueue(self, stream: int, label: str, call: str) -> _Op:
+    def _enqueue(self, stream: int, label: str, call: str) -> Op:
         if self.captures:
             self.captures.refuse_outside(stream, call)
         s = self._stream(stream, call)
         clock = s.clock
-        _join(clock, self._host_clock)
+        join_clocks(clock, self._host_clock)
         # The legacy default stream and the blocking streams wait for each
         # other's earlier work (CUDA's implicit synchronisation).
         if stream == LEGACY_STREAM:
             for other in self._streams.values():
                 if other.blocking:
-                    _join(clock, other.clock)
+                    join_clocks(clock, other.clock)
         elif s.blocking:
-            _join(clock, self._streams[LEGACY_STREAM].clock)
+            join_clocks(clock, self._streams[LEGACY_STREAM].clock)
         serial = s.serial
         seq = clock.get(serial, 0) + 1
         clock[serial] = seq
-        return _Op(serial, seq, label, stream)
+        return Op(serial, seq, label, stream)
 
-    def _host_op(self, label: str) -> _Op:
+    def _host_op(self, label: str) -> Op:
         seq = self._host_clock.get(HOST, 0) + 1
         self._host_clock[HOST] = seq
-        return _Op(HOST, seq, label)
+        return Op(HOST, seq, label)
 
-    def _ordered(self, earlier: _Op, later: _Op) -> bool:
+    def _ordered(self, earlier: Op, later: Op) -> bool:
         if later.stream == HOST:
             clock = self._host_clock
         else:
@@ -319,7 +319,7 @@ class SimDriver(SimMemory, HappensBefore):
         self._retired = []
 
     def _join_host(self, clock: dict[int, int]) -> None:
-        _join(self._host_clock, clock)
+        join_clocks(self._host_clock, clock)
 
     # ------------------------------------------------------------------ events
     def event_create(self) -> int:
@@ -389,7 +389,7 @@ class SimDriver(SimMemory, HappensBefore):
                 self.captures.refuse_outside(stream, "cuStreamWaitEvent")
             s = self._stream(stream, "cuStreamWaitEvent")
             if clock:
-                _join(s.clock, clock)
+                join_clocks(s.clock, clock)
 
     @property
     def live_streams(self) -> int:
@@ -492,7 +492,7 @@ class SimDriver(SimMemory, HappensBefore):
         with self._lock:
             self._enter("cuCtxEnablePeerAccess")
             if peer == self.device or peer not in self.system.drivers:
-                raise DriverError("cuCtxEnablePeerAccess", _INVALID_DEVICE,
+                raise DriverError("cuCtxEnablePeerAccess", INVALID_DEVICE,
                                   f"device {peer!r} is not a peer of simulated device "
                                   f"{self.device} (devices: {sorted(self.system.drivers)})")
             self.system.peer_access.add((self.device, peer))

@@ -10,12 +10,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from numba_streamsafe._driver.sim_model import (
+    Chunk,
     Hazard,
+    Op,
     SimSystem,
-    _Chunk,
-    _Op,
-    _watchers,
     tell_watchers,
+    watchers,
 )
 from numba_streamsafe.core.access import Access
 
@@ -31,13 +31,13 @@ class HappensBefore:
     hazards: list[Hazard]
     _lock: Any
     _bases: list[int]
-    _chunks: dict[int, _Chunk]
+    _chunks: dict[int, Chunk]
     _enqueue: Any
     _host_op: Any
     _ordered: Any
     can_access: Any
 
-    def _chunk_at(self, address: int) -> _Chunk | None:
+    def _chunk_at(self, address: int) -> Chunk | None:
         i = bisect.bisect_right(self._bases, address) - 1
         if i < 0:
             return None
@@ -46,7 +46,7 @@ class HappensBefore:
             return None
         return chunk
 
-    def _owner_of(self, address: int) -> tuple[int, _Chunk | None]:
+    def _owner_of(self, address: int) -> tuple[int, Chunk | None]:
         """The device whose memory holds ``address`` (this one first) and its chunk."""
         chunk = self._chunk_at(address)
         if chunk is not None:
@@ -80,7 +80,7 @@ class HappensBefore:
             if site is not None:
                 op = dataclasses.replace(op, site=site)
             self._trace(accesses, op, peer_checked=not copy)
-        if _watchers:
+        if watchers:
             tell_watchers(self.system)
 
     def trace_host_access(self, accesses: Iterable[tuple[int, int, Access]], label: str) -> None:
@@ -88,7 +88,7 @@ class HappensBefore:
         with self._lock:
             self._trace(accesses, self._host_op(label))
 
-    def _trace(self, accesses: Iterable[tuple[Any, ...]], op: _Op,
+    def _trace(self, accesses: Iterable[tuple[Any, ...]], op: Op,
                peer_checked: bool = False) -> None:
         base = op
         for entry in accesses:
@@ -107,7 +107,7 @@ class HappensBefore:
                                            str(op)))
             self._check(chunk, ptr, nbytes, access, op)
 
-    def _check(self, chunk: _Chunk, ptr: int, nbytes: int, access: Access, op: _Op) -> None:
+    def _check(self, chunk: Chunk, ptr: int, nbytes: int, access: Access, op: Op) -> None:
         """Check ``op``'s ``access`` to ``nbytes`` at ``ptr`` against the earlier
         accesses of those bytes, then record it. One hazard per earlier
         access it is not ordered after, over the bytes both touch."""
@@ -118,7 +118,7 @@ class HappensBefore:
         shadow = chunk.shadow
         i, j = shadow.cover(lo, hi)
         # earlier op -> [kind, first byte, end] of the bytes it conflicts over
-        found: dict[int, tuple[_Op, list[Any]]] = {}
+        found: dict[int, tuple[Op, list[Any]]] = {}
         write = bool(access & Access.WRITE)
         for part in shadow.parts[i:j]:
             last = part[2]
@@ -140,7 +140,7 @@ class HappensBefore:
                                            earlier.side(), op.side(), end - first))
 
     @staticmethod
-    def _conflict(found: dict[int, tuple[_Op, list[Any]]], earlier: _Op, kind: str,
+    def _conflict(found: dict[int, tuple[Op, list[Any]]], earlier: Op, kind: str,
                   part: list[Any]) -> None:
         """Note that ``earlier`` touched the bytes of ``part`` (widening its span)."""
         seen = found.get(id(earlier))

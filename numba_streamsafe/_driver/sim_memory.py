@@ -15,12 +15,12 @@ from numba_streamsafe._driver.base import (
     CUDA_ERROR_OUT_OF_MEMORY,
 )
 from numba_streamsafe._driver.sim_model import (
-    _ALIGN,
+    ALIGN,
+    Chunk,
+    Op,
     SimSystem,
-    _check_fill_args,
-    _Chunk,
-    _Op,
-    _round_capacity,
+    check_fill_args,
+    round_capacity,
 )
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
@@ -38,8 +38,8 @@ class SimMemory:
     pool_attributes: dict[str, int]
     _lock: Any
     _bases: list[int]
-    _chunks: dict[int, _Chunk]
-    _pool: list[_Chunk]
+    _chunks: dict[int, Chunk]
+    _pool: list[Chunk]
     _host_clock: dict[int, int]
     _reserved: int
     _reserved_high: int
@@ -87,7 +87,7 @@ class SimMemory:
             self._check(chunk, chunk.base, nbytes, Access.WRITE, op)
             return chunk.base
 
-    def _take_from_pool(self, nbytes: int, op: _Op) -> _Chunk | None:
+    def _take_from_pool(self, nbytes: int, op: Op) -> Chunk | None:
         # Newest first: CUDA's pool prefers the most recently freed block.
         for i in range(len(self._pool) - 1, -1, -1):
             chunk = self._pool[i]
@@ -98,8 +98,8 @@ class SimMemory:
                 return chunk
         return None
 
-    def _new_chunk(self, nbytes: int, call: str) -> _Chunk:
-        cap = _round_capacity(nbytes)
+    def _new_chunk(self, nbytes: int, call: str) -> Chunk:
+        cap = round_capacity(nbytes)
         if self._reserved + cap > self.capacity:
             self._trim_completed(0)
             if self._reserved + cap > self.capacity:
@@ -107,12 +107,12 @@ class SimMemory:
                 raise DriverError(call, CUDA_ERROR_OUT_OF_MEMORY,
                                   f"{nbytes} bytes requested, {free} free")
         if self.backing:
-            buffer = np.empty(cap + _ALIGN, dtype=np.uint8)
-            base = (buffer.ctypes.data + _ALIGN - 1) // _ALIGN * _ALIGN
+            buffer = np.empty(cap + ALIGN, dtype=np.uint8)
+            base = (buffer.ctypes.data + ALIGN - 1) // ALIGN * ALIGN
         else:
             buffer = None
             base = self.system.take_handles((cap >> 20) + 1) << 20
-        chunk = _Chunk(base, cap, buffer)
+        chunk = Chunk(base, cap, buffer)
         self._reserved += cap
         self._reserved_high = max(self._reserved_high, self._reserved)
         bisect.insort(self._bases, base)
@@ -142,13 +142,13 @@ class SimMemory:
             chunk.free_op = op
             self._release(chunk)
 
-    def _live_chunk(self, ptr: int, call: str) -> _Chunk:
+    def _live_chunk(self, ptr: int, call: str) -> Chunk:
         chunk = self._chunks.get(ptr)
         if chunk is None or not chunk.live:
             raise DriverError(call, CUDA_ERROR_INVALID_VALUE, f"{ptr:#x} is not an allocation")
         return chunk
 
-    def _release(self, chunk: _Chunk) -> None:
+    def _release(self, chunk: Chunk) -> None:
         del self._chunks[chunk.base]
         self._bases.pop(bisect.bisect_left(self._bases, chunk.base))
         if not chunk.external:
@@ -194,7 +194,7 @@ class SimMemory:
             buffer = None
             if self.backing:
                 buffer = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
-            chunk = _Chunk(ptr, nbytes, buffer, external=True)
+            chunk = Chunk(ptr, nbytes, buffer, external=True)
             chunk.live = True
             chunk.nbytes = nbytes
             bisect.insort(self._bases, ptr)
@@ -299,7 +299,7 @@ class SimMemory:
         """
         with self._lock:
             self._enter("cuMemsetD8Async")
-            _check_fill_args("cuMemsetD8Async", value, nbytes)
+            check_fill_args("cuMemsetD8Async", value, nbytes)
             op = self._enqueue(stream, "cuMemsetD8Async", "cuMemsetD8Async")
             if nbytes:
                 self._trace(((ptr, nbytes, Access.WRITE),), op)
@@ -326,7 +326,7 @@ class SimMemory:
         """
         with self._lock:
             self._enter("cuMemcpyDtoHAsync")
-            _check_fill_args("cuMemcpyDtoHAsync", 0, nbytes)
+            check_fill_args("cuMemcpyDtoHAsync", 0, nbytes)
             self._stream(stream, "cuMemcpyDtoHAsync")
             data = b""
             if nbytes:
@@ -359,7 +359,7 @@ class SimMemory:
         """
         with self._lock:
             self._enter("cuMemcpyAsync")
-            _check_fill_args("cuMemcpyAsync", 0, nbytes)
+            check_fill_args("cuMemcpyAsync", 0, nbytes)
             op = self._enqueue(stream, "cuMemcpyAsync", "cuMemcpyAsync")
             if nbytes:
                 self._trace(((src, nbytes, Access.READ), (dst, nbytes, Access.WRITE)), op)

@@ -15,18 +15,20 @@ from numba_streamsafe._driver.base import (
 )
 from numba_streamsafe.core.errors import DriverError
 
-__all__ = ["SimSystem", "Hazard", "Side", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
+__all__ = ["SimSystem", "Hazard", "Side", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM", "ALIGN",
+           "INVALID_DEVICE", "watchers", "Op", "SimStream", "Chunk", "round_capacity",
+           "join_clocks", "tell_watchers", "check_fill_args"]
 
 #: The host, as a pseudo-stream in vector clocks.
 HOST = -1
 LEGACY_STREAM = 0
 PER_THREAD_STREAM = 2
 _MIN_CHUNK = 256
-_ALIGN = 256
+ALIGN = 256
 
 
 #: ``CUDA_ERROR_INVALID_DEVICE``: a peer that is no device of the system.
-_INVALID_DEVICE = 101
+INVALID_DEVICE = 101
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,11 @@ class Hazard:
 
 #: Race checks in progress (``numba_streamsafe.race_check``): each gets every
 #: hazard found while it is active.
-_watchers: list[Any] = []
+watchers: list[Any] = []
 
 
 @dataclass
-class _Op:
+class Op:
     #: Serial of the stream (HOST for the host): vector clocks are keyed by
     #: serials, so a stream that reuses a destroyed one's handle starts afresh.
     stream: int
@@ -96,7 +98,7 @@ class _Op:
                     self.site)
 
 
-class _Stream:
+class SimStream:
     __slots__ = ("handle", "serial", "clock", "blocking")
 
     def __init__(self, handle: int, serial: int, blocking: bool = False) -> None:
@@ -148,7 +150,7 @@ class _Shadow:
             k -= 1
 
 
-class _Chunk:
+class Chunk:
     __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "shadow",
                  "external")
 
@@ -158,7 +160,7 @@ class _Chunk:
         self.nbytes = 0
         self.buffer = buffer
         self.live = False
-        self.free_op: _Op | None = None
+        self.free_op: Op | None = None
         self.shadow = _Shadow(capacity)
         #: Memory another library allocated, registered while it is borrowed
         #: (:meth:`SimDriver.register_foreign`): not the pool's.
@@ -205,14 +207,14 @@ class SimSystem:
             raise AssertionError(f"{len(self.hazards)} hazard(s):\n  {shown}")
 
 
-def _round_capacity(nbytes: int) -> int:
+def round_capacity(nbytes: int) -> int:
     cap = _MIN_CHUNK
     while cap < nbytes:
         cap <<= 1
     return cap
 
 
-def _join(clock: dict[int, int], other: dict[int, int]) -> None:
+def join_clocks(clock: dict[int, int], other: dict[int, int]) -> None:
     """``clock`` after ``other``: the newest of each entry."""
     for k, v in other.items():
         if clock.get(k, 0) < v:
@@ -224,7 +226,7 @@ def tell_watchers(system: SimSystem) -> None:
     check in progress; raise for the first new one when a check asks to stop
     at the first hazard."""
     stop = None
-    for watcher in list(_watchers):
+    for watcher in list(watchers):
         new = watcher.collect(system)
         if new and watcher.stop_at_first and stop is None:
             stop = new[0]
@@ -234,7 +236,7 @@ def tell_watchers(system: SimSystem) -> None:
         raise RaceDetected(stop)
 
 
-def _check_fill_args(call: str, value: int, nbytes: int) -> None:
+def check_fill_args(call: str, value: int, nbytes: int) -> None:
     """Refuse a fill value that is not a byte, or a negative size, as the driver would."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
         raise DriverError(call, CUDA_ERROR_INVALID_VALUE,

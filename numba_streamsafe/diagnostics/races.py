@@ -120,7 +120,7 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
                       "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
                       "find races on the CPU", RuntimeWarning, stacklevel=3)
     check._baseline()
-    sim._watchers.append(check)
+    sim.watchers.append(check)
     failed = False
     try:
         yield check
@@ -128,7 +128,7 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
         failed = True
         raise
     finally:
-        sim._watchers.remove(check)
+        sim.watchers.remove(check)
         for system in _systems():
             check.collect(system)
     if not failed and stop_at_first and check.hazards:
