@@ -47,7 +47,7 @@ from types import TracebackType
 from typing import Any
 
 from numba_streamsafe.core.errors import DriverError, GraphCaptureError
-from numba_streamsafe.protocol import Uses, _accesses, fenced, refuse_untracked
+from numba_streamsafe.protocol import Uses, access_list, fenced, refuse_untracked
 from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["Graph", "GraphCaptureError", "graph"]
@@ -173,7 +173,7 @@ class Graph:
             if block.device != self.rt.device:
                 raise GraphCaptureError(f"{label}: {block.describe()} belongs to device "
                                         f"{block.device}; a graph captures one device's work")
-        result = self.rt.driver.capture_work(stream, work, args, list(_accesses(uses)), label,
+        result = self.rt.driver.capture_work(stream, work, args, list(access_list(uses)), label,
                                              uses.copy)
         for i, (block, access, lo, hi) in enumerate(uses.blocks):
             name = uses.names[i] if uses.names is not None and i < len(uses.names) else label

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["Uses", "CopyUses", "single", "preflight", "commit", "trace", "fenced",
-           "refuse_untracked"]
+           "refuse_untracked", "access_list", "PERMISSIVE_REMEDY"]
 
 T = TypeVar("T")
 
@@ -196,10 +196,10 @@ def trace(rt: DeviceRuntime, stream: int, uses: Uses, label: str) -> None:
     """Tell a checking driver (the simulated one) what the work on ``stream`` touches."""
     driver = rt.driver
     if driver.traces_accesses:
-        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy, site=_user_site())
+        driver.trace_access(stream, access_list(uses), label, copy=uses.copy, site=_user_site())
 
 
-def _accesses(uses: Uses) -> list[tuple[Any, ...]]:
+def access_list(uses: Uses) -> list[tuple[Any, ...]]:
     """What a checking driver is told the work touches, with the argument
     names when they were kept."""
     if uses.actual is not None:
@@ -361,7 +361,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     if not tracking:
         return _unfenced(driver, stream, uses, label, work, args)
     if uses.untracked and strict:
-        raise refuse_untracked(uses.untracked, _REMEDY)
+        raise refuse_untracked(uses.untracked, PERMISSIVE_REMEDY)
     if rt.multi_device and blocks and _spans_devices(rt.device, blocks):
         return _fenced_across(rt, stream, uses, label, owner, work, args)
     resource = rt.resource
@@ -371,7 +371,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         _order_after(rt, stream, uses.producers)
     result = work(*args)
     if driver.traces_accesses:
-        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy, site=_user_site())
+        driver.trace_access(stream, access_list(uses), label, copy=uses.copy, site=_user_site())
     if blocks:
         resource.commit(blocks, stream, owner)
     return result
@@ -382,7 +382,7 @@ def _unfenced(driver: Any, stream: int, uses: Uses, label: str, work: Callable[.
     """The work with the ordering switched off; a checking driver still sees it."""
     result = work(*args)
     if driver.traces_accesses:
-        driver.trace_access(stream, _accesses(uses), label, copy=uses.copy, site=_user_site())
+        driver.trace_access(stream, access_list(uses), label, copy=uses.copy, site=_user_site())
     return result
 
 
@@ -405,5 +405,6 @@ def _fenced_across(rt: DeviceRuntime, stream: int, uses: Uses, label: str, owner
     return result
 
 
-_REMEDY = ("pass mode='permissive', or allow_foreign=True for arrays whose producer names its "
-           "stream")
+#: What a strict launch's refusal of untracked memory advises.
+PERMISSIVE_REMEDY = ("pass mode='permissive', or allow_foreign=True for arrays whose producer "
+                     "names its stream")

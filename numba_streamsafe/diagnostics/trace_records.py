@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from numba_streamsafe.core.access import Access
 
-__all__ = ["Op", "Wait", "MemoryEvent", "EventRecord"]
+__all__ = ["Op", "Wait", "MemoryEvent", "EventRecord", "hazard_kind"]
 
 _WRITE = Access.WRITE
 
@@ -103,7 +103,7 @@ class EventRecord:
     t: int
 
 
-def _hazard(waiter: Access, earlier_write: bool) -> str:
+def hazard_kind(waiter: Access, earlier_write: bool) -> str:
     if earlier_write:
         return "write-after-write" if waiter & _WRITE else "read-after-write"
     return "write-after-read"

@@ -26,8 +26,14 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import BlockId
 from numba_streamsafe.core.errors import InvalidArgument, StreamMisuse
 from numba_streamsafe.diagnostics import tracehook
-from numba_streamsafe.diagnostics.trace_records import EventRecord, MemoryEvent, Op, Wait, _hazard  # noqa: F401
-from numba_streamsafe.protocol import _REMEDY, Uses, commit, preflight
+from numba_streamsafe.diagnostics.trace_records import (  # noqa: F401
+    EventRecord,
+    MemoryEvent,
+    Op,
+    Wait,
+    hazard_kind,
+)
+from numba_streamsafe.protocol import PERMISSIVE_REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
 from numba_streamsafe.resources import tracelog
 from numba_streamsafe.resources.tracelog import TraceLog
@@ -371,7 +377,7 @@ def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, l
         if inserted:
             queued[on] -= 1
         waits.append(Wait(op_id, label, name, access.name, block.device, stream, on,
-                          earlier[0], earlier[1], earlier[2], _hazard(access, was_write),
+                          earlier[0], earlier[1], earlier[2], hazard_kind(access, was_write),
                           inserted, same, t0))
     now = (op_id, label, name, stream)
     if access & _WRITE:
@@ -395,7 +401,7 @@ def _run(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool, o
         return result
     blocks = uses.blocks
     if uses.untracked or uses.producers or (rt.multi_device and blocks):
-        preflight(rt, stream, uses, strict, owner, remedy=_REMEDY)
+        preflight(rt, stream, uses, strict, owner, remedy=PERMISSIVE_REMEDY)
         result = work(*args)
         _tell_driver(rt, stream, uses, label)
         commit(rt, stream, uses, owner)

@@ -44,7 +44,7 @@ from numba_streamsafe.core.errors import StreamSafeError
 from numba_streamsafe.core.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
 from numba_streamsafe.numba import sim_plugin, target
 from numba_streamsafe.numba import transparent as _transparent
-from numba_streamsafe.numba.scope import _local as _scopes
+from numba_streamsafe.numba.scope import per_thread as _scopes
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]

@@ -24,7 +24,7 @@ from numba_streamsafe.numba import target
 from numba_streamsafe.numba.access_check import holds_arrays
 from numba_streamsafe.numba.inference import infer_params
 from numba_streamsafe.numba.kernel import TrackedKernel
-from numba_streamsafe.numba.scope import FENCE, _local
+from numba_streamsafe.numba.scope import FENCE, per_thread
 from numba_streamsafe.protocol import Uses
 
 __all__ = ["PlainKernel"]
@@ -143,7 +143,7 @@ class PlainKernel(TrackedKernel):
         return args, False  # Numba transfers host arrays, as a plain launch does
 
     def _tracking(self, policy: Any) -> bool:
-        return bool(policy.tracking and self._fence and _local.transparent == FENCE)
+        return bool(policy.tracking and self._fence and per_thread.transparent == FENCE)
 
     def _configure(self, config: tuple[Any, ...]) -> Any:
         return self._numba_configure(self.dispatcher, config)

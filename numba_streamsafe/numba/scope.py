@@ -14,7 +14,8 @@ from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.settings import settings
 
 __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
-           "current_device", "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE"]
+           "current_device", "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE",
+           "per_thread"]
 
 #: Values of the per-thread transparent-mode flag (:func:`transparent`):
 #: Numba's own operations are fenced (FENCE), left unordered but still shown
@@ -39,9 +40,10 @@ class _Scopes(threading.local):
         self.transparent = FENCE
 
 
-# Every thread finds its own (initially empty) stack here, so the lookup made on
-# each allocation is a plain attribute read.
-_local = _Scopes()
+#: This thread's scopes (each thread finds its own, initially empty): read by the
+#: plugin on each allocation and by transparent mode on each launch, as plain
+#: attribute reads.
+per_thread = _Scopes()
 
 
 @contextlib.contextmanager
@@ -78,8 +80,8 @@ def stream_scope(stream: Any) -> Iterator[Any]:
         from numba_streamsafe.runtime import get_runtime, sole_runtime
 
         rt = sole_runtime()
-        (rt if rt is not None else get_runtime(_local.device or 0)).stream_handle(stream)
-    stack = _local.stack
+        (rt if rt is not None else get_runtime(per_thread.device or 0)).stream_handle(stream)
+    stack = per_thread.stack
     stack.append(stream)
     try:
         yield stream
@@ -136,7 +138,7 @@ def transparent(enabled: bool) -> Iterator[None]:
             "NUMBA_STREAMSAFE_TRANSPARENT=0, which leaves Numba's own launches and copies "
             "unordered in the whole process. Unset the variable (the mode is on by default), "
             "or order that work with tracked kernels and copies")
-    local = _local
+    local = per_thread
     old = local.transparent
     local.transparent = FENCE if enabled else OBSERVE
     try:
@@ -150,7 +152,7 @@ def numba_call(work: Any, *args: Any) -> Any:
     Numba made inside an operation the library fences already (a tracked copy's
     ``copy_to_device``, a launch through Numba's path), whose own copies and
     launches are that operation's and are not fenced a second time."""
-    local = _local
+    local = per_thread
     old = local.transparent
     local.transparent = INSIDE
     try:
@@ -166,13 +168,13 @@ def current_stream() -> Any:
     -------
     stream-like or None
         The stream given to that scope."""
-    stack = _local.stack
+    stack = per_thread.stack
     return stack[-1] if stack else None
 
 
 def device_scope() -> int | None:
     """The device of the innermost :func:`use_device` on this thread, or None."""
-    return _local.device
+    return per_thread.device
 
 
 def current_device() -> int:
@@ -184,7 +186,7 @@ def current_device() -> int:
     CUDA simulator, the device of the innermost :func:`use_device`, else 0.
     """
     if _SIMULATOR:
-        device = _local.device
+        device = per_thread.device
         return 0 if device is None else device
     from cuda.bindings import driver as _drv
 
@@ -263,8 +265,8 @@ def use_device(device: int) -> Iterator[int]:
 
     check_device(device, "use_device")
     get_runtime(device)
-    old = _local.device
-    _local.device = device
+    old = per_thread.device
+    per_thread.device = device
     try:
         if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
             yield device
@@ -272,7 +274,7 @@ def use_device(device: int) -> Iterator[int]:
             with gpus[device]:
                 yield device
     finally:
-        _local.device = old
+        per_thread.device = old
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.plain import PlainKernel
 from numba_streamsafe.numba.policy import launch_policy
-from numba_streamsafe.numba.scope import FENCE, INSIDE, _local, numba_call
+from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
 from numba_streamsafe.protocol import CopyUses, fenced
 
 __all__ = ["install", "uninstall", "installed"]
@@ -117,7 +117,7 @@ def _launch_hook(original: Callable[[Any, Any], Any], is_device: Callable[[Any],
         kernel = self.__dict__.get("_nss_plain")
         if kernel is None:
             kernel = False if is_device(self) else _plain_kernel(self, original)
-        mode = _local.transparent
+        mode = per_thread.transparent
         # OBSERVE on a GPU: no checker to show the launch to, so Numba's own path
         # (the compiled launch path knows nothing of the thread's mode).
         if (kernel is False or mode == INSIDE or (mode != FENCE and not target.SIMULATOR)
@@ -167,7 +167,7 @@ def _fence_numba(label: str, stream: Any, uses: _NumbaUses, work: Callable[..., 
     """Run one of Numba's copies or fills on ``stream`` as an ordered operation."""
     rt = uses.rt
     handle, owner = _stream_ref(rt, stream)
-    tracking = _fence and _local.transparent == FENCE and launch_policy(rt).tracking
+    tracking = _fence and per_thread.transparent == FENCE and launch_policy(rt).tracking
     return fenced(rt, handle, uses, label, False, owner, numba_call, work, *args,
                   tracking=tracking)
 
@@ -176,7 +176,7 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...], size: int | None) -> _Numb
     """The uses of a copy's device operands, each over the ``size`` bytes
     from its pointer (None: all of the pointer's memory), or None when none
     is the library's (or transparent mode passes the work through)."""
-    if _local.transparent == INSIDE:
+    if per_thread.transparent == INSIDE:
         return None
     rt = target.launch_runtime()
     uses = _NumbaUses(rt)
@@ -255,7 +255,7 @@ def _config_call_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         launch = self.__dict__.get("_nss_launch")
         if launch is None:
             launch = self._nss_launch = _configured(self)
-        if launch is False or _local.transparent != FENCE or self.pre_launch_callbacks:
+        if launch is False or per_thread.transparent != FENCE or self.pre_launch_callbacks:
             return original(self, *args)
         try:
             return launch(*args)
@@ -307,7 +307,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
     """One of the simulator's array operations, shown to the checker (and
     ordered, in transparent mode); ``sync``: the host waits for it, as for
     Numba's copies on the default stream."""
-    if _local.transparent == INSIDE or isinstance(threading.current_thread(), _KernelThread):
+    if per_thread.transparent == INSIDE or isinstance(threading.current_thread(), _KernelThread):
         return work(*args)  # inside a fenced operation, or a kernel's own element access
     rt = target.launch_runtime()
     uses = _NumbaUses(rt)
