@@ -150,3 +150,16 @@ def test_the_checker_sees_imports(tmp_path):
                       "def later():\n    return __import__('numba_streamsafe.protocol')\n")
     found = _imports(hidden, "numba_streamsafe.resources.hidden", set(_modules()))
     assert {"numba_streamsafe.runtime", "numba_streamsafe.protocol"} <= found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A module's private names are its own: what a neighbour needs is public
+    (in the module's ``__all__``). Dunder names (``__version__``) are allowed."""
+    crossing = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("numba_streamsafe")):
+                crossing += [f"{name} imports {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert crossing == [], "\n".join(crossing)
