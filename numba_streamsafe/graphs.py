@@ -109,13 +109,13 @@ class Graph:
             frees.__exit__(None, None, None)
             raise
         self._frees = frees
-        rt.capture = self
+        rt.start_capture(self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         rt = self.rt
-        rt.capture = None
+        rt.end_capture(self)
         frees, self._frees = self._frees, None
         try:
             graph = rt.driver.end_capture(self.handle)

@@ -120,7 +120,7 @@ class DeviceRuntime(RuntimeStreams):
         self.peers: set[int] = set()
         #: Stream handle -> its key in other devices' state (:meth:`stream_key`).
         self._keys: dict[int, int] = {}
-        #: A graph being captured on this device (set by its capture), else None.
+        #: A graph being captured on this device (:meth:`start_capture`), else None.
         self.capture: Any = None
 
     # ------------------------------------------------------------ other devices
@@ -216,6 +216,26 @@ class DeviceRuntime(RuntimeStreams):
         with self.driver.activate():
             return self.resource.tracker.borrow(ptr, nbytes, handle, tag, stream_owner=owner,
                                                 keep=keep)
+
+    def start_capture(self, graph: Any) -> None:
+        """Note that ``graph`` is being captured on this device: allocations and
+        frees that would land in it are refused (:meth:`check_capture`) until
+        :meth:`end_capture`.
+
+        Raises
+        ------
+        GraphCaptureError
+            Another graph is being captured on this device.
+        """
+        if self.capture is not None and self.capture is not graph:
+            raise GraphCaptureError("a graph is already being captured on this device; end "
+                                    "that capture first (captures do not nest)")
+        self.capture = graph
+
+    def end_capture(self, graph: Any) -> None:
+        """Note that ``graph``'s capture on this device has ended."""
+        if self.capture is graph:
+            self.capture = None
 
     def check_capture(self, handle: int, what: str, free: bool = False) -> None:
         """Refuse an allocation (or, with ``free``, a free) on ``handle`` while a
