@@ -108,7 +108,7 @@ class SimDriver(SimMemory, HappensBefore):
             system = SimSystem()
         system.drivers[device] = self  # a later driver of the same ordinal replaces it
         # Launches keep their argument names from now on: the reports name them.
-        tracehook.sim_names = tracehook.keep_names = True
+        tracehook.name_arguments_for_good()
         self.system = system
         self.device = device
         self.capacity = capacity

@@ -2,8 +2,9 @@
 
 The hot paths (allocate, free, every fenced launch and copy) read
 :data:`active` once; it is None unless a trace is being recorded, so a run
-without a trace pays one module-attribute read per operation. Only
-:mod:`numba_streamsafe.diagnostics.tracing` sets it. The engine does not read it: a trace
+without a trace pays one module-attribute read per operation. Only this
+module's functions change its state (:mod:`numba_streamsafe.diagnostics.tracing`
+calls :func:`start_recording` and :func:`stop_recording`). The engine does not read it: a trace
 installs its observer in the engine (:func:`numba_streamsafe.resources.tracelog.observe`).
 """
 
@@ -20,3 +21,27 @@ active: Any = None
 keep_names: bool = False
 #: Set for good once a simulated driver exists in the process.
 sim_names: bool = False
+
+__all__ = ["active", "keep_names", "sim_names", "name_arguments_for_good", "start_recording",
+           "stop_recording"]
+
+
+def name_arguments_for_good() -> None:
+    """From now on launches keep their argument names, trace or not (a checking
+    driver exists: its race reports name the arguments)."""
+    global keep_names, sim_names
+    sim_names = keep_names = True
+
+
+def start_recording(trace: Any) -> None:
+    """``trace`` records: it is the active trace, and launches keep their names."""
+    global active, keep_names
+    active = trace
+    keep_names = True
+
+
+def stop_recording() -> None:
+    """No trace records: names are kept only where a checking driver wants them."""
+    global active, keep_names
+    active = None
+    keep_names = sim_names

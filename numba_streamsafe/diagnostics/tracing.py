@@ -475,8 +475,7 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
             raise StreamMisuse("a trace is already recording: traces do not nest; leave the "
                                "outer `with numba_streamsafe.trace()` block first")
         t._snapshot(trackers)
-        tracehook.active = t
-        tracehook.keep_names = True
+        tracehook.start_recording(t)
         tracelog.observe(t._log if record else None,
                          not nvtx and not (record and device_times))
     try:
@@ -484,6 +483,5 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
     finally:
         with _active_lock:
             tracelog.observe(None, True)
-            tracehook.active = None
-            tracehook.keep_names = tracehook.sim_names
+            tracehook.stop_recording()
         t._resolve_device_times()
