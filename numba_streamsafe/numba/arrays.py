@@ -25,7 +25,9 @@ from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, S
 from numba_streamsafe.numba import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import (
+    check_dtype,
     device_block,
+    is_contiguous,
     is_strict,
     is_tracking,
     stream_or_scope,
@@ -66,28 +68,8 @@ def _dtype(dtype: Any) -> np.dtype:
         raise InvalidArgumentType(
             f"dtype {dtype!r} is not a dtype ({exc}); pass a NumPy dtype such as np.float64"
         ) from None
-    _check_dtype(dt, "device_array: dtype")
+    check_dtype(dt, "device_array: dtype")
     return dt
-
-
-def _check_dtype(dtype: np.dtype, where: str) -> None:
-    """Refuse dtypes a device cannot hold: Python objects, and no bytes at all.
-
-    An object dtype stores pointers into this process: on a device they mean
-    nothing, and reading them back as objects crashes the interpreter.
-    ``where`` names the dtype in the message ("copy: src's dtype").
-    """
-    if dtype.hasobject:
-        raise InvalidArgument(
-            f"{where} {dtype} holds Python objects, which a device cannot hold (their "
-            "pointers mean nothing there, and reading them back would crash Python). Use a "
-            "numeric, bool, datetime64, bytes or record dtype without object fields"
-        )
-    if dtype.itemsize == 0:
-        raise InvalidArgument(
-            f"{where} {dtype} has 0 bytes per element and can hold no data. Pass a sized "
-            "dtype such as 'S8', 'U8' or 'V8'"
-        )
 
 
 def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -124,26 +106,6 @@ def _geometry(array: Any) -> tuple[tuple[int, ...], tuple[int, ...], np.dtype]:
     if strides is None:
         return shape, target.c_strides(shape, dtype.itemsize), dtype
     return shape, tuple(int(s) for s in strides), dtype
-
-
-def _contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
-    """Whether one copy can move the array: C or F contiguous, dimensions of
-    extent 1 ignored, as Numba's copies require (an empty array always is)."""
-    if 0 in shape:
-        return True
-    dims = [(n, s) for n, s in zip(shape, strides, strict=True) if n != 1]
-    if any(s == 0 for _, s in dims):
-        return False  # broadcast
-
-    def packed(order: list[tuple[int, int]]) -> bool:
-        step = itemsize
-        for n, s in order:
-            if s != step:
-                return False
-            step *= n
-        return True
-
-    return packed(dims[::-1]) or packed(dims)
 
 
 def _squeezed(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
@@ -262,7 +224,7 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
             f"rows have one length) and NumPy could not make an array of it: "
             f"{str(exc).rstrip('.')}. Give every row the same length"
         ) from None
-    _check_dtype(host.dtype, "to_device: the host data's dtype")
+    check_dtype(host.dtype, "to_device: the host data's dtype")
     stream = stream_or_scope(stream)
     rt = target.runtime()
     if rt.capture is not None:  # a graph is being captured (graphs.py)
@@ -286,7 +248,7 @@ def to_device(host: Any, *, stream: Any = None, to: Any = None,
 def _check_fits(host: np.ndarray, to: Any) -> None:
     """Refuse a device array ``to`` that Numba's host-to-device copy would refuse."""
     shape, strides, dtype = _geometry(to)
-    _check_dtype(dtype, "to_device: to's dtype")
+    check_dtype(dtype, "to_device: to's dtype")
     if dtype != host.dtype:
         raise InvalidArgumentType(
             f"to_device: to has dtype {dtype} but the host data has {host.dtype}; pass "
@@ -297,7 +259,7 @@ def _check_fits(host: np.ndarray, to: Any) -> None:
             f"to_device: to has shape {shape} but the host data has {host.shape}; reshape the "
             f"host data, or pass a to of shape {host.shape}"
         )
-    if not _contiguous(shape, strides, dtype.itemsize):
+    if not is_contiguous(shape, strides, dtype.itemsize):
         raise InvalidArgument(
             f"to_device: to is not contiguous (shape {shape}, strides {strides}), so no single "
             "copy can fill it; upload into a contiguous array (to=None) and copy from it "
@@ -342,7 +304,7 @@ def copy_to_host(array: Any, out: np.ndarray | None = None, *, stream: Any = Non
         rt.capture.refuse_host_copy(rt.stream_handle(stream), "copy_to_host")
     block = device_block(rt, array, "array")
     shape, strides, dtype = _geometry(array)
-    _check_dtype(dtype, "copy_to_host: the array's dtype")
+    check_dtype(dtype, "copy_to_host: the array's dtype")
     if any(s < 0 for s in strides):
         # Numba's copy takes no negative stride: copy the view with those axes
         # turned round, and turn them back on the host (NumPy's result).
@@ -379,7 +341,7 @@ def _check_out(out: Any, shape: tuple[int, ...], strides: tuple[int, ...],
                   + "), or leave out=None for a new array")
     if not isinstance(out, np.ndarray):
         raise InvalidArgumentType(f"out must be a NumPy array, got {type(out).__name__}; {advice}")
-    _check_dtype(out.dtype, "copy_to_host: out's dtype")
+    check_dtype(out.dtype, "copy_to_host: out's dtype")
     if out.dtype != dtype:
         raise InvalidArgumentType(f"out has dtype {out.dtype}, the array {dtype}; {advice}")
     if tuple(n for n in out.shape if n != 1) != tuple(n for n in shape if n != 1):
@@ -422,9 +384,9 @@ def copy(dst: Any, src: Any, *, stream: Any = None) -> None:
             f"copy needs matching arrays: dst is {dst_shape} {dst_dtype}, src is "
             f"{src_shape} {src_dtype}; copy between arrays of one shape and dtype"
         )
-    _check_dtype(src_dtype, "copy: the arrays' dtype")
+    check_dtype(src_dtype, "copy: the arrays' dtype")
     for what, strides in (("dst", dst_strides), ("src", src_strides)):
-        if not _contiguous(dst_shape, strides, dst_dtype.itemsize):
+        if not is_contiguous(dst_shape, strides, dst_dtype.itemsize):
             raise InvalidArgument(
                 f"copy needs contiguous arrays: {what} is a strided view (shape {dst_shape}, "
                 f"strides {strides}), which one copy cannot move; copy the whole arrays, or "

@@ -45,7 +45,7 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import arrays, dlpack, target
-from numba_streamsafe.numba.array_args import is_tracking
+from numba_streamsafe.numba.array_args import check_dtype, is_contiguous, is_tracking
 from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
 
 __all__ = ["from_dlpack", "from_cuda_array_interface", "import_array"]
@@ -277,7 +277,7 @@ def _adopt(rt: Any, f: _Foreign, stream: Any, handle: int, owner: Any, ordered: 
     """The tracked array over ``f``'s memory: a new borrowed block, or the
     block the library already tracks there (``writable`` False: read-only data
     is accepted, for a caller that only reads it)."""
-    arrays._check_dtype(f.dtype, f"{what}: the producer's dtype")
+    check_dtype(f.dtype, f"{what}: the producer's dtype")
     if f.readonly and writable:
         raise InvalidArgument(f"{what}: the producer marked its data read-only, and a tracked "
                               "array is writable; copy it in with nss.import_array")
@@ -403,7 +403,7 @@ def import_array(obj: Any, *, stream: Any, tag: str = "imported") -> Any:
 
 def _contiguous_order(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> str:
     """'C' or 'F': the order one copy of the bytes as they lie fills."""
-    if not arrays._contiguous(shape, strides, itemsize):
+    if not is_contiguous(shape, strides, itemsize):
         raise InvalidArgument("import_array: the producer's data is not contiguous; make it "
                               "contiguous first (e.g. .contiguous() in PyTorch, "
                               "cupy.ascontiguousarray)")

@@ -461,7 +461,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         if argtypes is None:
             return
         # Python scalars are matched by their type, arrays by their Numba type.
-        keys = tuple(type(a) if type(a) in launch_plan._PY_SCALARS else t
+        keys = tuple(type(a) if type(a) in launch_plan.PY_SCALARS else t
                      for a, t in zip(args, argtypes, strict=True))
         state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan._cache,
                                      plan._cufunc, rt.device))

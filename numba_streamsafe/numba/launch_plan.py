@@ -34,7 +34,7 @@ from numba_streamsafe.numba import launcher, packing, target
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
 
-__all__ = ["LaunchPlan", "argtypes_of", "build_plan", "param_slots", "normalize_dims",
+__all__ = ["PY_SCALARS", "LaunchPlan", "argtypes_of", "build_plan", "param_slots", "normalize_dims",
            "UNSUPPORTED"]
 
 _ARRAY = 0
@@ -50,7 +50,7 @@ _SCALAR_CODES: dict[Any, str] = {
 _COMPLEX_CODES: dict[Any, str] = {types.complex64: "f", types.complex128: "d"}
 
 # Numba types of Python scalars as kernel arguments (numba's typeof).
-_PY_SCALARS: dict[type, Any] = {int: types.int64, float: types.float64, bool: types.boolean,
+PY_SCALARS: dict[type, Any] = {int: types.int64, float: types.float64, bool: types.boolean,
                                 complex: types.complex128}
 
 
@@ -204,7 +204,7 @@ class LaunchPlan:
 def _argtype(arg: Any) -> Any:
     """The Numba type of one argument, or None when the direct path does not
     cover it."""
-    ty = _PY_SCALARS.get(type(arg))
+    ty = PY_SCALARS.get(type(arg))
     if ty is not None:
         return ty
     if getattr(arg, "gpu_data", None) is not None:
