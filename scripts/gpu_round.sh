@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh stacks|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+#   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
 #          against K separate arrays), the range race cases (tracked and plain), then the
@@ -38,6 +39,35 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
 }
 
 case "${1:-tests}" in
+stacks)
+    # The GPU suite on other stacks (issue "Reach"), each from its own wheels, installed
+    # ahead of the machine's packages: .whl-cu12/ (cuda-python and cuda-bindings 12.9 with
+    # numba-cuda[cu12]'s NVIDIA wheels) and .whl-oldest/ (numba-cuda 0.24.0 with numba
+    # 0.62.1, its llvmlite and a numpy it accepts, as noxfile.NUMBA_CUDA_RELEASES pairs
+    # them). Fetch them here with pip download --no-deps --only-binary=:all:
+    # --python-version 3.12 --platform manylinux_2_28_x86_64 (and _2_27, _2_17) -d DIR;
+    # mind the 64 MiB a call carries (llvmlite alone is about 40 MB: leave it out when the
+    # machine's own llvmlite suits that numba).
+    python3 setup.py build_ext --inplace -j 8 > "$OUT/build_ext.log" 2>&1
+    export NSS_RACE_REPORT=$OUT/race.txt
+    for stack in ${STACKS:-cu12 oldest}; do
+        dir=.whl-$stack
+        if ! compgen -G "$dir/*.whl" > /dev/null; then
+            echo "$stack: no wheels in $dir/, not run" | tee -a "$OUT/steps.txt"
+            continue
+        fi
+        site=/tmp/site-$stack
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+            "$dir"/*.whl 2>&1 | tail -2
+        env PYTHONPATH="$site:$SITE:$PWD" python3 -c "from importlib.metadata import version as v; \
+print('$stack:', *(f'{d} {v(d)}' for d in ('numba-cuda', 'numba', 'cuda-bindings', 'numpy')))"
+        run "suite_$stack" env PYTHONPATH="$site:$SITE:$PWD" timeout "${SUITE_TIMEOUT:-400}" \
+            python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs \
+            --deselect tests/gpu/test_multi_gpu.py
+        tail -n 3 "$OUT/suite_$stack.log"
+    done
+    cat "$OUT/race.txt" 2>/dev/null
+    ;;
 two-gpu)
     # Two GPUs (nvidia-h100-x2): the multi-GPU races, the per-device switches and the
     # interpreter exit (five child processes with the library, one with Numba alone), then
