@@ -20,6 +20,7 @@ cdef class ArgFields:
     cdef readonly bytes fields
     cdef readonly object lo
     cdef readonly object hi
+    cdef readonly bint empty
 
 
 cdef class Plan:

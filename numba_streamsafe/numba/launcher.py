@@ -64,10 +64,11 @@ class ArgFields:
     """What a direct launch reads of a device array over a tracked block,
     cached on the array (fixed for its life): the block, its address, the
     array's Numba type and its launch fields, the bytes of the block the
-    array spans (``lo .. hi - 1``, offsets into the block), the block's
-    identity as a trace keeps it (``(ptr, generation, device)``), and the
-    block's entry once a launch found it (read and written under the
-    resource's lock; an entry that is ``gone`` is looked up again)."""
+    array spans (``lo .. hi - 1``, offsets into the block; ``empty`` when it
+    spans no byte), the block's identity as a trace keeps it (``(ptr,
+    generation, device)``), and the block's entry once a launch found it
+    (read and written under the resource's lock; an entry that is ``gone``
+    is looked up again)."""
 
     def __init__(self, block: Any, argtype: Any, fields: bytes, lo: int, hi: int) -> None:
         self.block = block
@@ -79,6 +80,7 @@ class ArgFields:
         # Python ints, kept: a launch appends them to its entries as they are.
         self.lo = int(lo)
         self.hi = int(hi)
+        self.empty = self.hi <= self.lo
 
 
 @cython.cclass
@@ -400,10 +402,10 @@ def _matches(argtypes: tuple, args: tuple, accesses: tuple, arrays: list) -> cyt
 @cython.cfunc
 def _entries(state: LaunchState, arrays: list) -> list | None:
     """The entries of the launch's arrays (``[ArgFields, access, ...]``) with
-    their spans, the accesses of one span of a block merged, as
-    :func:`~numba_streamsafe.resources.rules.resolve` gives them
-    (``[entry, access, lo, hi, ...]``); None when an array's block is not the
-    live one at its address. Caller holds the resource's lock."""
+    their spans, the accesses of one span of a block merged and an empty
+    span left out, as :func:`~numba_streamsafe.resources.rules.resolve`
+    gives them (``[entry, access, lo, hi, ...]``); None when an array's block
+    is not the live one at its address. Caller holds the resource's lock."""
     live = state.live
     out: list = []
     f: ArgFields
@@ -422,6 +424,8 @@ def _entries(state: LaunchState, arrays: list) -> list | None:
             f.entry = entry
         else:
             entry = f.entry
+        if f.empty:
+            continue  # an empty view touches no byte
         for j in range(0, len(out), 4):
             if out[j] is entry and out[j + 2] == f.lo and out[j + 3] == f.hi:
                 out[j + 1] = out[j + 1] | arrays[i + 1]

@@ -265,6 +265,8 @@ def _waits(entry: Entry, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
     ``marks`` (made when None and one is needed) and returns it. With
     ``book``, a use of bytes last written on ``stream`` alone counts in
     ``book.same_stream``."""
+    if lo >= hi:
+        return marks  # touches no byte
     if entry.spans is None:
         return _uniform_waits(entry, stream, access, marks, book)
     return _span_waits(entry.spans, stream, access, lo, hi, marks, book)
@@ -293,12 +295,10 @@ def _uniform_waits(entry: Entry, stream: Any, access: cython.int, marks: list | 
 def _span_waits(spans: list, stream: Any, access: cython.int, lo: cython.Py_ssize_t,
                 hi: cython.Py_ssize_t, marks: list | None, book: MarkBook | None) -> list | None:
     """:func:`_waits` over the ranges of a split entry that ``lo .. hi - 1``
-    meets (none when it is empty)."""
+    (not empty) meets."""
     span: Span
     n: cython.Py_ssize_t
     same: cython.bint = True
-    if lo >= hi:
-        return marks
     for s in spans:
         span = s
         if span.hi <= lo:
@@ -321,7 +321,9 @@ def resolve(table: Any, uses: Any, what: str) -> list:
     whole block, or ``(block, access, lo, hi)`` for its bytes ``lo .. hi - 1``),
     flattened as ``[entry, access, lo, hi, ...]`` with the span clipped to
     the block; ``table.entry(block, what)`` decides (and raises) for a block
-    that is not the live one at its address. Caller holds the resource's lock."""
+    that is not the live one at its address. A use of no bytes (an empty
+    view) is validated and left out: it waits for nothing and records
+    nothing. Caller holds the resource's lock."""
     live: dict = table.live
     out = []
     entry: Entry  # a typed binding, not a cast: free where the module runs as Python
@@ -334,12 +336,18 @@ def resolve(table: Any, uses: Any, what: str) -> list:
             entry = found
             if entry.block is not block:
                 entry = table.entry(block, what)
-        out.append(entry)
-        out.append(int(use[1]))
         if len(use) > 2:
-            out.append(max(use[2], 0))
-            out.append(min(use[3], entry.nbytes))
+            lo = max(use[2], 0)
+            hi = min(use[3], entry.nbytes)
+            if lo >= hi:
+                continue
+            out.append(entry)
+            out.append(int(use[1]))
+            out.append(lo)
+            out.append(hi)
         else:  # the whole block (Python ints as they are: no new objects)
+            out.append(entry)
+            out.append(int(use[1]))
             out.append(0)
             out.append(entry.size)
     return out

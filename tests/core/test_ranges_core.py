@@ -101,3 +101,28 @@ def test_merged_ranges_keep_the_newest_write_of_each_stream():
     assert len(res.block_ranges(block)) <= MAX_SPANS
     use(c, Access.WRITE, 0, SIZE)
     assert not sim.hazards, sim.hazards[:3]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["uniform", "split"])
+@pytest.mark.parametrize("access", [Access.READ, Access.WRITE], ids=["read", "write"])
+def test_a_use_of_no_bytes_waits_for_nothing_and_records_nothing(split, access):
+    """An empty view (``lo == hi``) touches no byte: no wait is queued for it,
+    on a block whose state is uniform or split, and it leaves no mark."""
+    sim = SimDriver()
+    res = AsyncResource(sim)
+    a, b = sim.create_stream(), sim.create_stream()
+    block = res.allocate(SIZE, a)
+    res.preflight([(block, Access.WRITE)], a)
+    res.commit([(block, Access.WRITE)], a)
+    if split:
+        res.preflight([(block, Access.READ, 0, 64)], a)
+        res.commit([(block, Access.READ, 0, 64)], a)
+        assert len(res.block_ranges(block)) == 2
+    before = res.block_ranges(block)
+    waits = sim.calls["cuStreamWaitEvent"]
+    res.preflight([(block, access, 128, 128)], b)
+    res.commit([(block, access, 128, 128)], b)
+    assert sim.calls["cuStreamWaitEvent"] == waits
+    assert res.block_ranges(block) == before
+    res.preflight([(block, access, 128, 129)], b)   # one byte: it waits for a's write
+    assert sim.calls["cuStreamWaitEvent"] == waits + 1
