@@ -203,12 +203,11 @@ def check_device(device: Any, caller: str) -> None:
         ``device`` is not an int naming a device of this machine (on Numba's
         CUDA simulator: device 0, or one with a runtime installed).
     """
-    from numba import config
     from numba.cuda import gpus
 
     from numba_streamsafe.runtime import installed_devices
 
-    if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+    if _SIMULATOR:
         # Numba's simulator has one device; more exist once their runtimes are installed.
         known = sorted({0, *installed_devices()})
         where = ("On Numba's CUDA simulator more devices exist once a runtime over a simulated "
@@ -258,7 +257,6 @@ def use_device(device: int) -> Iterator[int]:
     ...     y = nss.device_array(n, stream=s1)         # on device 1
     ...     consume[grid, block, s1](x0, y)            # x0 of device 0: peer access
     """
-    from numba import config
     from numba.cuda import gpus
 
     from numba_streamsafe.runtime import get_runtime
@@ -268,7 +266,7 @@ def use_device(device: int) -> Iterator[int]:
     old = per_thread.device
     per_thread.device = device
     try:
-        if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+        if _SIMULATOR:
             yield device
         else:
             with gpus[device]:

@@ -2,8 +2,9 @@
 
 numba-cuda (0.24 to 0.30, the supported releases) links a kernel once per
 compute capability and loads the resulting ``cuda.core`` ``ObjectCode`` into
-every context that launches it. Its handle is a context-independent ``CUlibrary``, so two GPUs
-of one kind hold *the same* handle, each in its own context's module table.
+every context that launches it. Its handle is a context-independent
+``CUlibrary``, so two GPUs of one kind hold *the same* handle, each in its own
+context's module table.
 Each context's module finalizer queues ``cuLibraryUnload`` of that handle:
 the second call unloads a library already gone, and the driver crashes
 (SIGSEGV, or glibc's "double free"). It shows at interpreter exit, when the

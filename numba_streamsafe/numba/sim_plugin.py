@@ -91,10 +91,10 @@ def _new_stream() -> Any:
     """``numba.cuda.stream()``: the simulator's stream, marked with the device it
     was made on (:func:`~numba_streamsafe.use_device`), which alone may use it,
     as a GPU's stream belongs to its context."""
-    from numba_streamsafe.numba import target
+    from numba_streamsafe.numba.scope import current_device
 
     stream = _original["stream"]()
-    stream._nss_device = target.current_device()
+    stream._nss_device = current_device()
     return stream
 
 
