@@ -24,6 +24,9 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+
 #: The distributions whose versions the report lists.
 DISTRIBUTIONS = ("numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core", "numpy",
                  "Cython")
@@ -52,35 +55,26 @@ def _system() -> dict[str, str]:
 
 
 def _release(version: str) -> tuple[int, ...]:
-    """``"0.30.4"`` -> ``(0, 30, 4)`` (a pre-release suffix is dropped)."""
-    parts = []
-    for piece in version.split("."):
-        digits = piece[:len(piece) - len(piece.lstrip("0123456789"))]
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) < len(piece):
-            break
-    return tuple(parts)
+    """``"0.30.4"`` -> ``(0, 30, 4)`` (a pre-release suffix is dropped; ``()``
+    for what is no version, "not installed" say)."""
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return ()
 
 
 def _supported_numba_cuda() -> tuple[str, str]:
-    """The numba-cuda bounds this installation declares (``>=``, ``<``), read from
-    its metadata (pyproject.toml's dependency); the source tree's when not installed."""
+    """The numba-cuda bounds (``>=``, ``<``) this installation's metadata
+    declares (pyproject.toml's dependency); empty when it is not installed."""
     try:
         requires = metadata.requires("numba-streamsafe") or []
     except metadata.PackageNotFoundError:
         requires = []
-    for req in requires:
-        name, _, spec = req.partition(" ")[0].partition("numba-cuda")
-        if name == "" and spec[:1] in "<>=!~" and ";" not in req:
-            lower = upper = ""
-            for clause in spec.split(","):
-                if clause.startswith(">="):
-                    lower = clause[2:]
-                elif clause.startswith("<"):
-                    upper = clause[1:]
-            return lower, upper
+    for text in requires:
+        req = Requirement(text)
+        if req.name == "numba-cuda" and req.marker is None:
+            bounds = {s.operator: s.version for s in req.specifier}
+            return bounds.get(">=", ""), bounds.get("<", "")
     return "", ""
 
 
