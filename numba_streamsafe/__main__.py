@@ -3,12 +3,12 @@ of ``numba -s`` and ``cupy.show_config()``; what a bug report needs.
 
 Lists the system (OS, glibc, Python), the versions of the library and of what
 it builds on (and whether that numba-cuda and numba are a supported pair), how
-it is installed (editable or not, the simulator's start-up
-hook), the CUDA compiler libraries (NVVM, NVRTC), the CUDA driver, runtime and
-devices with their memory-pool support (or Numba's CUDA simulator), whether
-the compiled engine is built and in use, the memory manager Numba is told to
-use, the library's settings in force (a bad value is listed, not raised) and
-the other ``NUMBA_*`` variables set. ``--json`` prints the same as JSON.
+it is installed (editable or not, the simulator's start-up hook), the CUDA
+compiler libraries (NVVM, NVRTC), the CUDA driver, runtime and devices with
+their memory-pool support (or Numba's CUDA simulator), whether the compiled
+engine is built and in use, the memory manager Numba is told to use, the
+library's settings in force (a bad value is listed, not raised) and the other
+``NUMBA_*`` variables set. ``--json`` prints the same as JSON.
 """
 
 from __future__ import annotations

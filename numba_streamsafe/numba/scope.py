@@ -15,7 +15,7 @@ from numba_streamsafe.core.settings import settings
 
 __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_scope",
            "current_device", "transparent", "numba_call", "FENCE", "OBSERVE", "INSIDE",
-           "per_thread"]
+           "per_thread", "SIMULATOR"]
 
 #: Values of the per-thread transparent-mode flag (:func:`transparent`):
 #: Numba's own operations are fenced (FENCE), left unordered but still shown
@@ -24,8 +24,9 @@ __all__ = ["stream_scope", "current_stream", "tracking", "use_device", "device_s
 #: (INSIDE: :func:`numba_call`).
 FENCE, OBSERVE, INSIDE = 2, 1, 0
 
-#: True when Numba's CUDA simulator is on (as ``target.SIMULATOR``).
-_SIMULATOR: bool = bool(_config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
+#: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``); the
+#: Numba layer reads it here (``target.SIMULATOR`` is this one).
+SIMULATOR: bool = bool(_config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 
 class _Scopes(threading.local):
@@ -185,7 +186,7 @@ def current_device() -> int:
     else 0 (Numba makes device 0's context current when none is). On Numba's
     CUDA simulator, the device of the innermost :func:`use_device`, else 0.
     """
-    if _SIMULATOR:
+    if SIMULATOR:
         device = per_thread.device
         return 0 if device is None else device
     from cuda.bindings import driver as _drv
@@ -207,7 +208,7 @@ def check_device(device: Any, caller: str) -> None:
 
     from numba_streamsafe.runtime import installed_devices
 
-    if _SIMULATOR:
+    if SIMULATOR:
         # Numba's simulator has one device; more exist once their runtimes are installed.
         known = sorted({0, *installed_devices()})
         where = ("On Numba's CUDA simulator more devices exist once a runtime over a simulated "
@@ -266,7 +267,7 @@ def use_device(device: int) -> Iterator[int]:
     old = per_thread.device
     per_thread.device = device
     try:
-        if _SIMULATOR:
+        if SIMULATOR:
             yield device
         else:
             with gpus[device]:

@@ -12,19 +12,17 @@ import weakref
 from typing import Any
 
 import numpy as np
-from numba import config, cuda
+from numba import cuda
 
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.streams import stream_handle
-from numba_streamsafe.numba.scope import current_device
+from numba_streamsafe.numba.scope import SIMULATOR, current_device
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 
 __all__ = ["SIMULATOR", "Resolved", "make_array", "wrap_memory", "resolve", "numba_stream",
            "runtime", "launch_runtime", "current_device", "device_id", "allocation_target",
            "span", "array_span", "extent_span"]
 
-#: True when Numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1``).
-SIMULATOR: bool = bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 # Kinds of kernel argument.
 DEVICE, HOST, OTHER = 0, 1, 2
