@@ -325,8 +325,9 @@ def resolve(table: Any, uses: Any, what: str) -> list:
     view) is validated and left out: it waits for nothing and records
     nothing. Caller holds the resource's lock."""
     live: dict = table.live
-    out = []
+    out: list = [None] * (4 * len(uses))  # filled by index: no growth as it fills
     entry: Entry  # a typed binding, not a cast: free where the module runs as Python
+    k: cython.Py_ssize_t = 0
     for use in uses:
         block = use[0]
         found = live.get(block.ptr)
@@ -341,15 +342,16 @@ def resolve(table: Any, uses: Any, what: str) -> list:
             hi = min(use[3], entry.nbytes)
             if lo >= hi:
                 continue
-            out.append(entry)
-            out.append(int(use[1]))
-            out.append(lo)
-            out.append(hi)
         else:  # the whole block (Python ints as they are: no new objects)
-            out.append(entry)
-            out.append(int(use[1]))
-            out.append(0)
-            out.append(entry.size)
+            lo = 0
+            hi = entry.size
+        out[k] = entry
+        out[k + 1] = int(use[1])
+        out[k + 2] = lo
+        out[k + 3] = hi
+        k += 4
+    if k < len(out):
+        del out[k:]
     return out
 
 
@@ -421,6 +423,7 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 
 
 @cython.cfunc
+@cython.inline
 @cython.exceptval(-1)
 def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
                   access: cython.int) -> cython.int:
