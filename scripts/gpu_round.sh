@@ -40,30 +40,50 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
 
 case "${1:-tests}" in
 stacks)
-    # The GPU suite on other stacks (issue "Reach"), each from its own wheels, installed
-    # ahead of the machine's packages: .whl-cu12/ (cuda-python and cuda-bindings 12.9 with
-    # numba-cuda[cu12]'s NVIDIA wheels) and .whl-oldest/ (numba-cuda 0.24.0 with numba
-    # 0.62.1, its llvmlite and a numpy it accepts, as noxfile.NUMBA_CUDA_RELEASES pairs
-    # them). Fetch them here with pip download --no-deps --only-binary=:all:
-    # --python-version 3.12 --platform manylinux_2_28_x86_64 (and _2_27, _2_17) -d DIR;
-    # mind the 64 MiB a call carries (llvmlite alone is about 40 MB: leave it out when the
-    # machine's own llvmlite suits that numba).
-    python3 setup.py build_ext --inplace -j 8 > "$OUT/build_ext.log" 2>&1
+    # The GPU suite on other stacks (issue "Reach"), each in a virtual environment of its
+    # own over the machine's packages (--system-site-packages), so that cuda.pathfinder
+    # finds its libraries in site-packages as it does after a pip install:
+    #   .whl-cu12/   cuda-python and cuda-bindings 12.9 (cuda-core picks its cu12 build);
+    #   .whl-cu12-libs/*.tar.xz  numba-cuda[cu12]'s NVRTC 12 and NVVM 12 (the files of
+    #                the nvidia-cuda-nvrtc-cu12 and nvidia-cuda-nvcc-cu12 wheels, nvvm/ only),
+    #                unpacked into site-packages; too large to travel with the wheels, it
+    #                comes in a call of its own with PREPARE_ONLY=1 (the machine keeps the
+    #                environment while warm);
+    #   .whl-oldest/ numba-cuda 0.24.0 and a cuda-core it accepts (< 1.0), with the
+    #                machine's numba when it is one that release works with (<= 0.65).
+    # Fetch wheels here with pip download --no-deps --only-binary=:all: --python-version 3.12
+    # --platform manylinux_2_28_x86_64 (and _2_27, _2_24, _2_17) -d DIR.
     export NSS_RACE_REPORT=$OUT/race.txt
+    [[ ${PREPARE_ONLY:-0} == 1 ]] || python3 setup.py build_ext --inplace -j 8 > "$OUT/build_ext.log" 2>&1
     for stack in ${STACKS:-cu12 oldest}; do
-        dir=.whl-$stack
-        if ! compgen -G "$dir/*.whl" > /dev/null; then
-            echo "$stack: no wheels in $dir/, not run" | tee -a "$OUT/steps.txt"
+        venv=/tmp/venv-$stack
+        [[ -x $venv/bin/python ]] || python3 -m venv --system-site-packages "$venv"
+        purelib=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        for tarball in .whl-$stack-libs/*.tar.xz; do
+            [[ -f $tarball && ! -f $purelib/.$(basename "$tarball").done ]] || continue
+            tar -xJf "$tarball" -C "$purelib" && touch "$purelib/.$(basename "$tarball").done"
+            echo "$stack: unpacked $(basename "$tarball")" | tee -a "$OUT/steps.txt"
+        done
+        wheels=()
+        for w in .whl-$stack/*.whl .whl/numpy-*.whl; do [[ -f $w ]] && wheels+=("$w"); done
+        if (( ${#wheels[@]} )); then
+            "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile \
+                --upgrade "${wheels[@]}" 2>&1 | grep -v "outside environment" | tail -2
+        fi
+        [[ ${PREPARE_ONLY:-0} == 1 ]] && continue
+        if ! compgen -G "$purelib/.*.done" > /dev/null && ! compgen -G ".whl-$stack/*.whl" > /dev/null; then
+            echo "$stack: nothing installed in $venv, not run" | tee -a "$OUT/steps.txt"
             continue
         fi
-        site=/tmp/site-$stack
-        python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
-            "$dir"/*.whl 2>&1 | tail -2
-        env PYTHONPATH="$site:$SITE:$PWD" python3 -c "from importlib.metadata import version as v; \
-print('$stack:', *(f'{d} {v(d)}' for d in ('numba-cuda', 'numba', 'cuda-bindings', 'numpy')))"
-        run "suite_$stack" env PYTHONPATH="$site:$SITE:$PWD" timeout "${SUITE_TIMEOUT:-400}" \
-            python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs \
-            --deselect tests/gpu/test_multi_gpu.py
+        # The repository itself (built in place) and pytest-xdist from /tmp/site come first.
+        env PYTHONPATH="$PWD" "$venv/bin/python" -c "from importlib.metadata import version as v; \
+import numba.cuda, cuda.bindings, cuda.pathfinder as pf; \
+print('$stack:', *(f'{d} {v(d)}' for d in ('numba-cuda', 'numba', 'cuda-bindings', 'cuda-core', 'numpy'))); \
+print('$stack: nvrtc', pf.load_nvidia_dynamic_lib('nvrtc').abs_path, 'nvvm', pf.load_nvidia_dynamic_lib('nvvm').abs_path)" \
+            2>&1 | tee -a "$OUT/steps.txt"
+        run "suite_$stack" env PYTHONPATH="$PWD" timeout "${SUITE_TIMEOUT:-400}" \
+            "$venv/bin/python" -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+            tests/gpu -rs --deselect tests/gpu/test_multi_gpu.py
         tail -n 3 "$OUT/suite_$stack.log"
     done
     cat "$OUT/race.txt" 2>/dev/null
