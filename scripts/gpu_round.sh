@@ -59,6 +59,11 @@ stacks)
         venv=/tmp/venv-$stack
         [[ -x $venv/bin/python ]] || python3 -m venv --system-site-packages "$venv"
         purelib=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        # The machine's python3 may itself run in an environment: its packages come
+        # after the stack's own
+        # (site.addsitedir, so that their own .pth hooks, numba-cuda's among them, run).
+        python3 -c 'import site; print("import site; " + "; ".join(
+            f"site.addsitedir({d!r})" for d in site.getsitepackages()))' > "$purelib/_machine.pth"
         for tarball in .whl-$stack-libs/*.tar.xz; do
             [[ -f $tarball && ! -f $purelib/.$(basename "$tarball").done ]] || continue
             tar -xJf "$tarball" -C "$purelib" && touch "$purelib/.$(basename "$tarball").done"
@@ -68,7 +73,7 @@ stacks)
         for w in .whl-$stack/*.whl .whl/numpy-*.whl; do [[ -f $w ]] && wheels+=("$w"); done
         if (( ${#wheels[@]} )); then
             "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile \
-                --upgrade "${wheels[@]}" 2>&1 | grep -v "outside environment" | tail -2
+                --ignore-installed "${wheels[@]}" 2>&1 | tail -3
         fi
         [[ ${PREPARE_ONLY:-0} == 1 ]] && continue
         if ! compgen -G "$purelib/.*.done" > /dev/null && ! compgen -G ".whl-$stack/*.whl" > /dev/null; then

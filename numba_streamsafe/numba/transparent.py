@@ -255,7 +255,9 @@ def _config_call_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         launch = self.__dict__.get("_nss_launch")
         if launch is None:
             launch = self._nss_launch = _configured(self)
-        if launch is False or per_thread.transparent != FENCE or self.pre_launch_callbacks:
+        # Numba's pre-launch callbacks (numba-cuda 0.30 on) run on Numba's path.
+        if (launch is False or per_thread.transparent != FENCE
+                or self.__dict__.get("pre_launch_callbacks")):
             return original(self, *args)
         try:
             return launch(*args)

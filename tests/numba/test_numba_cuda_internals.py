@@ -36,6 +36,14 @@ target (no simulator; ``child_env``):
 - ``numba.cuda.cudadrv.devicearray.DeviceNDArray``: built over a
   ``BlockPointer`` it keeps it as ``gpu_data``, and ``_numba_type_`` types it
   (what ``launch_plan.argtypes_of`` and ``target.resolve`` read).
+- What transparent mode wraps (``transparent._install_gpu``):
+  ``numba.cuda.dispatcher._LaunchConfiguration``'s ``__init__(self,
+  dispatcher, griddim, blockdim, stream, sharedmem)`` assigning those fields,
+  its ``__call__`` and ``__getstate__``; ``CUDADispatcher.configure``; the
+  driver's ``host_to_device``, ``device_to_host``, ``device_to_device`` and
+  ``device_memset`` with parameters ``(dst, src_or_val, size, stream)``. The
+  configuration's ``pre_launch_callbacks`` came with numba-cuda 0.30 and is
+  read where present.
 - ``numba.cuda.core.config``: ``CUDA_LOW_OCCUPANCY_WARNINGS``,
   ``DISABLE_PERFORMANCE_WARNINGS``; ``numba.cuda.core.errors``:
   ``NumbaPerformanceWarning`` (the direct path's low-occupancy warning).
@@ -221,12 +229,35 @@ SCRIPT = textwrap.dedent(r'''
         need(errors, "NumbaPerformanceWarning", "numba.cuda.core.errors")
 
 
+    @check
+    def transparent_hooks():
+        # transparent._install_gpu wraps these; its hooks take Numba's parameters.
+        from numba.cuda import dispatcher
+        from numba.cuda.cudadrv import driver
+        config = need(dispatcher, "_LaunchConfiguration", "numba.cuda.dispatcher")
+        where = "numba.cuda.dispatcher._LaunchConfiguration"
+        for name in ("__init__", "__call__", "__getstate__"):
+            assert name in vars(config), f"{where} no longer defines {name}"
+        params = list(inspect.signature(config.__init__).parameters)
+        assert params == ["self", "dispatcher", "griddim", "blockdim", "stream", "sharedmem"], \
+            f"{where}.__init__ takes {params}"
+        source = inspect.getsource(config.__init__)
+        for name in ("dispatcher", "griddim", "blockdim", "stream", "sharedmem"):
+            assert f"self.{name} =" in source, f"{where}.__init__ no longer sets self.{name}"
+        need(cuda.jit(lambda a: None), "configure", "CUDADispatcher (cuda.jit)")
+        for name in ("host_to_device", "device_to_host", "device_to_device", "device_memset"):
+            params = list(inspect.signature(need(driver, name, "numba.cuda.cudadrv.driver"))
+                          .parameters)
+            assert len(params) == 4 and params[2:] == ["size", "stream"], \
+                f"numba.cuda.cudadrv.driver.{name} takes {params}"
+
+
     print("RESULTS " + json.dumps(RESULTS))
 ''')
 
 CHECKS = ["real_cuda_target", "types_and_typeof", "dispatcher_attributes", "kernel_class",
           "code_library", "driver_names", "block_pointer_matches_memory_pointer",
-          "device_array_type", "occupancy_warning_names"]
+          "device_array_type", "occupancy_warning_names", "transparent_hooks"]
 
 
 @pytest.fixture(scope="module")

@@ -399,3 +399,24 @@ def test_transparent_true_is_refused_where_the_process_turned_the_mode_off(monke
         reload_settings()
     with nss.transparent(True):
         pass
+
+
+def test_configured_launch_without_pre_launch_callbacks(monkeypatch):
+    """numba-cuda releases before 0.30 have no ``pre_launch_callbacks`` on a
+    launch configuration: the hooked call runs the tracked launch there (it
+    raised AttributeError on every transparent launch on a GPU)."""
+    from numba_streamsafe.numba import scope, transparent
+
+    calls = []
+
+    class OldConfiguration:  # numba-cuda 0.24 to 0.29: no such field
+        pass
+
+    call = transparent._config_call_hook(lambda self, *args: calls.append(("numba", args)))
+    config = OldConfiguration()
+    config._nss_launch = lambda *args: calls.append(("tracked", args))
+    monkeypatch.setattr(scope.per_thread, "transparent", scope.FENCE)
+    call(config, 1, 2)
+    config.pre_launch_callbacks = [print]  # numba-cuda 0.30 with a callback: Numba's path
+    call(config, 3)
+    assert calls == [("tracked", (1, 2)), ("numba", (3,))]
