@@ -104,6 +104,24 @@ def gpu():
 
 
 @pytest.fixture(scope="session")
+def cupy(gpu):
+    """CuPy, where it is installed and can compile its own kernels here.
+
+    A CuPy built for one CUDA major version in an environment of the other
+    (``cupy-cuda13x`` beside numba-cuda's ``cu12`` NVRTC) imports, but its
+    NVRTC fails on the CUDA headers it finds: the tests that read through
+    CuPy are skipped there, naming CuPy's error, rather than failing on it.
+    """
+    cupy = pytest.importorskip("cupy")
+    try:
+        (cupy.arange(4, dtype=cupy.float32) * 2 + 1).sum().item()
+    except Exception as exc:  # CuPy's CompileException, or its driver's error
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        pytest.skip(f"CuPy {cupy.__version__} cannot compile its kernels here: {first}")
+    return cupy
+
+
+@pytest.fixture(scope="session")
 def kernels(gpu):
     """``tests/gpu/kernels.py``, imported under a name no other module uses."""
     spec = importlib.util.spec_from_file_location("nss_gpu_kernels", HERE / "kernels.py")

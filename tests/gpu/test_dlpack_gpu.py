@@ -112,8 +112,7 @@ def test_torch_from_dlpack_is_ordered(gpu, kernels, race_report, capsule):
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_cupy_from_dlpack_is_ordered(gpu, kernels, race_report):
-    cupy = pytest.importorskip("cupy")
+def test_cupy_from_dlpack_is_ordered(gpu, kernels, race_report, cupy):
     consumer = cupy.cuda.Stream(non_blocking=True)
 
     def read(x, value):
@@ -195,8 +194,7 @@ def test_a_torch_tensor_comes_in_ordered(gpu, kernels, race_report):
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_a_cupy_array_comes_in_ordered(gpu, kernels, race_report):
-    cupy = pytest.importorskip("cupy")
+def test_a_cupy_array_comes_in_ordered(gpu, kernels, race_report, cupy):
     cs = cupy.cuda.Stream(non_blocking=True)
     produce = _cupy_producer(cupy, cs)
     produce(0)
@@ -224,8 +222,7 @@ def test_a_torch_tensor_is_borrowed_ordered(gpu, kernels, race_report):
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_a_cupy_array_is_borrowed_ordered(gpu, kernels, race_report):
-    cupy = pytest.importorskip("cupy")
+def test_a_cupy_array_is_borrowed_ordered(gpu, kernels, race_report, cupy):
     cs = cupy.cuda.Stream(non_blocking=True)
     produce = _cupy_producer(cupy, cs)
     produce(0)
@@ -236,8 +233,7 @@ def test_a_cupy_array_is_borrowed_ordered(gpu, kernels, race_report):
     assert untracked >= 0.7 * TRIALS, "the race did not show without the ordering"
 
 
-def test_a_cupy_array_is_borrowed_through_its_interface_ordered(gpu, kernels, race_report):
-    cupy = pytest.importorskip("cupy")
+def test_a_cupy_array_is_borrowed_through_its_interface_ordered(gpu, kernels, race_report, cupy):
     cs = cupy.cuda.Stream(non_blocking=True)
     produce = _cupy_producer(cupy, cs)
     with cs:

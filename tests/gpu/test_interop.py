@@ -45,8 +45,7 @@ def _run(gpu, kernels, read) -> tuple[int, int]:
     return wrong[True], wrong[False]
 
 
-def test_cupy_reads_a_tracked_array_through_the_interface(gpu, kernels, race_report):
-    cupy = pytest.importorskip("cupy")
+def test_cupy_reads_a_tracked_array_through_the_interface(gpu, kernels, race_report, cupy):
     consumer = cupy.cuda.Stream(non_blocking=True)
 
     def read(x, value, tracked):
