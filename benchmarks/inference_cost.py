@@ -5,7 +5,7 @@ For each kernel (``examples/kernels_sort.py``, ``kernels_join.py``) and its
 ``ptx_signature``: the time to compile it (on a GPU: ``cuda.jit(signature)``,
 which compiles eagerly to a loaded module, as a first launch does; without a
 GPU: ``cuda.compile_ptx``, the front part of it) and the time to infer its
-accesses from a cold cache (``numba_streamsafe.numba.inference``). Both are
+accesses from a cold cache (``numba_streamsafe.numba.accesses.inference``). Both are
 medians of ``--repeats`` runs, interleaved. Prints a table and the ratio of
 the totals; the target is at most 0.10.
 """
@@ -31,8 +31,8 @@ import kernels_join  # noqa: E402
 import kernels_sort  # noqa: E402
 from numba import cuda  # noqa: E402
 
-from numba_streamsafe.numba import inference  # noqa: E402
-from numba_streamsafe.numba.kernel import TrackedKernel  # noqa: E402
+from numba_streamsafe.numba.accesses import inference  # noqa: E402
+from numba_streamsafe.numba.launch.kernel import TrackedKernel  # noqa: E402
 
 
 def _kernels() -> list[TrackedKernel]:

@@ -36,7 +36,7 @@ from _harness import SIMULATOR, cuda, device_name, ratio_of_medians, write_resul
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 
 # Numba's simulator swaps the kernel module's ``cuda`` while a kernel runs; the
 # threads synchronise through this name instead.
@@ -187,7 +187,7 @@ def main() -> dict:
     if direct:
         variants.append(("tracked, Numba path", tracked, False))
     raw = RawLaunch(rt, tracked, (a, b, c)) if direct else None
-    from numba_streamsafe.numba import launcher
+    from numba_streamsafe.numba.launch import launcher
 
     hot_entry = launcher.COMPILED and direct
     raw_fns = {s: raw.launcher(s) for s in (s1, s2)} if raw is not None else {}

@@ -99,9 +99,7 @@ def components() -> None:
         "tracked launch, same stream": lambda: tracked[1, 32, s1](a, b, c),
     }
     disp_cfg = (1, 32, s1, 0)
-    from numba_streamsafe.numba.launch import fenced
-
-    from numba_streamsafe.numba import launch_plan
+    from numba_streamsafe.numba.launch import fenced, launch_plan
 
     plan = tracked._plan(rt, (a, b, c))
     params = plan.pack((a, b, c)) if plan is not None else 0

@@ -60,7 +60,8 @@ from numba_streamsafe.runtime import (
 
 __version__ = "0.1.0"
 
-if not _compiled.pure_python and not sys.modules["numba_streamsafe.resources.rules"].COMPILED:
+if not _compiled.pure_python and not sys.modules[
+        "numba_streamsafe.resources.tracking.rules"].COMPILED:
     import warnings
 
     warnings.warn(
@@ -83,19 +84,19 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.e
     import numba_streamsafe.numba.emm  # noqa: F401
 
 _LAZY = {
-    "tracked_kernel": "numba_streamsafe.numba.kernel",
-    "TrackedKernel": "numba_streamsafe.numba.kernel",
+    "tracked_kernel": "numba_streamsafe.numba.launch.kernel",
+    "TrackedKernel": "numba_streamsafe.numba.launch.kernel",
     "device_array": "numba_streamsafe.numba.arrays",
     "to_device": "numba_streamsafe.numba.arrays",
     "copy_to_host": "numba_streamsafe.numba.arrays",
     "copy": "numba_streamsafe.numba.arrays",
     "memset": "numba_streamsafe.numba.arrays",
     "block_of": "numba_streamsafe.numba.arrays",
-    "lend": "numba_streamsafe.numba.boundaries",
-    "import_array": "numba_streamsafe.numba.imports",
-    "from_dlpack": "numba_streamsafe.numba.imports",
-    "from_cuda_array_interface": "numba_streamsafe.numba.imports",
-    "export_interface": "numba_streamsafe.numba.boundaries",
+    "lend": "numba_streamsafe.numba.interop.boundaries",
+    "import_array": "numba_streamsafe.numba.interop.imports",
+    "from_dlpack": "numba_streamsafe.numba.interop.imports",
+    "from_cuda_array_interface": "numba_streamsafe.numba.interop.imports",
+    "export_interface": "numba_streamsafe.numba.interop.boundaries",
     "stream_scope": "numba_streamsafe.numba.scope",
     "current_stream": "numba_streamsafe.numba.scope",
     "tracking": "numba_streamsafe.numba.scope",

@@ -185,7 +185,7 @@ def _runtime_version() -> str:
 
 
 def _engine() -> dict[str, Any]:
-    import numba_streamsafe.numba.launcher as launcher
+    import numba_streamsafe.numba.launch.launcher as launcher
     from numba_streamsafe.compiled import engine_builds, pure_python
 
     builds = engine_builds()

@@ -27,12 +27,14 @@ from types import ModuleType
 __all__ = ["ENGINE", "pure_python", "engine_builds"]
 
 #: The modules compiled from their own source where a compiler is present.
-ENGINE = ("numba_streamsafe.resources.lock", "numba_streamsafe.resources.tracelog",
-          "numba_streamsafe.resources.marks",
-          "numba_streamsafe.resources.rules", "numba_streamsafe.resources.block_table",
-          "numba_streamsafe.resources.freed",
-          "numba_streamsafe.numba.packing", "numba_streamsafe.numba.policy",
-          "numba_streamsafe.numba.launcher")
+ENGINE = ("numba_streamsafe.resources.tracking.lock",
+          "numba_streamsafe.resources.tracking.tracelog",
+          "numba_streamsafe.resources.tracking.marks",
+          "numba_streamsafe.resources.tracking.rules",
+          "numba_streamsafe.resources.tracking.block_table",
+          "numba_streamsafe.resources.tracking.freed",
+          "numba_streamsafe.numba.launch.packing", "numba_streamsafe.numba.launch.policy",
+          "numba_streamsafe.numba.launch.launcher")
 
 #: Whether the Python source was asked for (``NUMBA_STREAMSAFE_PURE_PYTHON``).
 pure_python = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON", "0").strip() not in ("", "0")

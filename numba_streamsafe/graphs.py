@@ -224,7 +224,7 @@ class Graph:
             handle, owner = self.handle, self.owner
         else:
             handle, owner = rt.stream_ref(stream)
-        from numba_streamsafe.numba.policy import launch_policy
+        from numba_streamsafe.numba.launch.policy import launch_policy
 
         fenced(rt, handle, self.uses, "graph replay", self.strict, owner, rt.driver.graph_launch,
                self._exec, handle, tracking=launch_policy(rt).tracking)

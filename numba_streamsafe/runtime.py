@@ -32,7 +32,7 @@ from numba_streamsafe.resources import (
     MemoryResource,
     ResourceStats,
 )
-from numba_streamsafe.resources.marks import retired_stream_id
+from numba_streamsafe.resources.tracking.marks import retired_stream_id
 from numba_streamsafe.runtime_streams import RuntimeStreams
 
 __all__ = [

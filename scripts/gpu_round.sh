@@ -114,7 +114,7 @@ two-gpu)
     ;;
 ranges)
     run build_ext python3 setup.py build_ext --inplace
-    python3 -c "import numba_streamsafe.numba.launcher as l, numba_streamsafe.compiled as c; \
+    python3 -c "import numba_streamsafe.numba.launch.launcher as l, numba_streamsafe.compiled as c; \
 print(set(c.engine_builds().values()), 'libcuda entry:', l.available())" 2>&1 | tail -1
     run chunked python3 -X faulthandler benchmarks/chunked_streams.py
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
@@ -137,7 +137,7 @@ engine)
     run build_ext python3 setup.py build_ext --inplace
     if [[ -d .before ]]; then (cd .before && python3 setup.py build_ext --inplace) \
         > "$OUT/build_before.log" 2>&1; fi
-    python3 -c "import numba_streamsafe.numba.launcher as l, numba_streamsafe.compiled as c; \
+    python3 -c "import numba_streamsafe.numba.launch.launcher as l, numba_streamsafe.compiled as c; \
 print(c.engine_builds(), 'libcuda entry:', l.available())"
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run gpu_compiled timeout "${SUITE_TIMEOUT:-400}" python3 -X faulthandler -m pytest -m gpu \
@@ -303,7 +303,7 @@ hot)
     # suites through it, then the launch benchmark: .base (an earlier tree) against this
     # tree, and this tree on the engine's Python source, taking turns.
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
-    python3 -c "import numba_streamsafe.numba.launcher, numba_streamsafe.compiled as c; \
+    python3 -c "import numba_streamsafe.numba.launch.launcher, numba_streamsafe.compiled as c; \
 print(c.engine_builds())"
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run gpu_hot python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_hot_path.py \

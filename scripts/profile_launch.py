@@ -15,7 +15,7 @@ from numba import cuda
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
-from numba_streamsafe.numba import launcher
+from numba_streamsafe.numba.launch import launcher
 
 
 def body(a, b, c):

@@ -5,7 +5,7 @@ The hot paths (allocate, free, every fenced launch and copy) read
 without a trace pays one module-attribute read per operation. Only this
 module's functions change its state (:mod:`numba_streamsafe.diagnostics.tracing`
 calls :func:`start_recording` and :func:`stop_recording`). The engine does not read it: a trace
-installs its observer in the engine (:func:`numba_streamsafe.resources.tracelog.observe`).
+installs its observer in the engine (:func:`numba_streamsafe.resources.tracking.tracelog.observe`).
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ from numba_streamsafe.diagnostics.trace_records import (  # noqa: F401
 )
 from numba_streamsafe.protocol import PERMISSIVE_REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
-from numba_streamsafe.resources import tracelog
-from numba_streamsafe.resources.tracelog import TraceLog
+from numba_streamsafe.resources.tracking import tracelog
+from numba_streamsafe.resources.tracking.tracelog import TraceLog
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime

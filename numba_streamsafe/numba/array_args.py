@@ -11,7 +11,7 @@ from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import current_stream
 
 __all__ = ["is_tracking", "is_strict", "stream_or_scope", "device_block", "check_dtype",

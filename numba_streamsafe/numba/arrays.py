@@ -22,7 +22,6 @@ import numpy as np
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
-from numba_streamsafe.numba import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import (
     check_dtype,
@@ -32,7 +31,8 @@ from numba_streamsafe.numba.array_args import (
     is_tracking,
     stream_or_scope,
 )
-from numba_streamsafe.numba.boundaries import export_interface
+from numba_streamsafe.numba.interop import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
+from numba_streamsafe.numba.interop.boundaries import export_interface
 from numba_streamsafe.numba.scope import numba_call
 from numba_streamsafe.protocol import CopyUses, fenced, single
 

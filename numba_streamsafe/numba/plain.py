@@ -3,8 +3,8 @@
 A :class:`PlainKernel` stands beside one of Numba's dispatchers (a
 ``CUDADispatcher`` on a GPU, a ``FakeCUDAKernel`` under Numba's CUDA
 simulator) when transparent mode is on (:mod:`numba_streamsafe.numba.transparent`).
-It is a :class:`~numba_streamsafe.numba.kernel.TrackedKernel` whose accesses
-all come from the kernel's IR (:mod:`numba_streamsafe.numba.inference`:
+It is a :class:`~numba_streamsafe.numba.launch.kernel.TrackedKernel` whose accesses
+all come from the kernel's IR (:mod:`numba_streamsafe.numba.accesses.inference`:
 over-approximate, never under) and which refuses nothing a plain launch
 accepts: foreign arrays are ordered after the stream their interface names
 (or not at all), host arrays go through Numba's own transfers, and a launch
@@ -21,9 +21,9 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.access_check import holds_arrays
-from numba_streamsafe.numba.inference import infer_params
-from numba_streamsafe.numba.kernel import TrackedKernel
+from numba_streamsafe.numba.accesses.access_check import holds_arrays
+from numba_streamsafe.numba.accesses.inference import infer_params
+from numba_streamsafe.numba.launch.kernel import TrackedKernel
 from numba_streamsafe.numba.scope import FENCE, per_thread
 from numba_streamsafe.protocol import Uses
 

@@ -328,7 +328,7 @@ def tracking(enabled: bool, device: int | None = None) -> Iterator[None]:
     >>> with use_device(1), tracking(False):     # doctest: +SKIP
     ...     kernel[grid, block, s1](x1)          # device 1 untracked; device 0 as it was
     """
-    from numba_streamsafe.numba.policy import launch_policy
+    from numba_streamsafe.numba.launch.policy import launch_policy
     from numba_streamsafe.runtime import get_runtime
 
     if device is None:

@@ -290,7 +290,7 @@ else:
         """A Numba device array over a library block whose
         ``__cuda_array_interface__`` orders its consumer: the stream it names
         is made to wait for every use the library knows of
-        (:func:`numba_streamsafe.numba.boundaries.export_interface`). Views made
+        (:func:`numba_streamsafe.numba.interop.boundaries.export_interface`). Views made
         by indexing keep the class."""
 
         @property
@@ -303,7 +303,7 @@ else:
                        dl_device: Any = None, copy: Any = None) -> Any:
             """A DLPack capsule of the array, ``stream`` (DLPack's stream
             protocol) ordered after its known uses
-            (:func:`numba_streamsafe.numba.dlpack.export_dlpack`)."""
+            (:func:`numba_streamsafe.numba.interop.dlpack.export_dlpack`)."""
             return dlpack_methods[0](self, stream=stream, max_version=max_version,
                                            dl_device=dl_device, copy=copy)
 
@@ -373,7 +373,7 @@ _MISSING = object()
 export_hook: Any = None
 
 
-#: ``(export_dlpack, dlpack_device)`` of :mod:`numba_streamsafe.numba.dlpack`, set
+#: ``(export_dlpack, dlpack_device)`` of :mod:`numba_streamsafe.numba.interop.dlpack`, set
 #: when it loads (the array module loads it, and every array of the library is
 #: made after that): the arrays' ``__dlpack__`` and ``__dlpack_device__``.
 dlpack_methods: Any = None

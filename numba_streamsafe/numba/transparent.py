@@ -46,8 +46,8 @@ from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLa
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.numba import target
+from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.plain import PlainKernel
-from numba_streamsafe.numba.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
 from numba_streamsafe.protocol import CopyUses, fenced
 

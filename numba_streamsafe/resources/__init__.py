@@ -17,7 +17,7 @@ from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
 from numba_streamsafe.resources.guard import DebugGuardResource
 from numba_streamsafe.resources.logging_resource import LoggingResource
-from numba_streamsafe.resources.marks import EventPool, Mark
+from numba_streamsafe.resources.tracking.marks import EventPool, Mark
 
 __all__ = [
     "MemoryResource",

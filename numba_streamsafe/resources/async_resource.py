@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numba_streamsafe.resources.rules as rules
+import numba_streamsafe.resources.tracking.rules as rules
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import (
@@ -30,15 +30,15 @@ from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamSaf
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.base import MemoryResource, Use
-from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.borrowing import Borrowing
 from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.lock import Lock
-from numba_streamsafe.resources.marks import EventPool, MarkBook
 from numba_streamsafe.resources.peer_uses import PeerUses
 from numba_streamsafe.resources.reaping import Reaping
-from numba_streamsafe.resources.rules import Entry
+from numba_streamsafe.resources.tracking.block_table import BlockTable
+from numba_streamsafe.resources.tracking.freed import KeptBlocks, PendingFrees
+from numba_streamsafe.resources.tracking.lock import Lock
+from numba_streamsafe.resources.tracking.marks import EventPool, MarkBook
+from numba_streamsafe.resources.tracking.rules import Entry
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
 
@@ -94,7 +94,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
     every cross-stream mark, so the pool cannot hand the address to anyone
     while a use is in flight. Same-stream uses never wait.
 
-    All blocks of one launch share one :class:`~numba_streamsafe.resources.marks.Mark`
+    All blocks of one launch share one :class:`~numba_streamsafe.resources.tracking.marks.Mark`
     and so at most one event. With ``fences="lazy"`` (the default) that event
     is recorded only when another stream first has to wait for the mark, so
     work that stays on one stream records no event at all; the consumer then
@@ -365,7 +365,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             entries = rules.resolve(self._table, uses, "commit")
             rules.commit_locked(self.marks, entries, stream, owner, self._eager)
 
-    # The engine's view (numba_streamsafe.numba.launcher reads these once per
+    # The engine's view (numba_streamsafe.numba.launch.launcher reads these once per
     # kernel and runtime, then takes the lock and the table itself).
     @property
     def lock(self) -> Any:

@@ -8,12 +8,12 @@ import threading
 from typing import Any
 
 from numba_streamsafe._driver.base import Driver
-from numba_streamsafe.resources.block_table import BlockTable
 from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.lock import Lock
-from numba_streamsafe.resources.marks import EventPool, MarkBook
-from numba_streamsafe.resources.rules import Entry
+from numba_streamsafe.resources.tracking.block_table import BlockTable
+from numba_streamsafe.resources.tracking.freed import KeptBlocks, PendingFrees
+from numba_streamsafe.resources.tracking.lock import Lock
+from numba_streamsafe.resources.tracking.marks import EventPool, MarkBook
+from numba_streamsafe.resources.tracking.rules import Entry
 
 __all__ = ["AsyncState"]
 

@@ -12,7 +12,7 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block, check_block
 from numba_streamsafe.core.errors import StreamMisuse
 from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.marks import EventPool
+from numba_streamsafe.resources.tracking.marks import EventPool
 
 __all__ = ["DeferringAdaptor", "MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
 

@@ -11,7 +11,7 @@ from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.async_state import AsyncState
-from numba_streamsafe.resources.rules import Entry
+from numba_streamsafe.resources.tracking.rules import Entry
 
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numba_streamsafe.resources.rules as rules
+import numba_streamsafe.resources.tracking.rules as rules
 from numba_streamsafe.core.blocks import Block, BlockState
 from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.base import Use
-from numba_streamsafe.resources.marks import EventPool, ForeignMark, Mark
+from numba_streamsafe.resources.tracking.marks import EventPool, ForeignMark, Mark
 
 _LIVE = BlockState.LIVE
 _FREED = BlockState.FREED

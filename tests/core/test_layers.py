@@ -137,7 +137,7 @@ def test_the_checker_sees_imports(tmp_path):
     """Controls: the graph holds known edges, a TYPE_CHECKING import is not one,
     and an upward import planted in a copy of a module is found."""
     assert "numba_streamsafe.resources" in GRAPH["numba_streamsafe.runtime"]
-    assert "numba_streamsafe.protocol" in GRAPH["numba_streamsafe.numba.kernel"]
+    assert "numba_streamsafe.protocol" in GRAPH["numba_streamsafe.numba.launch.kernel"]
     assert "numba_streamsafe.runtime" not in GRAPH["numba_streamsafe.protocol"]  # TYPE_CHECKING
     planted = tmp_path / "base.py"
     planted.write_text((PACKAGE / "resources" / "base.py").read_text()
@@ -173,3 +173,18 @@ def test_no_private_name_is_imported_from_another_module():
                     and not node.attr.startswith("__")):
                 crossing.append(f"{name} reads {imported[node.value.id]}.{node.attr}")
     assert crossing == [], "\n".join(sorted(set(crossing)))
+
+
+#: The most modules a folder of the package holds: more is a room holding
+#: several concepts, to be split into sub-packages by concept.
+MAX_MODULES = 12
+
+
+def test_no_folder_holds_more_than_twelve_modules():
+    counts = {}
+    for folder in [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir()
+                               and (p / "__init__.py").exists())]:
+        counts[folder.relative_to(PACKAGE.parent).as_posix()] = len(list(folder.glob("*.py")))
+    assert len(counts) > 5 and max(counts.values()) > 1  # the walk saw the package
+    over = {k: v for k, v in counts.items() if v > MAX_MODULES}
+    assert not over, f"folders of more than {MAX_MODULES} modules: {over}"

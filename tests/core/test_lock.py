@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from numba_streamsafe.resources.lock import Lock
+from numba_streamsafe.resources.tracking.lock import Lock
 
 
 def test_threads_that_yield_inside_never_overlap():

@@ -32,7 +32,7 @@ from numba_streamsafe import (
 from numba_streamsafe._driver.sim import SimDriver, SimSystem
 from numba_streamsafe.diagnostics.recorder import LaunchRecorder
 from numba_streamsafe.protocol import CopyUses, Uses, fenced
-from numba_streamsafe.resources.marks import ForeignMark
+from numba_streamsafe.resources.tracking.marks import ForeignMark
 from numba_streamsafe.runtime import (
     clear_runtimes,
     enable_peer_access,

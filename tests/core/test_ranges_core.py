@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.resources.rules import MAX_SPANS
+from numba_streamsafe.resources.tracking.rules import MAX_SPANS
 
 SIZE = 512
 STREAMS = 4

@@ -9,9 +9,9 @@ from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block, next_generation
 from numba_streamsafe.core.errors import StaleContext, UseAfterFree
-from numba_streamsafe.resources.block_table import BlockTable
-from numba_streamsafe.resources.freed import KeptBlocks, PendingFrees
-from numba_streamsafe.resources.marks import EventPool, MarkBook
+from numba_streamsafe.resources.tracking.block_table import BlockTable
+from numba_streamsafe.resources.tracking.freed import KeptBlocks, PendingFrees
+from numba_streamsafe.resources.tracking.marks import EventPool, MarkBook
 
 
 def test_kept_blocks_take_what_was_put_on_the_same_stream_and_size():

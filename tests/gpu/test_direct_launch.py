@@ -12,7 +12,7 @@ import pytest
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, ReadWrite, Write
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 
 pytestmark = pytest.mark.gpu
 
@@ -43,7 +43,7 @@ class Counting:
 
 
 def _fast_launches():
-    from numba_streamsafe.numba import launcher
+    from numba_streamsafe.numba.launch import launcher
 
     return launcher.launches()
 
@@ -229,7 +229,7 @@ def test_cross_stream_direct_launches_are_ordered(gpu, fresh_runtime, monkeypatc
 def test_switch_off_by_environment(gpu, child_env):
     code = (
         "import numba_streamsafe as nss\n"
-        "from numba_streamsafe.numba.policy import launch_policy\n"
+        "from numba_streamsafe.numba.launch.policy import launch_policy\n"
         "print(launch_policy(nss.get_runtime()).direct_launch)\n"
     )
     on = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,

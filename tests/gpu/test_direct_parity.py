@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 import numba_streamsafe as nss
-from numba_streamsafe.numba import launcher
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch import launcher
+from numba_streamsafe.numba.launch.policy import launch_policy
 
 pytestmark = pytest.mark.gpu
 

@@ -81,7 +81,7 @@ class _Capsules:
         return self.array.__dlpack_device__()
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        from numba_streamsafe.numba import dlpack
+        from numba_streamsafe.numba.interop import dlpack
 
         capsule = self.array.__dlpack__(stream=stream,
                                         max_version=None if self.legacy else max_version)
@@ -326,7 +326,7 @@ def _holders_of_cuda_tensors(torch) -> list[str]:
         mine.add(id(found))
         return found
 
-    from numba_streamsafe.numba import imports
+    from numba_streamsafe.numba.interop import imports
 
     objects = gc.get_objects()
     mine.add(id(objects))

@@ -14,7 +14,7 @@ import pytest
 
 import numba_streamsafe as nss
 from numba_streamsafe import InvalidArgument, OutOfMemory, StreamMisuse
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 
 pytestmark = pytest.mark.gpu
 

@@ -80,7 +80,7 @@ def test_the_graph_keeps_its_arrays_on_the_direct_path(gpu, kernels, fresh_runti
     Python object: the graph itself must keep the arrays. x is dropped after the
     capture; it stays allocated (nothing reuses its memory), the replay reads
     it, and closing the graph frees it."""
-    from numba_streamsafe.numba.policy import launch_policy
+    from numba_streamsafe.numba.launch.policy import launch_policy
 
     assert launch_policy(fresh_runtime).direct_launch, "direct launches are on by default"
     s = gpu.stream()
@@ -152,7 +152,7 @@ def test_a_replay_on_another_stream(gpu, kernels, fresh_runtime):
 def test_captured_launches_of_either_launch_path(gpu, kernels, fresh_runtime, direct):
     """Launches through Numba's launcher (direct launches off) are captured
     like direct ones, and the graph keeps their arrays either way."""
-    from numba_streamsafe.numba.policy import launch_policy
+    from numba_streamsafe.numba.launch.policy import launch_policy
 
     policy = launch_policy(fresh_runtime)
     before = policy.direct_launch

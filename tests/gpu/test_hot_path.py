@@ -1,5 +1,5 @@
-"""The compiled launch (``numba_streamsafe.numba.launcher``, compiled) on a real GPU: it takes
-repeated launches, queues exactly the waits and events the Python path
+"""The compiled launch (``numba_streamsafe.numba.launch.launcher``, compiled) on a
+real GPU: it takes repeated launches, queues exactly the waits and events the Python path
 queues, orders racing kernels (with a negative control), and stays right
 with several threads launching at once."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import numba_streamsafe as nss
-from numba_streamsafe.numba import launcher
+from numba_streamsafe.numba.launch import launcher
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not launcher.COMPILED, reason="the compiled engine is not built "

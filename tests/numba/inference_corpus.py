@@ -423,7 +423,7 @@ def score() -> list[tuple[str, str, str, str, str]]:
     """Each array parameter of the corpus: ``(kernel, parameter, truth,
     inferred, verdict)``, verdict ``"exact"``, ``"over"`` (the inferred
     access includes the true one and more) or ``"under"`` (it misses some)."""
-    from numba_streamsafe.numba.inference import infer_params
+    from numba_streamsafe.numba.accesses.inference import infer_params
 
     rows = []
     for kernel, truth in CORPUS:

@@ -21,7 +21,7 @@ from numba_streamsafe import (
     tracked_kernel,
 )
 from numba_streamsafe.core.settings import reload_settings
-from numba_streamsafe.numba.inference import infer_access
+from numba_streamsafe.numba.accesses.inference import infer_access
 
 N = 64
 GRID, BLOCK = 2, 32

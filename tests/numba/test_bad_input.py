@@ -22,7 +22,7 @@ import numba_streamsafe as nss
 from numba_streamsafe import InvalidArgument, Read, ReadWrite, StreamSafeError, Write
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.errors import InvalidArgumentType
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, set_runtime
 

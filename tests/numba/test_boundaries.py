@@ -59,7 +59,7 @@ def test_without_lend_the_foreign_work_races(rt, streams):
 
 def test_the_exported_interface_stream_waits_for_the_last_write(rt, streams):
     a, b = streams
-    from numba_streamsafe.numba.boundaries import export_interface
+    from numba_streamsafe.numba.interop.boundaries import export_interface
 
     x = nss.device_array(N, np.int64, stream=a)
     fill[2, 32, b](x, 1)                      # written on b, allocated on a
@@ -78,7 +78,7 @@ def test_an_unordered_export_races(rt, streams):
 
 
 def test_an_export_without_a_stream_names_the_legacy_stream(rt, streams):
-    from numba_streamsafe.numba.boundaries import export_interface
+    from numba_streamsafe.numba.interop.boundaries import export_interface
 
     a, _ = streams
     x = nss.device_array(N, np.int64, stream=a)
@@ -102,7 +102,7 @@ def test_an_empty_view_is_launched_without_a_block(rt, streams):
     """Numba gives an empty array (an empty view too) a null pointer, which no
     block holds: it touches no bytes, so a tracked kernel takes it in strict mode."""
     a, _ = streams
-    from numba_streamsafe.numba import kernel as kernel_module
+    from numba_streamsafe.numba.launch import kernel as kernel_module
 
     @tracked_kernel
     def size_of(x: nss.Read, out: Write):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from numba.cuda import types
 from numba.cuda.np import numpy_support
 
-from numba_streamsafe.numba import launch_plan, packing
+from numba_streamsafe.numba.launch import launch_plan, packing
 
 SCALARS = [types.int8, types.uint8, types.int16, types.uint16, types.int32, types.uint32,
            types.int64, types.uint64, types.float32, types.float64, types.boolean]
@@ -194,7 +194,7 @@ def test_runtime_switch(monkeypatch):
     from numba_streamsafe import AsyncResource, DeviceRuntime
     from numba_streamsafe._driver.sim import SimDriver
     from numba_streamsafe.core.settings import reload_settings
-    from numba_streamsafe.numba.policy import launch_policy
+    from numba_streamsafe.numba.launch.policy import launch_policy
 
     class Launching(SimDriver):
         supports_direct_launch = True
@@ -223,7 +223,7 @@ def test_runtime_switch(monkeypatch):
 def test_a_number_for_a_boolean_parameter_is_left_to_numba():
     from numba.cuda import types
 
-    from numba_streamsafe.numba.launch_plan import _accepts
+    from numba_streamsafe.numba.launch.launch_plan import _accepts
 
     assert _accepts(types.boolean, types.boolean)
     for other in (types.float64, types.int64, types.float32):
@@ -350,7 +350,7 @@ ORACLE = textwrap.dedent(r'''
     except ImportError as exc:
         print("SKIP cuda.core's ParamHolder cannot be imported: %s" % exc)
         sys.exit(0)
-    from numba_streamsafe.numba import launch_plan
+    from numba_streamsafe.numba.launch import launch_plan
 
     INTS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
     DECLARED = [getattr(types, n) for n in INTS] + [

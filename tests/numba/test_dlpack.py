@@ -26,7 +26,7 @@ from numba import cuda
 import numba_streamsafe as nss
 from numba_streamsafe import Access, InvalidArgument, Read, StreamMisuse, Write, tracked_kernel
 from numba_streamsafe.core.errors import InvalidArgumentType
-from numba_streamsafe.numba import dlpack
+from numba_streamsafe.numba.interop import dlpack
 
 N = 64
 
@@ -252,7 +252,7 @@ def test_a_consumer_stream_destroyed_later_does_not_block_the_free(rt, streams, 
     if export == "dlpack":
         _consume(dlpack.export_dlpack(x, stream=c))
     else:
-        from numba_streamsafe.numba.boundaries import export_interface
+        from numba_streamsafe.numba.interop.boundaries import export_interface
 
         export_interface(x, {"stream": c, "version": 3})
     rt.driver.destroy_stream(c)                      # behind the library's back
@@ -736,7 +736,7 @@ def test_import_array_keeps_a_temporary_producer_until_the_copy_is_done(rt, stre
 
 _CAPSULES_AT_EXIT = """
 import numpy as np
-from numba_streamsafe.numba import dlpack
+from numba_streamsafe.numba.interop import dlpack
 class Holder:
     pass
 h = Holder()

@@ -25,7 +25,7 @@ from numba_streamsafe import (
     Write,
     tracked_kernel,
 )
-from numba_streamsafe.numba.kernel import TrackedKernel
+from numba_streamsafe.numba.launch.kernel import TrackedKernel
 
 N = 256
 GRID, BLOCK = 2, 32
@@ -440,7 +440,7 @@ def test_a_configured_launch_holds_its_kernel_config_and_stream(streams):
     when it names none)."""
     from collections import namedtuple
 
-    from numba_streamsafe.numba.launcher import Launcher
+    from numba_streamsafe.numba.launch.launcher import Launcher
 
     a, _ = streams
     two = fill[GRID, BLOCK]

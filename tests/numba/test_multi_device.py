@@ -304,7 +304,7 @@ def _streams_of(device: int):
 def test_tracking_switches_the_device_of_the_current_context(two):
     """``with use_device(1), tracking(False):`` turns device 1 off and leaves
     device 0 tracked, for work on device 0 inside the block too."""
-    from numba_streamsafe.numba.policy import launch_policy
+    from numba_streamsafe.numba.launch.policy import launch_policy
 
     system, (rt0, rt1), _, _ = two
     p0, p1 = launch_policy(rt0), launch_policy(rt1)

@@ -1,6 +1,6 @@
 """The numba-cuda internals the Numba layer relies on are still there.
 
-``numba_streamsafe/numba/launch_plan.py``, ``target.py`` and ``kernel.py`` read
+``numba_streamsafe/numba/launch/launch_plan.py``, ``target.py`` and ``kernel.py`` read
 private numba-cuda attributes and import names from numba-cuda's internal
 modules. pyproject.toml names the supported releases (0.24 to 0.30; 0.30.4
 runs on the GPU machine, and nox's ``numba_cuda`` session runs this test on the
@@ -209,7 +209,8 @@ SCRIPT = textwrap.dedent(r'''
     def device_array_type():
         from numba.cuda import types
         from numba.cuda.cudadrv.devicearray import DeviceNDArray
-        from numba_streamsafe.numba import launch_plan, target
+        from numba_streamsafe.numba.launch import launch_plan
+        from numba_streamsafe.numba import target
         need(DeviceNDArray, "_numba_type_", "numba.cuda.cudadrv.devicearray.DeviceNDArray")
         block = SimpleNamespace(ptr=4096, nbytes=64)
         pointer = target.BlockPointer(None, block, lambda b: None)

@@ -2,7 +2,7 @@
 
 Compilation runs in a child interpreter without Numba's CUDA simulator
 (the simulator has no compiler), using the CUDA compiler libraries from PyPI.
-Each kernel to compile is a :class:`~numba_streamsafe.numba.kernel.TrackedKernel`
+Each kernel to compile is a :class:`~numba_streamsafe.numba.launch.kernel.TrackedKernel`
 carrying a ``ptx_signature`` string.
 """
 
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(r'''
 
     import numba
     from numba import cuda
-    from numba_streamsafe.numba.kernel import TrackedKernel
+    from numba_streamsafe.numba.launch.kernel import TrackedKernel
 
     assert not numba.config.ENABLE_CUDASIM, "the simulator cannot compile PTX"
     results = {}

@@ -21,7 +21,7 @@ from numba import cuda
 import numba_streamsafe as nss
 from numba_streamsafe import ReadWrite, Write, tracked_kernel
 from numba_streamsafe.numba import emm, sim_plugin, transparent  # noqa: F401 - emm: companion
-from numba_streamsafe.resources.rules import MAX_SPANS
+from numba_streamsafe.resources.tracking.rules import MAX_SPANS
 
 K = 4
 C = 16

@@ -220,7 +220,7 @@ def test_an_install_without_a_compiler_says_the_compiled_path_is_missing(repo_ro
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = proc.stdout + proc.stderr
-    assert "compiled engine (numba_streamsafe.resources.marks) could not be built" in said
+    assert "compiled engine (numba_streamsafe.resources.tracking.marks) could not be built" in said
 
 
 def test_a_configuration_checked_once_is_refused_or_accepted_alike_again():

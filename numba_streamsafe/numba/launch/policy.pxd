@@ -1,4 +1,4 @@
-# C declarations of policy.py for its compiled build (see resources/marks.pxd).
+# C declarations of policy.py for its compiled build (see resources/tracking/marks.pxd).
 
 cdef class LaunchPolicy:
     cdef public bint tracking

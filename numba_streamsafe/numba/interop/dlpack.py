@@ -1,6 +1,6 @@
 """DLPack: tracked arrays leave as DLPack capsules, ordered for their
 consumer; the capsules of other libraries are read here for
-:mod:`numba_streamsafe.numba.imports`.
+:mod:`numba_streamsafe.numba.interop.imports`.
 
 Export (``TrackedDeviceNDArray.__dlpack__``, used by ``torch.from_dlpack`` and
 ``cupy.from_dlpack``), the DLPack stream protocol of the array API standard:
@@ -38,7 +38,7 @@ import numpy as np
 
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.exports import order_export
+from numba_streamsafe.numba.interop.exports import order_export
 
 __all__ = ["export_dlpack", "dlpack_device", "make_capsule", "read_capsule", "DLView",
            "KDL_CUDA", "FLAG_READ_ONLY"]

@@ -1,8 +1,8 @@
 """The direct launch: a configured tracked launch (:class:`Launcher`) and the
 launch itself (:func:`launch`): argument resolution through the fields cached
 on each array (:class:`ArgFields`), the overload's :class:`Plan`, the
-parameters packed by :mod:`~numba_streamsafe.numba.packing`, the rules of
-:mod:`~numba_streamsafe.resources.rules` under the resource's lock,
+parameters packed by :mod:`~numba_streamsafe.numba.launch.packing`, the rules of
+:mod:`~numba_streamsafe.resources.tracking.rules` under the resource's lock,
 ``cuLaunchKernel`` with the GIL released, and the commit.
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
@@ -20,10 +20,10 @@ import cython
 
 from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.core.errors import InvalidArgument
-from numba_streamsafe.numba.packing import MAX_PARAM_BYTES, pack_into
-from numba_streamsafe.resources.marks import entry_point
-from numba_streamsafe.resources.rules import Entry, commit_locked, preflight_locked
-from numba_streamsafe.resources.tracelog import TraceLog, current_log, launches_direct
+from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, pack_into
+from numba_streamsafe.resources.tracking.marks import entry_point
+from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
+from numba_streamsafe.resources.tracking.tracelog import TraceLog, current_log, launches_direct
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
            "retried", "available", "COMPILED"]
@@ -88,7 +88,7 @@ class Plan:
     """One compiled overload as :func:`launch` takes it: its argument types
     (Numba's for arrays, the Python type for a Python scalar), its function
     handle, its parameter codes (see
-    :func:`~numba_streamsafe.numba.packing.pack_into`), and Numba's
+    :func:`~numba_streamsafe.numba.launch.packing.pack_into`), and Numba's
     per-device function cache with the function it held, to tell that the
     module is still loaded (a context reset unloads it)."""
 
@@ -172,8 +172,8 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     known, and nothing asks for the Python path (a graph capture, a trace
     with NVTX ranges or device times, queued frees, a switched-off policy,
     another sole runtime). A trace that records is told of the launch
-    (:func:`~numba_streamsafe.resources.tracelog.current_log`). The waits
-    and the commit follow :mod:`~numba_streamsafe.resources.rules` under the
+    (:func:`~numba_streamsafe.resources.tracking.tracelog.current_log`). The waits
+    and the commit follow :mod:`~numba_streamsafe.resources.tracking.rules` under the
     resource's lock, which also checks, on every path, that the blocks are
     live and the stream not destroyed.
 
@@ -403,7 +403,7 @@ def _matches(argtypes: tuple, args: tuple, accesses: tuple, arrays: list) -> cyt
 def _entries(state: LaunchState, arrays: list) -> list | None:
     """The entries of the launch's arrays (``[ArgFields, access, ...]``) with
     their spans, the accesses of one span of a block merged and an empty
-    span left out, as :func:`~numba_streamsafe.resources.rules.resolve`
+    span left out, as :func:`~numba_streamsafe.resources.tracking.rules.resolve`
     gives them (``[entry, access, lo, hi, ...]``); None when an array's block
     is not the live one at its address. Caller holds the resource's lock."""
     live = state.live

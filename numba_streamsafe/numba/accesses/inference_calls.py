@@ -1,7 +1,7 @@
 """What the access inference knows of the calls a kernel makes: the calls
 that only read their array arguments, Numba's atomics, device functions, and
 attribute lookups that see through Numba's CUDA simulator
-(:mod:`numba_streamsafe.numba.inference`)."""
+(:mod:`numba_streamsafe.numba.accesses.inference`)."""
 
 from __future__ import annotations
 

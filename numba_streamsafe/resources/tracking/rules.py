@@ -19,7 +19,7 @@ from typing import Any
 
 import cython
 
-from numba_streamsafe.resources.marks import Mark, MarkBook
+from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
 
 __all__ = ["Entry", "Span", "MAX_SPANS", "resolve", "needed_locked", "preflight_locked",
            "commit_locked", "COMPILED"]

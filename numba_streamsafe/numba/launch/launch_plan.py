@@ -30,7 +30,8 @@ import numpy as np
 from numba.cuda import types as _numba_types
 
 from numba_streamsafe._driver.limits import normalize_dims
-from numba_streamsafe.numba import launcher, packing, target
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.launch import launcher, packing
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
 
@@ -83,7 +84,7 @@ def param_slots(argtypes: tuple[Any, ...]) -> tuple[list[str], list[int]] | None
 
 
 def compiled_codes(argtypes: tuple[Any, ...]) -> bytes:
-    """The parameter codes :func:`numba_streamsafe.numba.packing.pack_into`
+    """The parameter codes :func:`numba_streamsafe.numba.launch.packing.pack_into`
     packs by, for an overload whose parameters are ``argtypes`` (covered by
     :func:`param_slots`): one per argument, ``A`` for an array (its launch
     fields fill its parameters), ``C`` / ``Z`` for complex64 / complex128,
@@ -108,7 +109,7 @@ def array_fields(arg: Any) -> bytes:
 
 
 def cached_fields(arg: Any, argtype: Any) -> launcher.ArgFields | None:
-    """The :class:`~numba_streamsafe.numba.launcher.ArgFields` of a device array
+    """The :class:`~numba_streamsafe.numba.launch.launcher.ArgFields` of a device array
     over a tracked block (a whole array or a view of one), cached on the
     array (a device array's pointer, shape and strides never change); None
     for an array over no tracked block."""
@@ -179,7 +180,7 @@ class LaunchPlan:
 
     def pack(self, args: tuple[Any, ...]) -> int | None:
         """Write ``args`` into this thread's parameter buffer
-        (:func:`numba_streamsafe.numba.packing.pack_into`).
+        (:func:`numba_streamsafe.numba.launch.packing.pack_into`).
 
         Returns
         -------

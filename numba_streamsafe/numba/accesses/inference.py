@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from numba_streamsafe.core.access import Access
-from numba_streamsafe.numba.inference_calls import (
+from numba_streamsafe.numba.accesses.inference_calls import (
     METADATA_CALLS,
     MISSING,
     atomics,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.protocol import commit, preflight, single
 from numba_streamsafe.runtime import get_runtime
 

@@ -21,14 +21,16 @@ from numba_streamsafe.core.errors import (
 )
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.numba import access_check, arrays, launch_plan, launcher, target
-from numba_streamsafe.numba.configured import (
+from numba_streamsafe.numba import arrays, target
+from numba_streamsafe.numba.accesses import access_check
+from numba_streamsafe.numba.launch import launch_plan, launcher
+from numba_streamsafe.numba.launch.configured import (
     ForAll,
     launch_state_for,
     slow_launch,
     warn_low_occupancy,
 )
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import numba_call, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
 from numba_streamsafe.runtime import sole_runtime
@@ -52,7 +54,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     2. queues on the launch stream the waits its declared accesses need
        (preflight),
     3. launches: directly (one ``cuLaunchKernel`` of the compiled overload,
-       see :mod:`numba_streamsafe.numba.launch_plan`) when the arguments are device
+       see :mod:`numba_streamsafe.numba.launch.launch_plan`) when the arguments are device
        arrays and scalars of an overload compiled before, otherwise through
        Numba, with allocations Numba makes for the launch (auto-transferred
        host inputs) ordered on the launch stream,
@@ -68,11 +70,11 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         scalar, None) is refused with
         :class:`~numba_streamsafe.core.errors.InvalidArgumentType` before anything
         is queued. ``"infer"``: every parameter without an annotation takes
-        the access the kernel's IR shows (:mod:`numba_streamsafe.numba.inference`),
+        the access the kernel's IR shows (:mod:`numba_streamsafe.numba.accesses.inference`),
         decided at the first launch for the arguments that are arrays.
     check_access : bool, optional
         Check the declared accesses against the kernel's IR at its first
-        launch (:mod:`numba_streamsafe.numba.access_check`): a parameter
+        launch (:mod:`numba_streamsafe.numba.accesses.access_check`): a parameter
         declared Read that the kernel writes raises
         :class:`~numba_streamsafe.core.errors.AccessMismatch`. Default: the
         ``NUMBA_STREAMSAFE_CHECK_ACCESS`` setting (on).
@@ -447,7 +449,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     def _remember(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...], handle: int,
                   owner: Any) -> None:
         """After a direct launch on the Python path: let the compiled launch
-        path (:func:`numba_streamsafe.numba.launcher.launch`) take the next
+        path (:func:`numba_streamsafe.numba.launch.launcher.launch`) take the next
         launches like it. It needs this kernel's state on ``rt``
         (:func:`~.configured.launch_state_for`), the plan under its argument types, each
         array's launch fields cached on the array and the stream's handle

@@ -1,10 +1,10 @@
-# C declarations of launcher.py for its compiled build (see resources/marks.pxd).
-from numba_streamsafe.numba.packing cimport pack_into
-from numba_streamsafe.numba.policy cimport LaunchPolicy
-from numba_streamsafe.resources.lock cimport Lock
-from numba_streamsafe.resources.marks cimport MarkBook
-from numba_streamsafe.resources.rules cimport Entry, commit_locked, preflight_locked
-from numba_streamsafe.resources.tracelog cimport TraceLog, current_log, launches_direct
+# C declarations of launcher.py for its compiled build (see resources/tracking/marks.pxd).
+from numba_streamsafe.numba.launch.packing cimport pack_into
+from numba_streamsafe.numba.launch.policy cimport LaunchPolicy
+from numba_streamsafe.resources.tracking.lock cimport Lock
+from numba_streamsafe.resources.tracking.marks cimport MarkBook
+from numba_streamsafe.resources.tracking.rules cimport Entry, commit_locked, preflight_locked
+from numba_streamsafe.resources.tracking.tracelog cimport TraceLog, current_log, launches_direct
 
 ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
                           unsigned int, unsigned int, unsigned int, void *, void **,

@@ -1,8 +1,8 @@
 # C declarations of marks.py for its compiled build (Cython's pure-Python mode
 # reads them beside the module; other engine modules cimport them).
 
-from numba_streamsafe.resources.lock cimport Lock
-from numba_streamsafe.resources.tracelog cimport TraceLog, current_log
+from numba_streamsafe.resources.tracking.lock cimport Lock
+from numba_streamsafe.resources.tracking.tracelog cimport TraceLog, current_log
 
 ctypedef int (*record_fn)(void *, void *) noexcept nogil
 ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil

@@ -2,7 +2,7 @@
 
 At a tracked kernel's first launch (before anything is queued),
 :func:`prepare` compares each declared access with what the kernel does
-(:mod:`numba_streamsafe.numba.inference`):
+(:mod:`numba_streamsafe.numba.accesses.inference`):
 
 * a parameter declared ``Read`` that the kernel writes raises
   :class:`~numba_streamsafe.core.errors.AccessMismatch` (kernel, parameter,
@@ -27,7 +27,7 @@ from typing import Any
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import AccessMismatch, AccessWarning, InvalidArgument
-from numba_streamsafe.numba.inference import ParamUse, infer_params
+from numba_streamsafe.numba.accesses.inference import ParamUse, infer_params
 
 __all__ = ["prepare", "inferred", "is_array", "user_stacklevel"]
 

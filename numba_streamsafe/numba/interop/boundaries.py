@@ -12,7 +12,7 @@ from numba_streamsafe.core.access import Access, as_access
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import device_block, is_tracking
-from numba_streamsafe.numba.exports import order_export
+from numba_streamsafe.numba.interop.exports import order_export
 from numba_streamsafe.protocol import commit, preflight, single
 from numba_streamsafe.runtime import get_runtime
 

@@ -1,7 +1,7 @@
 # C declarations of block_table.py for its compiled build (see marks.pxd).
 
-from numba_streamsafe.resources.marks cimport Mark
-from numba_streamsafe.resources.rules cimport Entry
+from numba_streamsafe.resources.tracking.marks cimport Mark
+from numba_streamsafe.resources.tracking.rules cimport Entry
 
 
 cdef class BlockTable:

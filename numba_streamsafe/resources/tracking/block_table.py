@@ -1,5 +1,5 @@
 """The table of live blocks and the dependency state of each (its
-:class:`~numba_streamsafe.resources.rules.Entry`: by byte range, the marks
+:class:`~numba_streamsafe.resources.tracking.rules.Entry`: by byte range, the marks
 of its last writes and of its newest reads since).
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
@@ -15,8 +15,8 @@ from typing import Any
 import cython
 
 from numba_streamsafe.core.errors import InvalidArgument, StaleContext, UseAfterFree
-from numba_streamsafe.resources.marks import Mark, retired_stream_id
-from numba_streamsafe.resources.rules import Entry
+from numba_streamsafe.resources.tracking.marks import Mark, retired_stream_id
+from numba_streamsafe.resources.tracking.rules import Entry
 
 __all__ = ["BlockTable", "COMPILED"]
 

@@ -34,7 +34,7 @@ class LaunchPolicy:
         A runtime whose stack cannot track (``DirectResource``) starts with it off.
     direct_launch : bool
         When True, tracked kernels launch covered overloads with one
-        ``cuLaunchKernel`` (:mod:`numba_streamsafe.numba.launch_plan`) instead of
+        ``cuLaunchKernel`` (:mod:`numba_streamsafe.numba.launch.launch_plan`) instead of
         Numba's launch path. Needs a driver that launches
         (``Driver.supports_direct_launch``); ``NUMBA_STREAMSAFE_DIRECT_LAUNCH=0``
         turns it off.

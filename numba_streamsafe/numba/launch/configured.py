@@ -10,11 +10,13 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from numba_streamsafe.numba import access_check, launch_plan, launcher, target
-from numba_streamsafe.numba.policy import launch_policy
+from numba_streamsafe.numba import target
+from numba_streamsafe.numba.accesses import access_check
+from numba_streamsafe.numba.launch import launch_plan, launcher
+from numba_streamsafe.numba.launch.policy import launch_policy
 
 if TYPE_CHECKING:
-    from numba_streamsafe.numba.kernel import TrackedKernel
+    from numba_streamsafe.numba.launch.kernel import TrackedKernel
 
 __all__ = ["ForAll", "launch_state_for", "slow_launch", "warn_low_occupancy"]
 

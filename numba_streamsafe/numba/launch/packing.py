@@ -117,7 +117,7 @@ def pack_into(codes: bytes, args: tuple, fields: list, buffer: Any, address: cyt
     8-byte slot per kernel parameter, as Numba passes them.
 
     ``codes`` has one code per argument: ``A`` an array (``fields[i]``, its
-    launch fields as :func:`numba_streamsafe.numba.launch_plan.array_fields`
+    launch fields as :func:`numba_streamsafe.numba.launch.launch_plan.array_fields`
     packs them, fills its slots), ``C`` / ``Z`` a complex64 / complex128
     (two slots), else the scalar's ``struct`` code. Returns the slots
     written, or -1 when a value does not fit its parameter or the parameters

@@ -1,0 +1,4 @@
+"""Tracked kernels and their launches: the kernel classes, configured launches, the
+direct launch (compiled), its parameter packing and plans, and the launch switches of a
+runtime.
+"""
