@@ -1,4 +1,4 @@
-"""Precision of the access inference over the test corpus (tests/numba/inference_corpus.py).
+"""Precision of the access inference over the test corpus (tests/helpers/inference_corpus.py).
 
 Prints one line per parameter the inference does not get exactly, then the
 counts: exact, over-approximated (safe: costs waits) and under-approximated
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests" / "numba")]
+sys.path[:0] = [str(HERE.parent)]
 if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     try:
         import ctypes
@@ -21,7 +21,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ:
     except OSError:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
-from inference_corpus import CORPUS, score  # noqa: E402
+from tests.helpers.inference_corpus import CORPUS, score  # noqa: E402
 
 
 def main() -> int:

@@ -7,7 +7,6 @@ launch, out of memory).
 from __future__ import annotations
 
 import pytest
-from programs import launch, snapshot
 
 from numba_streamsafe import (
     Access,
@@ -20,6 +19,7 @@ from numba_streamsafe import (
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.diagnostics.recorder import LaunchRecorder
+from tests.helpers.programs import launch, snapshot
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

@@ -13,7 +13,6 @@ import logging
 import warnings
 
 import pytest
-from programs import accounting, launch, snapshot
 
 from numba_streamsafe import (
     Access,
@@ -33,6 +32,7 @@ from numba_streamsafe import (
 )
 from numba_streamsafe.core.blocks import BlockState, next_generation
 from numba_streamsafe.diagnostics.recorder import LaunchRecorder
+from tests.helpers.programs import accounting, launch, snapshot
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

@@ -12,11 +12,11 @@ import weakref
 from pathlib import Path
 
 import pytest
-from programs import launch, snapshot
 
 from numba_streamsafe import Access, StaleContext, StreamMisuse, UseAfterFree
 from numba_streamsafe.core.blocks import BlockState
 from numba_streamsafe.diagnostics.recorder import LaunchRecorder
+from tests.helpers.programs import launch, snapshot
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 REPO = Path(__file__).resolve().parents[2]

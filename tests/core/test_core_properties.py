@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import random
 
-import programs as P
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.helpers import programs as P
 
 #: Programs the Hypothesis property runs: a quick run by default, and the full
 #: run (marked slow, run by CI) at NSS_PROPERTY_EXAMPLES, 5000 unless set.

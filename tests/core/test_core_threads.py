@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
-from programs import SIZES, launch
 
 import numba_streamsafe.runtime as runtime_module
 from numba_streamsafe import Access, AsyncResource, DeviceRuntime
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.runtime import clear_runtimes, get_runtime
+from tests.helpers.programs import SIZES, launch
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-import engine_env
-import engine_runs
-import programs as P
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numba_streamsafe.compiled import ENGINE
+from tests.helpers import engine_env, engine_runs
+from tests.helpers import programs as P
 
 
 class _Child:

@@ -31,11 +31,11 @@ import gc
 import weakref
 
 import pytest
-from programs import accounting, launch, snapshot
 
 from numba_streamsafe import Access, AsyncResource, DeviceRuntime, DriverError, StreamMisuse
 from numba_streamsafe.core.blocks import BlockState
 from numba_streamsafe.diagnostics.recorder import LaunchRecorder
+from tests.helpers.programs import accounting, launch, snapshot
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 CODE = 999  # not a code the library reacts to

@@ -16,7 +16,6 @@ import collections
 import random
 
 import pytest
-from programs import launch, snapshot
 
 from numba_streamsafe import (
     Access,
@@ -41,6 +40,7 @@ from numba_streamsafe.runtime import (
     set_runtime,
     sole_runtime,
 )
+from tests.helpers.programs import launch, snapshot
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 

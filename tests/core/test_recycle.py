@@ -9,7 +9,6 @@ that it steps aside whenever the block needs more than that.
 
 from __future__ import annotations
 
-import programs as P
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,6 +19,7 @@ from numba_streamsafe.core.blocks import BlockState
 from numba_streamsafe.core.errors import UseAfterFree
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
+from tests.helpers import programs as P
 
 
 class _Owner:

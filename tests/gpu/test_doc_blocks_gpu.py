@@ -1,6 +1,6 @@
 """The code blocks of the docs that need a library the simulator runs lack (CuPy,
 PyTorch, cuda.core, Dask and dask-cuda's ``LocalCUDACluster``) run on a GPU,
-each in a process of its own after ``tests/numba/doc_prelude.py``, with the
+each in a process of its own after ``tests/helpers/doc_prelude.py``, with the
 plugin selected. A block whose library is not installed is skipped with the
 reason."""
 

@@ -7,7 +7,6 @@ import warnings
 
 import numpy as np
 import pytest
-from inference_corpus import CORPUS, score
 from numba import cuda
 
 import numba_streamsafe as nss
@@ -22,6 +21,7 @@ from numba_streamsafe import (
 )
 from numba_streamsafe.core.settings import reload_settings
 from numba_streamsafe.numba.accesses.inference import infer_access
+from tests.helpers.inference_corpus import CORPUS, score
 
 N = 64
 GRID, BLOCK = 2, 32

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRELUDE = Path(__file__).with_name("doc_prelude.py")
+PRELUDE = Path(__file__).parents[1] / "helpers" / "doc_prelude.py"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NEEDS = {"cupy": "cupy", "torch": "torch", "dask_cuda": "dask_cuda",
          "cuda.core": "a GPU (cuda.core)", "CUDA_VISIBLE_DEVICES": "a cluster of GPUs",

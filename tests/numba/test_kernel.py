@@ -93,8 +93,7 @@ def test_annotations_are_access_objects():
 
 
 def test_string_annotations_under_future_import():
-    import future_annotated as fa
-
+    from tests.helpers import future_annotated as fa
     assert fa.by_name.accesses == {"src": Access.READ, "dst": Access.WRITE,
                                    "acc": Access.READ_WRITE, "n": None}
     assert fa.by_attribute.accesses == {"src": Access.READ, "dst": Access.WRITE, "k": None}
@@ -106,8 +105,7 @@ def test_string_annotations_under_future_import():
 
 
 def test_string_annotated_kernel_launches(rt, streams):
-    import future_annotated as fa
-
+    from tests.helpers import future_annotated as fa
     a, b = streams
     src = nss.to_device(np.arange(N, dtype=np.int64), stream=a)
     dst = nss.device_array(N, np.int64, stream=b)

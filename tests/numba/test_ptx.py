@@ -123,7 +123,8 @@ def test_string_annotated_kernels_compile(child_env, repo_root):
         "unresolvable": "void(int32[:], int32[:], int32)",
         "quoted": "void(int64[:], int64[:], int64[:], int64[:], int64)",
     }
-    results = compile_kernels(child_env, repo_root, str(HERE / "future_annotated.py"), signatures)
+    results = compile_kernels(child_env, repo_root,
+                              str(HERE.parent / "helpers" / "future_annotated.py"), signatures)
     assert_compiled(results, signatures)
 
 

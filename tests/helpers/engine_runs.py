@@ -10,13 +10,12 @@ import sys
 import threading
 from typing import Any
 
-import programs as P
-
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.compiled import ENGINE, engine_builds
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
+from tests.helpers import programs as P
 
 R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
