@@ -361,16 +361,8 @@ def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, l
     marked inserted, or ordered by its stream), and the use recorded as the
     newest of those bytes."""
     key = (block.device, block.ptr, block.generation)
-    conflicts: dict[tuple[int, int], tuple[_Earlier, bool]] = {}
-    for wlo, whi, _, earlier in writers.get(key, ()):
-        if wlo < hi and lo < whi:
-            conflicts.setdefault((earlier[0], earlier[3]), (earlier, True))
-    if access & _WRITE:
-        for rlo, rhi, s, earlier in readers.get(key, ()):
-            if s != stream and rlo < hi and lo < rhi:
-                conflicts.setdefault((earlier[0], earlier[3]), (earlier, False))
     waits = []
-    for earlier, was_write in conflicts.values():
+    for earlier, was_write in _conflicts(key, access, lo, hi, stream, writers, readers):
         on = earlier[3]
         same = on == stream
         inserted = not same and queued[on] > 0
@@ -379,17 +371,45 @@ def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, l
         waits.append(Wait(op_id, label, name, access.name, block.device, stream, on,
                           earlier[0], earlier[1], earlier[2], hazard_kind(access, was_write),
                           inserted, same, t0))
-    now = (op_id, label, name, stream)
-    if access & _WRITE:
-        # Uses wholly under this write are ordered before it: it replaces them.
-        writers[key] = [u for u in writers.get(key, ()) if not lo <= u[0] <= u[1] <= hi]
-        writers[key].append((lo, hi, stream, now))
-        readers[key] = [u for u in readers.get(key, ()) if not lo <= u[0] <= u[1] <= hi]
-    else:
-        readers[key] = [u for u in readers.get(key, ())
-                        if u[2] != stream or not lo <= u[0] <= u[1] <= hi]
-        readers[key].append((lo, hi, stream, now))
+    _note_use(key, access, lo, hi, stream, (op_id, label, name, stream), writers, readers)
     return waits
+
+
+def _overlaps(lo: int, hi: int, ulo: int, uhi: int) -> bool:
+    return ulo < hi and lo < uhi
+
+
+def _conflicts(key: tuple[int, int, int], access: Access, lo: int, hi: int, stream: int,
+               writers: _Uses, readers: _Uses) -> list[tuple[_Earlier, bool]]:
+    """The earlier uses of the same bytes that ``access`` conflicts with, one
+    per (op, stream), each with whether it wrote: every overlapping write, and
+    for a write also the overlapping reads of other streams."""
+    conflicts: dict[tuple[int, int], tuple[_Earlier, bool]] = {}
+    for wlo, whi, _, earlier in writers.get(key, ()):
+        if _overlaps(lo, hi, wlo, whi):
+            conflicts.setdefault((earlier[0], earlier[3]), (earlier, True))
+    if access & _WRITE:
+        for rlo, rhi, s, earlier in readers.get(key, ()):
+            if s != stream and _overlaps(lo, hi, rlo, rhi):
+                conflicts.setdefault((earlier[0], earlier[3]), (earlier, False))
+    return list(conflicts.values())
+
+
+def _note_use(key: tuple[int, int, int], access: Access, lo: int, hi: int, stream: int,
+              now: _Earlier, writers: _Uses, readers: _Uses) -> None:
+    """Record a use as the newest of its bytes: a write replaces the uses wholly
+    under it (they are ordered before it); a read replaces its stream's reads
+    wholly under it."""
+    def under(u: tuple[Any, ...]) -> bool:
+        return lo <= u[0] <= u[1] <= hi
+
+    if access & _WRITE:
+        writers[key] = [u for u in writers.get(key, ()) if not under(u)]
+        writers[key].append((lo, hi, stream, now))
+        readers[key] = [u for u in readers.get(key, ()) if not under(u)]
+    else:
+        readers[key] = [u for u in readers.get(key, ()) if u[2] != stream or not under(u)]
+        readers[key].append((lo, hi, stream, now))
 
 
 def _run(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool, owner: object,

@@ -188,3 +188,19 @@ def test_no_folder_holds_more_than_twelve_modules():
     assert len(counts) > 5 and max(counts.values()) > 1  # the walk saw the package
     over = {k: v for k, v in counts.items() if v > MAX_MODULES}
     assert not over, f"folders of more than {MAX_MODULES} modules: {over}"
+
+
+#: The highest cyclomatic complexity (radon's count) of a function of the package.
+MAX_COMPLEXITY = 15
+
+
+def test_no_function_is_more_complex_than_fifteen():
+    cc = pytest.importorskip("radon.complexity", reason="radon (the dev extra) counts it")
+    scores = {}
+    for path in PACKAGE.rglob("*.py"):
+        for block in cc.cc_visit(path.read_text()):
+            scores[f"{path.relative_to(PACKAGE.parent)}:{block.lineno} {block.name}"] = \
+                block.complexity
+    assert len(scores) > 500  # the walk saw the package's functions
+    over = {k: v for k, v in scores.items() if v > MAX_COMPLEXITY}
+    assert not over, f"functions over complexity {MAX_COMPLEXITY}: {over}"
