@@ -40,8 +40,12 @@ Faults can be injected per call name with :meth:`SimDriver.inject_failure`.
 from __future__ import annotations
 
 import collections
+import dataclasses
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
+
+import numpy as np
 
 from numba_streamsafe._driver.base import (
     CUDA_ERROR_INVALID_HANDLE,
@@ -56,7 +60,7 @@ from numba_streamsafe._driver.sim_capture import (  # noqa: F401 - the capture e
     Captures,
 )
 from numba_streamsafe._driver.sim_checker import HappensBefore
-from numba_streamsafe._driver.sim_memory import SimMemory
+from numba_streamsafe._driver.sim_memory import SimPool
 from numba_streamsafe._driver.sim_model import (
     HOST,
     INVALID_DEVICE,
@@ -67,18 +71,24 @@ from numba_streamsafe._driver.sim_model import (
     Op,
     SimStream,
     SimSystem,
+    check_fill_args,
     join_clocks,
+    tell_watchers,
+    watchers,
 )
+from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
 from numba_streamsafe.diagnostics import tracehook
 
 __all__ = ["SimDriver", "SimSystem", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
 
 
-class SimDriver(SimMemory, HappensBefore):
-    """Simulated driver for one device: streams, events, graphs and faults
-    here; memory in :class:`~.sim_memory.SimMemory`, the hazard checker in
-    :class:`~.sim_checker.HappensBefore` (parts over the same state).
+class SimDriver:
+    """Simulated driver for one device: streams, events, graphs and faults,
+    and the memory calls, each ordered by the driver's clocks. It holds the
+    device's memory (``memory``, a :class:`~.sim_memory.SimPool`), the
+    hazard checker (``checker``, a :class:`~.sim_checker.HappensBefore`)
+    and the captures under way (``captures``).
 
     Parameters
     ----------
@@ -111,8 +121,6 @@ class SimDriver(SimMemory, HappensBefore):
         tracehook.name_arguments_for_good()
         self.system = system
         self.device = device
-        self.capacity = capacity
-        self.backing = backing
         self.recycle_streams = recycle_streams
         self._lock = system.lock
         self._serials = system.serials
@@ -133,18 +141,11 @@ class SimDriver(SimMemory, HappensBefore):
         self.streams_destroyed = 0
         self._host_clock = system.host_clock
         self._events = system.events
-        self._bases: list[int] = []
-        self._chunks: dict[int, Chunk] = {}
-        self._pool: list[Chunk] = []
-        #: Attributes set with :meth:`set_pool_attribute`.
-        self.pool_attributes: dict[str, int] = {}
-        self._reserved = 0
-        #: High-water marks of reserved and used (handed out) pool bytes.
-        self._reserved_high = 0
-        self._used = 0
-        self._used_high = 0
+        #: The device's memory: its chunks, pool and figures.
+        self.memory = SimPool(system, capacity, backing)
+        #: The happens-before checker (its hazards are the system's).
+        self.checker = HappensBefore(system.hazards, self._ordered)
         self._faults: dict[str, collections.deque[int]] = {}
-        self.hazards = system.hazards
         self.calls: collections.Counter[str] = collections.Counter()
         self.events_created = 0
         self.events_destroyed = 0
@@ -166,6 +167,310 @@ class SimDriver(SimMemory, HappensBefore):
             code = queue.popleft()
             if code:
                 raise DriverError(call, code, "injected failure")
+
+    # ------------------------------------------------------------------ memory
+    @property
+    def capacity(self) -> int:
+        """Bytes the simulated device holds."""
+        return self.memory.capacity
+
+    @property
+    def backing(self) -> bool:
+        """Whether every chunk is backed by host memory at its device address."""
+        return self.memory.backing
+
+    @property
+    def pool_attributes(self) -> dict[str, int]:
+        """Attributes set with :meth:`set_pool_attribute`."""
+        return self.memory.attributes
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes held by live and pooled chunks."""
+        return self.memory.reserved
+
+    def alloc_async(self, nbytes: int, stream: int) -> int:
+        with self._lock:
+            self._enter("cuMemAllocAsync")
+            if nbytes <= 0:
+                raise DriverError("cuMemAllocAsync", CUDA_ERROR_INVALID_VALUE,
+                                  "size must be positive")
+            op = self._enqueue(stream, "cuMemAllocAsync", "cuMemAllocAsync")
+            chunk = self.memory.take(nbytes, op, self._ordered, self._host_clock,
+                                     "cuMemAllocAsync")
+            self.checker.check(chunk, chunk.base, nbytes, Access.WRITE, op)
+            return chunk.base
+
+    def alloc(self, nbytes: int) -> int:
+        with self._lock:
+            self._enter("cuMemAlloc")
+            if nbytes <= 0:
+                raise DriverError("cuMemAlloc", CUDA_ERROR_INVALID_VALUE, "size must be positive")
+            chunk = self.memory.new_chunk(nbytes, self._host_clock, "cuMemAlloc")
+            self.checker.check(chunk, chunk.base, nbytes, Access.WRITE,
+                               self._host_op("cuMemAlloc"))
+            return chunk.base
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        with self._lock:
+            self._enter("cuMemFreeAsync")
+            chunk = self.memory.live_chunk(ptr, "cuMemFreeAsync")
+            op = self._enqueue(stream, "cuMemFreeAsync", "cuMemFreeAsync")
+            self.checker.check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
+            self.memory.pool(chunk, op)
+
+    def free(self, ptr: int) -> None:
+        with self._lock:
+            self._enter("cuMemFree")
+            chunk = self.memory.live_chunk(ptr, "cuMemFree")
+            # cuMemFree synchronises the device before releasing the memory.
+            self._join_device()
+            op = self._host_op("cuMemFree")
+            self.checker.check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
+            self.memory.release(chunk, op)
+
+    def register_foreign(self, ptr: int, nbytes: int, stream: int) -> None:
+        """Check accesses to ``nbytes`` at ``ptr``, memory another library allocated
+        and hands over on ``stream`` (a borrowed block), from now on.
+
+        A range inside a live allocation the model knows (of any device of the
+        system) needs nothing: its accesses are checked already. Other memory
+        becomes an external chunk, ready after the work queued on ``stream``
+        so far (its last write is a hand-over on ``stream``) and, when the
+        driver keeps bytes (``backing=True``), backed by the host memory at
+        ``ptr`` itself: under Numba's CUDA simulator device memory is host
+        memory, so ``ptr`` must be the address of ``nbytes`` live host bytes.
+
+        Raises
+        ------
+        DriverError
+            ``nbytes`` is not positive, or the range runs into freed memory or
+            past the end of an allocation (``CUDA_ERROR_INVALID_VALUE``);
+            ``stream`` does not exist.
+        """
+        with self._lock:
+            self._enter("register_foreign")
+            if not isinstance(nbytes, int) or nbytes <= 0:
+                raise DriverError("register_foreign", CUDA_ERROR_INVALID_VALUE,
+                                  f"size {nbytes!r} is not a positive int")
+            self._stream(stream, "register_foreign")
+            chunk = self._owner_of(ptr)[1]
+            if chunk is not None:
+                if chunk.live and ptr + nbytes <= chunk.base + chunk.nbytes:
+                    return
+                what = "freed memory" if not chunk.live else "past the end of an allocation"
+                raise DriverError("register_foreign", CUDA_ERROR_INVALID_VALUE,
+                                  f"{ptr:#x}+{nbytes} runs into {what} at {chunk.base:#x}")
+            chunk = self.memory.add_external(ptr, nbytes)
+            self.checker.check(chunk, ptr, nbytes, Access.WRITE,
+                               self._enqueue(stream, "foreign memory handed over",
+                                             "register_foreign"))
+
+    def release_foreign(self, ptr: int, stream: int) -> None:
+        """The borrowed memory at ``ptr`` is released on ``stream``: for an external
+        chunk (:meth:`register_foreign`), checked as a free there (every use
+        must be ordered before it), then forgotten. A range of an allocation
+        the model knows stays as it is (its owner frees it)."""
+        with self._lock:
+            self._enter("release_foreign")
+            chunk = self.memory.external(ptr)
+            if chunk is None:
+                return
+            op = self._enqueue(stream, "release of borrowed memory", "release_foreign")
+            self.checker.check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
+            self.memory.release(chunk, op)
+
+    def pool_trim(self, keep_bytes: int = 0) -> None:
+        with self._lock:
+            self._enter("cuMemPoolTrimTo")
+            self.memory.trim_completed(keep_bytes, self._host_clock)
+
+    def set_pool_attribute(self, name: str, value: int) -> None:
+        """Record a pool attribute (the model keeps freed memory pooled until a
+        trim or an out-of-memory, whatever the release threshold)."""
+        with self._lock:
+            self._enter("cuMemPoolSetAttribute")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DriverError("cuMemPoolSetAttribute", CUDA_ERROR_INVALID_VALUE,
+                                  f"pool attribute {name} cannot be {value!r}")
+            self.memory.set_attribute(name, value)
+
+    def get_pool_attribute(self, name: str) -> int:
+        """The pool's reserved and used bytes and their high-water marks (the
+        other attributes as last set, 0 if never)."""
+        with self._lock:
+            self._enter("cuMemPoolGetAttribute")
+            return self.memory.attribute(name)
+
+    def mem_info(self) -> tuple[int, int]:
+        with self._lock:
+            self._enter("cuMemGetInfo")
+            return self.memory.capacity - self.memory.reserved, self.memory.capacity
+
+    def buffer(self, ptr: int, nbytes: int) -> np.ndarray:
+        """A NumPy ``uint8`` view of ``nbytes`` simulated device bytes at ``ptr``."""
+        with self._lock:
+            return self.memory.buffer(ptr, nbytes)
+
+    def memset_async(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue the fill of ``nbytes`` bytes at ``ptr`` with the byte ``value`` on ``stream``.
+
+        The model of ``cuMemsetD8Async``: checked as a write of the range by
+        ``stream``, like a kernel (:meth:`trace_access`), so an unordered fill is
+        a hazard. The backing bytes are filled at once; a range without backing
+        (``backing=False``, or past the end of its chunk) is checked only.
+
+        Raises
+        ------
+        DriverError
+            ``value`` is not a byte or ``nbytes`` is negative
+            (``CUDA_ERROR_INVALID_VALUE``); ``stream`` does not exist.
+        """
+        with self._lock:
+            self._enter("cuMemsetD8Async")
+            check_fill_args("cuMemsetD8Async", value, nbytes)
+            op = self._enqueue(stream, "cuMemsetD8Async", "cuMemsetD8Async")
+            if nbytes:
+                self._trace(((ptr, nbytes, Access.WRITE),), op)
+                view = self._backed_view(ptr, nbytes)
+                if view is not None:
+                    view[:] = value
+
+    def copy_to_host(self, ptr: int, nbytes: int, stream: int) -> bytes:
+        """Copy ``nbytes`` bytes at ``ptr`` to the host on ``stream``, then synchronise it.
+
+        The model of ``cuMemcpyDtoHAsync`` followed by ``cuStreamSynchronize``:
+        checked as a read of the range by ``stream``, like a kernel
+        (:meth:`trace_access`); afterwards the host is ordered after everything
+        queued on ``stream``.
+
+        Raises
+        ------
+        DriverError
+            ``nbytes`` is negative, or the range is not memory of this driver
+            (``CUDA_ERROR_INVALID_VALUE``); ``stream`` does not exist.
+        StreamMisuse
+            This driver keeps no bytes (``backing=False``): build it with
+            ``SimDriver(backing=True)`` to read device memory back.
+        """
+        with self._lock:
+            self._enter("cuMemcpyDtoHAsync")
+            check_fill_args("cuMemcpyDtoHAsync", 0, nbytes)
+            self._stream(stream, "cuMemcpyDtoHAsync")
+            data = b""
+            if nbytes:
+                if not self.memory.backing:
+                    raise StreamMisuse(
+                        f"cannot copy {nbytes} B at {ptr:#x} to the host: this SimDriver was "
+                        "built with backing=False and keeps no bytes; use SimDriver(backing=True)"
+                    )
+                chunk = self.memory.chunk_at(ptr)
+                if chunk is None or ptr + nbytes > chunk.base + chunk.capacity:
+                    raise DriverError("cuMemcpyDtoHAsync", CUDA_ERROR_INVALID_VALUE,
+                                      f"{ptr:#x}+{nbytes} is not memory of this device")
+                op = self._enqueue(stream, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync")
+                self._trace(((ptr, nbytes, Access.READ),), op)
+                view = self._backed_view(ptr, nbytes)
+                data = view.tobytes() if view is not None else b""
+            self.stream_synchronize(stream)
+            return data
+
+    def copy_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue the copy of ``nbytes`` bytes from ``src`` to ``dst`` on ``stream``
+        (``cuMemcpyAsync``): either may be memory of another device of the system,
+        which needs no peer access. Checked as a read of ``src`` and a write of
+        ``dst``; the backing bytes move at once.
+
+        Raises
+        ------
+        DriverError
+            ``nbytes`` is negative; ``stream`` does not exist.
+        """
+        with self._lock:
+            self._enter("cuMemcpyAsync")
+            check_fill_args("cuMemcpyAsync", 0, nbytes)
+            op = self._enqueue(stream, "cuMemcpyAsync", "cuMemcpyAsync")
+            if nbytes:
+                self._trace(((src, nbytes, Access.READ), (dst, nbytes, Access.WRITE)), op)
+                source = self._backed_view(src, nbytes)
+                target = self._backed_view(dst, nbytes)
+                if source is not None and target is not None:
+                    n = min(len(source), len(target))
+                    target[:n] = source[:n]
+
+    def _owner_of(self, address: int) -> tuple[int, Chunk | None]:
+        """The device whose memory holds ``address`` (this one first) and its chunk."""
+        chunk = self.memory.chunk_at(address)
+        if chunk is not None:
+            return self.device, chunk
+        for device, driver in self.system.drivers.items():
+            if driver is not self:
+                chunk = driver.memory.chunk_at(address)
+                if chunk is not None:
+                    return device, chunk
+        return self.device, None
+
+    def _backed_view(self, ptr: int, nbytes: int) -> np.ndarray | None:
+        """The backing bytes of ``ptr``..``ptr+nbytes`` up to the end of its chunk, or None."""
+        return SimPool.backed(self._owner_of(ptr)[1], ptr, nbytes)
+
+    # ---------------------------------------------------------------- checking
+    @property
+    def hazards(self) -> list[Hazard]:
+        """Every hazard seen on the system's devices (the system's list)."""
+        return self.checker.hazards
+
+    def trace_access(self, stream: int, accesses: Iterable[tuple[Any, ...]],
+                     label: str, *, copy: bool = False, site: str | None = None) -> None:
+        """Check a kernel or copy on ``stream`` that touches ``accesses``:
+        ``(ptr, nbytes, access)`` or ``(ptr, nbytes, access, argument name)``.
+        ``site`` is the ``file:line`` of the user's call, for the reports.
+
+        Memory of another device of the system is checked too; a kernel
+        (``copy`` False) that touches it without peer access
+        (:meth:`enable_peer_access`) is a ``no-peer-access`` hazard.
+
+        Raises
+        ------
+        RaceDetected
+            Inside ``numba_streamsafe.race_check()``: this work conflicts
+            with earlier work it is not ordered after (after every access
+            of it was checked).
+        """
+        with self._lock:
+            op = self._enqueue(stream, label, "launch")
+            if site is not None:
+                op = dataclasses.replace(op, site=site)
+            self._trace(accesses, op, peer_checked=not copy)
+        if watchers:
+            tell_watchers(self.system)
+
+    def trace_host_access(self, accesses: Iterable[tuple[int, int, Access]], label: str) -> None:
+        """Check a host-side access (for example reading results after a sync)."""
+        with self._lock:
+            self._trace(accesses, self._host_op(label))
+
+    def _trace(self, accesses: Iterable[tuple[Any, ...]], op: Op,
+               peer_checked: bool = False) -> None:
+        base = op
+        checker = self.checker
+        for entry in accesses:
+            ptr, nbytes, access = entry[0], entry[1], entry[2]
+            op = dataclasses.replace(base, param=entry[3]) if len(entry) > 3 else base
+            device, chunk = self._owner_of(ptr)
+            if chunk is None or not chunk.live:
+                checker.report("use-after-free", ptr, "the free", str(op))
+                continue
+            if peer_checked and device != self.device and not self.can_access(device):
+                checker.report("no-peer-access", ptr, f"memory of device {device}",
+                               f"{op} of device {self.device}, which has no peer access to it")
+            if ptr + nbytes > chunk.base + chunk.nbytes:
+                checker.report("out-of-bounds", ptr, f"allocation of {chunk.nbytes} B", str(op))
+            checker.check(chunk, ptr, nbytes, access, op)
+
+    def assert_no_hazards(self) -> None:
+        """Raise ``AssertionError`` listing every hazard seen so far."""
+        self.checker.assert_none()
 
     # ----------------------------------------------------------------- streams
     def create_stream(self, blocking: bool = False) -> int:
@@ -222,9 +527,7 @@ class SimDriver(SimMemory, HappensBefore):
                 del self._events[handle]
                 del self.system.event_devices[handle]
             self.events_destroyed += len(mine)
-            for chunk in list(self._chunks.values()):
-                self._release(chunk)
-            self._pool = []
+            self.memory.clear()
 
     def launch_kernel(self, function: int, grid: tuple[int, int, int],
                       block: tuple[int, int, int], shmem: int, stream: int, params: Any) -> None:
