@@ -56,12 +56,9 @@ class RaceCheck:
     def __init__(self, stop_at_first: bool) -> None:
         self.stop_at_first = stop_at_first
         self.hazards: list[sim.Hazard] = []
-        self._seen: dict[int, int] = {}
+        #: Per system, the hazards it had found when the check began or last looked.
+        self._seen: dict[int, int] = {id(s): len(s.hazards) for s in _systems()}
         self._lock = threading.Lock()
-
-    def _baseline(self) -> None:
-        for system in _systems():
-            self._seen[id(system)] = len(system.hazards)
 
     def collect(self, system: sim.SimSystem) -> list[sim.Hazard]:
         """The hazards ``system`` found since this check last looked (kept in
@@ -119,7 +116,6 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
         warnings.warn("race_check(): no runtime uses the simulated driver, so nothing is "
                       "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
                       "find races on the CPU", RuntimeWarning, stacklevel=3)
-    check._baseline()
     sim.watchers.append(check)
     failed = False
     try:

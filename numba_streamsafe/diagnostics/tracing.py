@@ -16,10 +16,9 @@ hot paths read one module attribute (:mod:`numba_streamsafe.diagnostics.tracehoo
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe.core.access import Access
@@ -74,7 +73,9 @@ class Trace:
                  record: bool = True) -> None:
         self.device_times = device_times
         self.record = record
+        self._nvtx_asked = nvtx
         self._nvtx = _load_nvtx() if nvtx else None
+        self._used = False
         self._t0 = time.perf_counter_ns()
         #: Raw records: operations, memory events, waits queued, events recorded.
         self._raw: list[tuple[Any, ...]] = []
@@ -98,16 +99,42 @@ class Trace:
         """Where the blocks live at the start stand: their last writer's and
         readers' streams (their earlier operations are "before the trace")."""
         for tracker in trackers:
-            live = tracker.__dict__.get("_live")
-            lock = tracker.__dict__.get("_lock")
-            if live is None or lock is None:
+            table = getattr(tracker, "table", None)
+            lock = getattr(tracker, "lock", None)
+            if table is None or lock is None:
                 continue
             with lock:
-                for entry in list(live.values()):
+                for entry in list(table.live.values()):
                     b = entry.block
                     last_write, reads = entry.newest()
                     self._initial[(b.device, b.ptr, b.generation)] = (
                         last_write.stream, tuple(reads), b.nbytes)
+
+    # ------------------------------------------------------------ recording
+    def __enter__(self) -> Trace:
+        from numba_streamsafe.runtime import installed_devices, installed_runtime
+
+        if self._used:
+            raise StreamMisuse("this trace has recorded already: a trace records one block; "
+                               "make a new one with numba_streamsafe.trace()")
+        trackers = [rt.resource.tracker for d in installed_devices()
+                    if (rt := installed_runtime(d)) is not None]
+        with _active_lock:
+            if tracehook.active is not None:
+                raise StreamMisuse("a trace is already recording: traces do not nest; leave "
+                                   "the outer `with numba_streamsafe.trace()` block first")
+            self._used = True
+            self._snapshot(trackers)
+            tracehook.start_recording(self)
+            tracelog.observe(self._log if self.record else None,
+                             not self._nvtx_asked and not (self.record and self.device_times))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _active_lock:
+            tracelog.observe(None, True)
+            tracehook.stop_recording()
+        self._resolve_device_times()
 
     # ------------------------------------------------------------ the queries
     def _build(self) -> None:
@@ -116,7 +143,7 @@ class Trace:
                 len(self._device_ns))
         if size == self._built:
             return
-        self._ops, self._waits, self._events = _replay(self)
+        self._ops, self._waits, self._events = self._replay()
         self._memory = [MemoryEvent(*m[1:10]) for m in list(self._mem)]
         self._built = size
 
@@ -280,6 +307,61 @@ class Trace:
         self.device_times_measured = True
 
 
+    def _replay(self) -> tuple[list[Op], list[Wait], list[EventRecord]]:
+        """The operations, waits and events, from the raw records in order."""
+        writers: _Uses = {}
+        readers: _Uses = {}
+        for key, (w_stream, r_streams, nbytes) in self._initial.items():
+            writers[key] = [(0, nbytes, w_stream, (0, "(before the trace)", "", w_stream))]
+            readers[key] = [(0, nbytes, s, (0, "(before the trace)", "", s)) for s in r_streams]
+        mem = {m[0]: m for m in list(self._mem)}
+        raws = {r[0]: r for r in list(self._raw)}
+        for r in list(self._log.launches):
+            raws[r[0]] = _expand(r)
+        ops: list[Op] = []
+        waits: list[Wait] = []
+        events: list[EventRecord] = []
+        for seq in sorted(set(mem) | set(raws)):
+            m = mem.get(seq)
+            if m is not None:
+                if m[1] in ("alloc", "borrow"):
+                    key = (m[2], m[4], m[10])
+                    earlier = (0, "allocation" if m[1] == "alloc" else "borrow", "", m[3])
+                    writers[key] = [(0, m[5], m[3], earlier)]
+                    readers.pop(key, None)
+                continue
+            op, op_waits, op_events = self._replay_op(raws[seq], writers, readers)
+            ops.append(op)
+            waits.extend(op_waits)
+            events.extend(op_events)
+        return ops, waits, events
+
+
+    def _replay_op(self, raw: tuple[Any, ...], writers: _Uses, readers: _Uses
+                   ) -> tuple[Op, list[Wait], list[EventRecord]]:
+        (op_id, label, copy, device, stream, blocks, names, t0, t1, tracking,
+         w0, w1, e0, e1) = raw
+        if names is None or len(names) != len(blocks):
+            names = ["?"] * len(blocks)
+        kind = "copy" if copy else ("memset" if label == "memset" else "launch")
+        dt = self._device_ns.get(op_id)
+        op = Op(op_id, kind, label, device, stream,
+                tuple((n, a.name, b.ptr + lo, hi - lo)
+                      for (b, a, lo, hi), n in zip(blocks, names, strict=False)),
+                t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
+        waits: list[Wait] = []
+        # The waits this op queued (not those of frees run inside its preflight).
+        queued = collections.Counter(on for s, on, free in self._log.waits[w0:w1]
+                                     if s == stream and not free)
+        events = [EventRecord(op_id, d, s, t1) for d, s in self._log.seals[e0:e1]]
+        if not tracking:
+            return op, waits, events
+        for (block, access, lo, hi), name in zip(blocks, names, strict=False):
+            waits += _replay_use(op_id, label, name, block, access, lo, hi, stream, t0, queued,
+                                 writers, readers)
+        return op, waits, events
+
+
 _Earlier = tuple[int, str, str, int]  # (op id, label, argument, stream)
 
 
@@ -297,61 +379,6 @@ def _expand(record: tuple[Any, ...]) -> tuple[Any, ...]:
 #: Per block (``(device, ptr, generation)``): the writes and reads a later use
 #: may conflict with, each ``(lo, hi, stream, earlier)`` over its bytes.
 _Uses = dict[tuple[int, int, int], list[tuple[int, int, int, _Earlier]]]
-
-
-def _replay(t: Trace) -> tuple[list[Op], list[Wait], list[EventRecord]]:
-    """The operations, waits and events, from the raw records in order."""
-    writers: _Uses = {}
-    readers: _Uses = {}
-    for key, (w_stream, r_streams, nbytes) in t._initial.items():
-        writers[key] = [(0, nbytes, w_stream, (0, "(before the trace)", "", w_stream))]
-        readers[key] = [(0, nbytes, s, (0, "(before the trace)", "", s)) for s in r_streams]
-    mem = {m[0]: m for m in list(t._mem)}
-    raws = {r[0]: r for r in list(t._raw)}
-    for r in list(t._log.launches):
-        raws[r[0]] = _expand(r)
-    ops: list[Op] = []
-    waits: list[Wait] = []
-    events: list[EventRecord] = []
-    for seq in sorted(set(mem) | set(raws)):
-        m = mem.get(seq)
-        if m is not None:
-            if m[1] in ("alloc", "borrow"):
-                key = (m[2], m[4], m[10])
-                earlier = (0, "allocation" if m[1] == "alloc" else "borrow", "", m[3])
-                writers[key] = [(0, m[5], m[3], earlier)]
-                readers.pop(key, None)
-            continue
-        op, op_waits, op_events = _replay_op(t, raws[seq], writers, readers)
-        ops.append(op)
-        waits.extend(op_waits)
-        events.extend(op_events)
-    return ops, waits, events
-
-
-def _replay_op(t: Trace, raw: tuple[Any, ...], writers: _Uses, readers: _Uses
-               ) -> tuple[Op, list[Wait], list[EventRecord]]:
-    (op_id, label, copy, device, stream, blocks, names, t0, t1, tracking,
-     w0, w1, e0, e1) = raw
-    if names is None or len(names) != len(blocks):
-        names = ["?"] * len(blocks)
-    kind = "copy" if copy else ("memset" if label == "memset" else "launch")
-    dt = t._device_ns.get(op_id)
-    op = Op(op_id, kind, label, device, stream,
-            tuple((n, a.name, b.ptr + lo, hi - lo)
-                  for (b, a, lo, hi), n in zip(blocks, names, strict=False)),
-            t0, t1, tracking, dt[0] if dt else None, dt[1] if dt else None)
-    waits: list[Wait] = []
-    # The waits this op queued (not those of frees run inside its preflight).
-    queued = collections.Counter(on for s, on, free in t._log.waits[w0:w1]
-                                 if s == stream and not free)
-    events = [EventRecord(op_id, d, s, t1) for d, s in t._log.seals[e0:e1]]
-    if not tracking:
-        return op, waits, events
-    for (block, access, lo, hi), name in zip(blocks, names, strict=False):
-        waits += _replay_use(op_id, label, name, block, access, lo, hi, stream, t0, queued,
-                             writers, readers)
-    return op, waits, events
 
 
 def _replay_use(op_id: int, label: str, name: str, block: Any, access: Access, lo: int, hi: int,
@@ -449,10 +476,8 @@ def _load_nvtx() -> Any:
 _active_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def trace(*, device_times: bool = False, nvtx: bool = False,
-          record: bool = True) -> Iterator[Trace]:
-    """Record everything the library does inside the block.
+def trace(*, device_times: bool = False, nvtx: bool = False, record: bool = True) -> Trace:
+    """Record everything the library does inside a ``with`` block.
 
     Parameters
     ----------
@@ -468,14 +493,18 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
     record : bool
         False: record nothing (with ``nvtx=True``: NVTX ranges alone).
 
-    Yields
-    ------
+    Returns
+    -------
     Trace
+        A context manager: the block it is entered for is recorded, once.
 
     Raises
     ------
+    InvalidArgument
+        ``device_times`` or ``nvtx`` is not a bool.
     StreamMisuse
-        Another trace is recording (traces do not nest).
+        On entering the block: another trace is recording (traces do not
+        nest), or this trace has recorded already.
 
     Examples
     --------
@@ -485,23 +514,4 @@ def trace(*, device_times: bool = False, nvtx: bool = False,
     """
     if not isinstance(device_times, bool) or not isinstance(nvtx, bool):
         raise InvalidArgument("trace(): device_times and nvtx are True or False")
-    t = Trace(device_times=device_times, nvtx=nvtx, record=record)
-    from numba_streamsafe.runtime import installed_devices, installed_runtime
-
-    trackers = [rt.resource.tracker for d in installed_devices()
-                if (rt := installed_runtime(d)) is not None]
-    with _active_lock:
-        if tracehook.active is not None:
-            raise StreamMisuse("a trace is already recording: traces do not nest; leave the "
-                               "outer `with numba_streamsafe.trace()` block first")
-        t._snapshot(trackers)
-        tracehook.start_recording(t)
-        tracelog.observe(t._log if record else None,
-                         not nvtx and not (record and device_times))
-    try:
-        yield t
-    finally:
-        with _active_lock:
-            tracelog.observe(None, True)
-            tracehook.stop_recording()
-        t._resolve_device_times()
+    return Trace(device_times=device_times, nvtx=nvtx, record=record)

@@ -198,6 +198,18 @@ def test_traces_do_not_nest_and_the_slot_is_cleared(rt):
     assert tracehook.active is None
 
 
+def test_a_trace_records_one_block(rt, streams):
+    a, b = streams
+    t = nss.trace()
+    with t as entered:
+        _program(a, b)
+    assert entered is t and t.ops
+    recorded = len(t.ops)
+    with pytest.raises(StreamMisuse, match="recorded already"), t:
+        _program(a, b)
+    assert len(t.ops) == recorded  # nothing more was recorded
+
+
 def test_device_times_fall_back_to_host_times_on_the_simulator(rt, streams):
     a, b = streams
     with nss.trace(device_times=True) as t:

@@ -465,8 +465,8 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         # Python scalars are matched by their type, arrays by their Numba type.
         keys = tuple(type(a) if type(a) in launch_plan.PY_SCALARS else t
                      for a, t in zip(args, argtypes, strict=True))
-        state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan._cache,
-                                     plan._cufunc, rt.device))
+        state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan.cache,
+                                     plan.cufunc, rt.device))
         for (_, access), arg, ty in zip(self.params, args, argtypes, strict=True):
             if access is not None:
                 launch_plan.cached_fields(arg, ty)

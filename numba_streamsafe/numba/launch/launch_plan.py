@@ -144,7 +144,10 @@ class _Scratch(threading.local):
 
 
 class LaunchPlan:
-    """How to launch one compiled overload directly.
+    """How to launch one compiled overload directly: its function handle
+    (``function``), Numba's per-device function cache of the overload's code
+    library (``cache``) and the function it held when the plan was made
+    (``cufunc``: while the cache still holds it, the module is loaded).
 
     Parameters
     ----------
@@ -155,7 +158,7 @@ class LaunchPlan:
         :func:`param_slots`).
     """
 
-    __slots__ = ("kernel", "function", "_cache", "_cufunc", "kinds", "_scratch", "nparams",
+    __slots__ = ("kernel", "function", "cache", "cufunc", "kinds", "_scratch", "nparams",
                  "codes")
 
     def __init__(self, kernel: Any, argtypes: tuple[Any, ...]) -> None:
@@ -164,8 +167,8 @@ class LaunchPlan:
             raise ValueError(f"no direct marshalling for {argtypes}")
         self.kernel = kernel
         cufunc = kernel._codelibrary.get_cufunc()
-        self._cache = kernel._codelibrary._cufunc_cache
-        self._cufunc = cufunc
+        self.cache = kernel._codelibrary._cufunc_cache
+        self.cufunc = cufunc
         self.function = int(cufunc.handle)
         self.kinds = slots[1]
         #: One code per argument (:func:`compiled_codes`).
@@ -176,7 +179,7 @@ class LaunchPlan:
     def current(self, device_id: int) -> bool:
         """Whether the overload's loaded function is still the one Numba uses
         on ``device_id`` (a context reset unloads modules)."""
-        return self._cache.get(device_id) is self._cufunc
+        return self.cache.get(device_id) is self.cufunc
 
     def pack(self, args: tuple[Any, ...]) -> int | None:
         """Write ``args`` into this thread's parameter buffer
