@@ -50,6 +50,7 @@ from numba_streamsafe.resources import (
     DirectResource,
     LoggingResource,
     MemoryResource,
+    RmmUpstream,
 )
 from numba_streamsafe.runtime import (
     DeviceRuntime,
@@ -141,6 +142,7 @@ __all__ = [
     "PeerAccessRequired",
     "MemoryResource",
     "AsyncResource",
+    "RmmUpstream",
     "POOL_KEEP_ALL",
     "DirectResource",
     "LoggingResource",

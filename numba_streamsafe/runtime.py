@@ -31,6 +31,7 @@ from numba_streamsafe.resources import (
     DirectResource,
     MemoryResource,
     ResourceStats,
+    rmm_upstream,
 )
 from numba_streamsafe.resources.tracking.marks import retired_stream_id
 from numba_streamsafe.runtime_streams import RuntimeStreams
@@ -466,7 +467,10 @@ def default_stack(driver: Driver) -> MemoryResource:
     tracked) or ``direct`` (``cuMemAlloc`` / ``cuMemFree``, untracked: for
     compute-sanitizer runs, where a pool hides out-of-bounds accesses).
     ``NUMBA_STREAMSAFE_FENCES``: ``lazy`` (default) or ``eager``, see
-    :class:`~numba_streamsafe.resources.AsyncResource`. The async stack keeps
+    :class:`~numba_streamsafe.resources.AsyncResource`.
+    ``NUMBA_STREAMSAFE_UPSTREAM``: ``driver`` (default, the device's pool) or
+    ``rmm`` (RMM's current resource of the device, a
+    :class:`~numba_streamsafe.resources.RmmUpstream`). The async stack keeps
     freed memory in the device's pool across synchronizes
     (``release_threshold=POOL_KEEP_ALL``); :meth:`DeviceRuntime.trim` hands it back.
     """
@@ -474,8 +478,15 @@ def default_stack(driver: Driver) -> MemoryResource:
     if config.resource == "direct":
         _warn_direct()
         return DirectResource(driver)
+    upstream = None
+    if config.upstream == "rmm":
+        if driver.traces_accesses:
+            raise InvalidArgument(
+                "NUMBA_STREAMSAFE_UPSTREAM=rmm needs a GPU: the simulated driver (Numba's CUDA "
+                "simulator) allocates from its own pool; unset the variable there")
+        upstream = rmm_upstream(driver.device)
     return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL,
-                         ipc=config.ipc)
+                         ipc=config.ipc, upstream=upstream)
 
 
 _warned_direct = False

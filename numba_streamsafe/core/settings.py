@@ -12,6 +12,8 @@ variable                                  meaning
 ``NUMBA_STREAMSAFE_RESOURCE``             ``async`` (tracked, stream-ordered) or ``direct``
                                           (``cuMemAlloc``, untracked)
 ``NUMBA_STREAMSAFE_FENCES``               ``lazy`` or ``eager``
+``NUMBA_STREAMSAFE_UPSTREAM``             ``driver`` (the device's stream-ordered pool) or
+                                          ``rmm`` (RMM's current resource of each device)
 ``NUMBA_STREAMSAFE_DIRECT_LAUNCH``        ``0`` (or false/no/off) sends every tracked launch
                                           through Numba's launch path
 ``NUMBA_STREAMSAFE_CHECK_ACCESS``         ``0`` (or false/no/off) turns off the check of
@@ -61,6 +63,7 @@ class Settings:
     driver: str = "cuda"
     resource: str = "async"
     fences: str = "lazy"
+    upstream: str = "driver"
     direct_launch: bool = True
     check_access: bool = True
     access: str = "declared"
@@ -82,6 +85,7 @@ class Settings:
                            ("cuda", "sim")),
             resource=_choice("NUMBA_STREAMSAFE_RESOURCE", "async", ("async", "direct")),
             fences=_choice("NUMBA_STREAMSAFE_FENCES", "lazy", ("lazy", "eager")),
+            upstream=_choice("NUMBA_STREAMSAFE_UPSTREAM", "driver", ("driver", "rmm")),
             direct_launch=os.environ.get("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "1").strip().lower()
             not in _OFF,
             check_access=os.environ.get("NUMBA_STREAMSAFE_CHECK_ACCESS", "1").strip().lower()

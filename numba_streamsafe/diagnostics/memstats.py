@@ -35,6 +35,10 @@ STAT_KEYS: dict[str, str] = {
     "events_recorded": "events recorded to order other streams after a stream",
     "events.in_use": "events held by marks that later work may wait for",
     "same_stream_uses": "uses of a block on the stream of its last writer: no wait needed",
+    "upstream": "where new memory comes from (a name, not a figure): cuMemAllocAsync (the "
+                "device's stream-ordered pool), cuMemAlloc (IPC), or rmm (the resource's "
+                "class); the reserved_bytes and pool_used_bytes figures are the device "
+                "pool's",
 }
 
 
@@ -55,7 +59,7 @@ def _pool(driver: Any, name: str) -> int:
         return 0
 
 
-def memory_stats(device: int | None = None) -> dict[str, int]:
+def memory_stats(device: int | None = None) -> dict[str, Any]:
     """A flat dict of the memory figures of ``device``'s runtime (default: the
     only installed runtime, else device 0's); keys and meanings in
     :data:`STAT_KEYS`.
@@ -76,8 +80,9 @@ def memory_stats(device: int | None = None) -> dict[str, int]:
 
     Returns
     -------
-    dict of str to int
-        One figure per key of :data:`STAT_KEYS`.
+    dict of str to int (and ``"upstream"`` to str)
+        One figure per key of :data:`STAT_KEYS`; ``"upstream"`` names where
+        new memory comes from.
     """
     rt = _runtime(device)
     rt.flush()
@@ -113,6 +118,7 @@ def memory_stats(device: int | None = None) -> dict[str, int]:
         "events_recorded": c["events_recorded"],
         "events.in_use": c["events_in_use"],
         "same_stream_uses": c["same_stream_uses"],
+        "upstream": getattr(tracker, "upstream_name", type(tracker).__name__),
     }
 
 

@@ -4,20 +4,21 @@ Nothing here imports Numba. Resources call a
 :class:`~numba_streamsafe._driver.base.Driver`, never CUDA directly.
 
 One concept per module: ``base`` (the MemoryResource contract and adaptors),
-``marks`` and ``rules`` (the engine's state and its decisions, compiled
-where a compiler is present), ``async_resource`` (the tracking resource,
-composed of ``marks``, ``rules``, ``block_table``, ``freed`` and
-``deferred``), ``direct``, ``budget``, ``logging_resource`` and ``guard`` (resources
-and adaptors).
+``tracking`` (the engine's state and its decisions: ``marks``, ``rules``,
+``block_table``, ``freed``, compiled where a compiler is present),
+``async_resource`` (the tracking resource), ``upstream`` (where its memory
+comes from: the device's pool, or RMM), ``direct`` (untracked ``cuMemAlloc``)
+and ``adaptors`` (``budget``, ``logging_resource`` and ``guard``).
 """
 
+from numba_streamsafe.resources.adaptors.budget import BudgetResource
+from numba_streamsafe.resources.adaptors.guard import DebugGuardResource
+from numba_streamsafe.resources.adaptors.logging_resource import LoggingResource
 from numba_streamsafe.resources.async_resource import POOL_KEEP_ALL, AsyncOptions, AsyncResource
 from numba_streamsafe.resources.base import MemoryResource, ResourceAdaptor, ResourceStats
-from numba_streamsafe.resources.budget import BudgetResource
 from numba_streamsafe.resources.direct import DirectResource
-from numba_streamsafe.resources.guard import DebugGuardResource
-from numba_streamsafe.resources.logging_resource import LoggingResource
 from numba_streamsafe.resources.tracking.marks import EventPool, Mark
+from numba_streamsafe.resources.upstream import RmmUpstream, Upstream, rmm_upstream
 
 __all__ = [
     "MemoryResource",
@@ -32,4 +33,7 @@ __all__ = [
     "DebugGuardResource",
     "EventPool",
     "Mark",
+    "Upstream",
+    "RmmUpstream",
+    "rmm_upstream",
 ]

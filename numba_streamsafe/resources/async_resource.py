@@ -39,6 +39,7 @@ from numba_streamsafe.resources.tracking.freed import KeptBlocks, PendingFrees
 from numba_streamsafe.resources.tracking.lock import Lock
 from numba_streamsafe.resources.tracking.marks import EventPool, MarkBook
 from numba_streamsafe.resources.tracking.rules import Entry
+from numba_streamsafe.resources.upstream import Upstream
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
 
@@ -70,10 +71,20 @@ class AsyncOptions:
     reuse_bytes: int = 64 << 20
     release_threshold: int | None = None
     ipc: bool = False
+    upstream: Upstream | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.ipc, bool):
             raise InvalidArgument(f"ipc must be True or False, got {self.ipc!r}")
+        if self.upstream is not None:
+            if not isinstance(self.upstream, Upstream):
+                raise InvalidArgument(
+                    f"upstream must have a name and allocate(nbytes, stream) and "
+                    f"deallocate(ptr, stream) methods, got {self.upstream!r}; for RMM pass "
+                    "RmmUpstream(rmm.mr.get_current_device_resource())")
+            if self.ipc:
+                raise InvalidArgument("ipc=True allocates with cuMemAlloc (what CUDA IPC "
+                                      "exports) and takes no upstream: pass one or the other")
         if self.fences not in ("lazy", "eager"):
             raise InvalidArgument(f"fences must be 'lazy' or 'eager', got {self.fences!r}")
         check_int("max_idle_events", self.max_idle_events, 0,
@@ -124,6 +135,11 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         allocation that runs out of memory) returns them to the pool. Only
         blocks of streams whose owning object is known (kept alive while they
         wait) and of the default streams are kept.
+    upstream : Upstream or None
+        Where new memory comes from instead of the device's stream-ordered
+        pool, such as an RMM resource
+        (:class:`~numba_streamsafe.resources.upstream.RmmUpstream`); None:
+        ``cuMemAllocAsync`` / ``cuMemFreeAsync``. Not with ``ipc``.
     release_threshold : int or None
         Pooled bytes the device's stream-ordered pool keeps at a synchronize
         (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); None leaves the pool's setting
@@ -172,8 +188,16 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         #: ``cuIpcOpenMemHandle``); they are tracked as any block, and freed after
         #: their uses by ``cuMemFree`` once their stream has completed them.
         self.ipc = opts.ipc
-        self._alloc = self._alloc_legacy if opts.ipc else driver.alloc_async
-        self._free = self._free_legacy if opts.ipc else driver.free_async
+        #: Where new memory comes from (``memory_stats()["upstream"]``).
+        self.upstream_name = "cuMemAllocAsync"
+        if opts.ipc:
+            self.upstream_name = "cuMemAlloc (IPC)"
+            self._alloc, self._free = self._alloc_legacy, self._free_legacy
+        elif opts.upstream is not None:
+            self.upstream_name = opts.upstream.name
+            self._alloc, self._free = opts.upstream.allocate, opts.upstream.deallocate
+        else:
+            self._alloc, self._free = driver.alloc_async, driver.free_async
         self.device = driver.device
         self.events = EventPool(driver, opts.max_idle_events)
         self._lock = Lock()

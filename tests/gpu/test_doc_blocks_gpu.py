@@ -26,7 +26,7 @@ _spec.loader.exec_module(doc_blocks)
 
 #: What a block needs on the GPU: the module to import.
 GPU_MODULES = {"cupy": "cupy", "torch": "torch", "dask_cuda": "dask_cuda",
-               "cuda.core": "cuda.core", "distributed": "distributed"}
+               "cuda.core": "cuda.core", "distributed": "distributed", "rmm": "rmm"}
 GPU_BLOCKS = [(k, c) for k, c in doc_blocks.BLOCKS
               if any(re.search(rf"\b{re.escape(n)}\b", c) for n in GPU_MODULES)]
 
