@@ -60,6 +60,7 @@ _OPTIONS = {
     "driver": ("NUMBA_STREAMSAFE_DRIVER", ("cuda", "sim")),
     "resource": ("NUMBA_STREAMSAFE_RESOURCE", ("async", "direct")),
     "fences": ("NUMBA_STREAMSAFE_FENCES", ("lazy", "eager")),
+    "upstream": ("NUMBA_STREAMSAFE_UPSTREAM", ("driver", "rmm")),
 }
 
 
@@ -73,6 +74,12 @@ class StreamSafePlugin(WorkerPlugin):
         ``NUMBA_STREAMSAFE_RESOURCE`` (``"async"``, ``"direct"``) and
         ``NUMBA_STREAMSAFE_FENCES`` (``"lazy"``, ``"eager"``); None leaves the
         worker's setting.
+    upstream : str, optional
+        ``NUMBA_STREAMSAFE_UPSTREAM``: ``"rmm"`` builds each worker's layer over
+        the worker's current RMM resource (with dask-cuda's
+        ``LocalCUDACluster(rmm_pool_size=...)``, the worker's RMM pool, set up
+        when the worker starts, before a plugin registered on the client runs);
+        ``"driver"`` over the device's own pool; None leaves the worker's setting.
     direct_launch : bool, optional
         ``NUMBA_STREAMSAFE_DIRECT_LAUNCH``; None leaves the worker's setting.
     memory_manager : bool
@@ -95,11 +102,13 @@ class StreamSafePlugin(WorkerPlugin):
     idempotent = True
 
     def __init__(self, *, driver: str | None = None, resource: str | None = None,
-                 fences: str | None = None, direct_launch: bool | None = None,
+                 fences: str | None = None, upstream: str | None = None,
+                 direct_launch: bool | None = None,
                  memory_manager: bool = True, devices: Sequence[int] = (0,),
                  peer_access: bool = False) -> None:
         env: dict[str, str] = {}
-        for option, value in (("driver", driver), ("resource", resource), ("fences", fences)):
+        for option, value in (("driver", driver), ("resource", resource), ("fences", fences),
+                              ("upstream", upstream)):
             if value is None:
                 continue
             variable, allowed = _OPTIONS[option]

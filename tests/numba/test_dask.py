@@ -124,6 +124,9 @@ def test_the_plugin_refuses_bad_options():
         StreamSafePlugin(fences="sometimes")
     with pytest.raises(InvalidArgument, match="devices"):
         StreamSafePlugin(devices=(-1,))
+    with pytest.raises(InvalidArgument, match="upstream"):
+        StreamSafePlugin(upstream="cupy")
+    assert StreamSafePlugin(upstream="rmm").env == {"NUMBA_STREAMSAFE_UPSTREAM": "rmm"}
     plugin = StreamSafePlugin(driver="sim", direct_launch=False)
     assert plugin.env == {"NUMBA_STREAMSAFE_DRIVER": "sim", "NUMBA_STREAMSAFE_DIRECT_LAUNCH": "0"}
     assert plugin.name == "numba-streamsafe"
