@@ -3,7 +3,9 @@
 The memory manager is chosen per process (``NUMBA_CUDA_MEMORY_MANAGER``), so
 each manager runs in a worker process of its own: Numba's default manager,
 ours (``numba_streamsafe``) and RMM's plugin over its async memory resource
-(``rmm.allocators.numba``, when RMM is installed), and the floor: a bare
+(``rmm.allocators.numba``, when RMM is installed), ours over that same RMM
+resource (``numba_streamsafe+rmm``: ``NUMBA_STREAMSAFE_UPSTREAM=rmm``, compared
+with RMM's plugin), and the floor: a bare
 plugin doing ``cuMemAllocAsync`` / ``cuMemFreeAsync`` and nothing else
 (``bare_async_emm``, GPU only: Numba's simulator has no memory managers). The workers stay alive and
 take turns: round by round, each manager times one batch of cycles while the
@@ -29,6 +31,9 @@ import time
 
 SIZES = {"4KiB": 4 << 10, "64MiB": 64 << 20}
 OURS = "numba_streamsafe"
+#: Ours with RMM's async resource as the upstream (against RMM's own plugin).
+OURS_RMM = "numba_streamsafe+rmm"
+RMM = "rmm.allocators.numba"
 #: The floor: cuMemAllocAsync / cuMemFreeAsync with nothing around them.
 BARE = "bare_async_emm"
 
@@ -45,7 +50,8 @@ def worker(cpu: int | None) -> None:
     import numpy as np
     from _harness import cuda
 
-    if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "rmm.allocators.numba":
+    if (os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == RMM
+            or os.environ.get("NUMBA_STREAMSAFE_UPSTREAM") == "rmm"):
         import rmm
 
         rmm.reinitialize(pool_allocator=False)
@@ -74,6 +80,9 @@ class Worker:
         env = dict(os.environ)
         if manager == "default":
             env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+        elif manager == OURS_RMM:
+            env["NUMBA_CUDA_MEMORY_MANAGER"] = OURS
+            env["NUMBA_STREAMSAFE_UPSTREAM"] = "rmm"
         else:
             env["NUMBA_CUDA_MEMORY_MANAGER"] = manager
         self.manager = manager
@@ -122,8 +131,8 @@ def main() -> dict:
     pin(cpu)
 
     managers = ["default", OURS]
-    if importlib.util.find_spec("rmm") is not None:
-        managers.append("rmm.allocators.numba")
+    if importlib.util.find_spec("rmm") is not None and not SIMULATOR:
+        managers += [RMM, OURS_RMM]
     if not SIMULATOR:
         managers.append(BARE)
     workers = [Worker(m, cpu) for m in managers]
@@ -144,10 +153,16 @@ def main() -> dict:
     for m in managers:
         results["us_per_cycle"][m] = {s: statistics.median(v) for s, v in samples[m].items()}
     for other in managers:
-        if other == OURS:
+        if other in (OURS, OURS_RMM):
             continue
         results["ratio"][other] = {
             s: statistics.median(a / b for a, b in zip(samples[OURS][s], samples[other][s],
+                                                       strict=True))
+            for s in SIZES
+        }
+    if OURS_RMM in managers:
+        results["ratio_rmm"] = {
+            s: statistics.median(a / b for a, b in zip(samples[OURS_RMM][s], samples[RMM][s],
                                                        strict=True))
             for s in SIZES
         }
@@ -159,6 +174,9 @@ def main() -> dict:
     for other, by_size in results["ratio"].items():
         ratios = "  ".join(f"{s} {v:.3f}" for s, v in by_size.items())
         print(f"  ours / {other:15s} {ratios}  (median of per-round ratios)")
+    if "ratio_rmm" in results:
+        ratios = "  ".join(f"{s} {v:.3f}" for s, v in results["ratio_rmm"].items())
+        print(f"  ours over RMM / RMM's plugin {ratios}  (both on RMM's async resource)")
     write_result("alloc_free", results)
     print(json.dumps({"ratio": results["ratio"]}))
     return results

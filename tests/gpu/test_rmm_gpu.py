@@ -1,0 +1,111 @@
+"""RMM as the upstream on a real GPU: the race suite's hazards with the
+library's blocks taken from RMM's pool and async resources (tracked: 0 wrong;
+untracked, the negative control: wrong in most trials), and one pool shared
+with CuPy (RMM's statistics adaptor counts the library's arrays and CuPy's,
+and the device's own pool hands out nothing).
+
+Needs RMM (``rmm-cu13`` or ``rmm-cu12`` wheels); skipped without it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import numba_streamsafe as nss
+from tests.gpu.test_races import HAZARDS, TRIALS, UNTRACKED_MIN_SHARE, Race
+
+pytestmark = pytest.mark.gpu
+
+rmm = pytest.importorskip("rmm", reason="RMM is not installed (the rmm-cu13/rmm-cu12 extra)")
+
+
+def _resource(kind: str):
+    import rmm.mr
+
+    if kind == "pool":
+        return rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 28)
+    return rmm.mr.CudaAsyncMemoryResource()
+
+
+@pytest.fixture(params=["pool", "async"])
+def rmm_runtime(gpu, request):
+    """Device 0's runtime over an RMM resource (statistics adaptor on top)."""
+    import rmm.mr
+
+    from numba_streamsafe._driver.cuda import CudaDriver
+    from numba_streamsafe.resources import POOL_KEEP_ALL, AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime, clear_runtimes, set_runtime
+
+    mr = rmm.mr.StatisticsResourceAdaptor(_resource(request.param))
+    previous = rmm.mr.get_current_device_resource()
+    rmm.mr.set_current_device_resource(mr)
+    rt = DeviceRuntime(AsyncResource(CudaDriver(0), upstream=nss.RmmUpstream(mr),
+                                     release_threshold=POOL_KEEP_ALL))
+    old = set_runtime(rt, 0)
+    try:
+        yield request.param, mr, rt
+    finally:
+        gpu.synchronize()
+        rt.flush()
+        rt.reap()
+        if old is not None:
+            set_runtime(old, 0)
+        else:
+            clear_runtimes()
+        rmm.mr.set_current_device_resource(previous)
+
+
+@pytest.mark.parametrize("hazard", HAZARDS)
+def test_races_with_rmm_upstream(gpu, rmm_runtime, kernels, hazard):
+    kind, _, _ = rmm_runtime
+    race = Race(gpu, kernels)
+    race.warm_up()
+    race.calibrate()
+    trial = getattr(race, hazard.replace("-", "_"))
+    wrong = {True: 0, False: 0}
+    started = time.perf_counter()
+    for i in range(TRIALS):
+        for tracked in (True, False):
+            value = (0 if tracked else 1 << 20) + i + 1
+            with nss.tracking(tracked):
+                bad, _ = trial(value)
+            race.cuda.synchronize()
+            wrong[tracked] += bad
+    line = (f"rmm-{kind} {hazard} tracked_wrong={wrong[True]}/{TRIALS} "
+            f"untracked_wrong={wrong[False]}/{TRIALS} spins={race.spins} "
+            f"seconds={time.perf_counter() - started:.1f}")
+    print(line)
+    report = os.environ.get("NSS_RACE_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(line + "\n")
+    assert nss.memory_stats()["upstream"].startswith("rmm")
+    assert wrong[True] == 0, line
+    assert wrong[False] >= min(UNTRACKED_MIN_SHARE, 0.7) * TRIALS, (
+        "the race did not show without the library, so this run proves nothing: " + line)
+
+
+def test_one_pool_with_cupy(rmm_runtime):
+    """The library's arrays and CuPy's (through rmm_cupy_allocator) come from
+    one RMM resource: its statistics count both, and the device's own
+    stream-ordered pool hands out nothing."""
+    cupy = pytest.importorskip("cupy")
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    _, mr, _ = rmm_runtime
+    before = mr.allocation_counts
+    used_before = nss.memory_stats()["pool_used_bytes.current"]
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    try:
+        x = nss.device_array(1 << 20, np.float32)          # 4 MiB from the library
+        y = cupy.zeros(1 << 19, dtype=cupy.float32)         # 2 MiB from CuPy
+        counts = mr.allocation_counts
+        assert counts.current_bytes - before.current_bytes >= (4 << 20) + (2 << 20), counts
+        assert nss.memory_stats()["pool_used_bytes.current"] == used_before
+        del x, y
+    finally:
+        cupy.cuda.set_allocator(None)
