@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -11,7 +11,8 @@
 #          inference's cost against compiling;
 #   bench: launch and allocation benchmarks, this tree against the checkout in .before/
 #          (scripts/bench_compare.sh), rounds interleaved.
-# Wheels: .whl/ (numpy < 2.5, rmm), .whl-build/ (Cython, to compile the engine),
+# Wheels: .whl/ (numpy < 2.5), .whl-rmm/ (rmm-cu13, librmm-cu13, rapids-logger: the `rmm`
+# step), .whl-build/ (Cython, to compile the engine),
 # .whl-dask/ (distributed), .whl-plot/ (matplotlib).
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
@@ -19,7 +20,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash leaves a stack in the log
 SITE=/tmp/site
 wheels=()
-for d in .whl-dask .whl-plot .whl-suite .whl-build .whl; do
+for d in .whl-dask .whl-plot .whl-suite .whl-build .whl-rmm .whl; do
     compgen -G "$d/*.whl" > /dev/null && wheels+=("$d"/*.whl)
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -91,6 +92,19 @@ print('$stack: nvrtc', pf.load_nvidia_dynamic_lib('nvrtc').abs_path, 'nvvm', pf.
             tests/gpu -rs --deselect tests/gpu/test_multi_gpu.py
         tail -n 3 "$OUT/suite_$stack.log"
     done
+    cat "$OUT/race.txt" 2>/dev/null
+    ;;
+rmm)
+    # RMM as the upstream (issue "One pool with RAPIDS"): the race hazards over RMM's pool
+    # and async resources with their negative controls, one pool with CuPy, then the
+    # allocation benchmark (ours over RMM against RMM's Numba plugin).
+    python3 setup.py build_ext --inplace -j 8 > "$OUT/build_ext.log" 2>&1
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    run rmm_tests timeout 400 python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_rmm_gpu.py -rs
+    tail -n 3 "$OUT/rmm_tests.log"
+    run alloc_free timeout 150 python3 -X faulthandler benchmarks/alloc_free.py --rounds 11
+    grep -E "us$|ours" "$OUT/alloc_free.log"
     cat "$OUT/race.txt" 2>/dev/null
     ;;
 two-gpu)
