@@ -35,10 +35,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
-from numba_streamsafe.diagnostics import tracehook
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime

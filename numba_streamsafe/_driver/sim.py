@@ -76,9 +76,9 @@ from numba_streamsafe._driver.sim_model import (
     tell_watchers,
     watchers,
 )
+from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
-from numba_streamsafe.diagnostics import tracehook
 
 __all__ = ["SimDriver", "SimSystem", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
 

@@ -1,2 +1,3 @@
 """The lowest layer: what every other part shares and that depends on nothing
-else of the package: errors, accesses, blocks, streams, modes and settings."""
+else of the package: errors, accesses, blocks, streams, modes, settings, and
+the slot of the active trace (``tracehook``)."""

@@ -7,7 +7,7 @@ for which earlier launch or copy, on which stream), the events it recorded,
 and the uses that needed no wait because they stayed on one stream.
 
 Recording costs a few microseconds per operation; with no trace active the
-hot paths read one module attribute (:mod:`numba_streamsafe.diagnostics.tracehook`).
+hot paths read one module attribute (:mod:`numba_streamsafe.core.tracehook`).
 :meth:`Trace.save` writes the Chrome trace / Perfetto JSON format and
 :meth:`Trace.plot` draws a timeline with matplotlib
 (:mod:`numba_streamsafe.diagnostics.trace_export`).
@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import BlockId
 from numba_streamsafe.core.errors import InvalidArgument, StreamMisuse
-from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.diagnostics.trace_records import (  # noqa: F401
     EventRecord,
     MemoryEvent,

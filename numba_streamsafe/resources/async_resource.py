@@ -17,6 +17,7 @@ from typing import Any
 
 import numba_streamsafe.resources.tracking.rules as rules
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
+from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import (
     Block,
@@ -28,7 +29,6 @@ from numba_streamsafe.core.blocks import (
 )
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamSafeError
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
-from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.base import MemoryResource, Use
 from numba_streamsafe.resources.borrowing import Borrowing
 from numba_streamsafe.resources.deferred import DeferredFrees

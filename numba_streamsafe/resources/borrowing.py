@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block, BlockState, next_generation_fast, positive_size
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
-from numba_streamsafe.diagnostics import tracehook
 from numba_streamsafe.resources.async_state import AsyncState
 from numba_streamsafe.resources.tracking.rules import Entry
 

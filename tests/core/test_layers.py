@@ -20,11 +20,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "numba_streamsafe"
 #: different layers). A module may import its own layer and those below.
 LAYERS = {
     "core": 0, "core.errors": 0, "core.access": 0, "core.streams": 0, "core.modes": 0,
-    "core.settings": 0, "diagnostics": 0, "diagnostics.tracehook": 0, "compiled": 0,
+    "core.settings": 0, "core.tracehook": 0, "compiled": 0,
     "_driver": 1, "core.blocks": 1,
     "resources": 2,
     "runtime": 3, "runtime_streams": 3,
-    "protocol": 4, "diagnostics.recorder": 4, "diagnostics.memstats": 4,
+    "protocol": 4, "diagnostics": 4, "diagnostics.recorder": 4, "diagnostics.memstats": 4,
     "diagnostics.races": 4, "diagnostics.trace_records": 4, "diagnostics.tracing": 5,
     "diagnostics.trace_export": 5,
     "graphs": 5,

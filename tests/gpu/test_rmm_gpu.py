@@ -20,8 +20,6 @@ from tests.gpu.test_races import HAZARDS, TRIALS, UNTRACKED_MIN_SHARE, Race
 
 pytestmark = pytest.mark.gpu
 
-rmm = pytest.importorskip("rmm", reason="RMM is not installed (the rmm-cu13/rmm-cu12 extra)")
-
 
 def _resource(kind: str):
     import rmm.mr
@@ -34,6 +32,7 @@ def _resource(kind: str):
 @pytest.fixture(params=["pool", "async"])
 def rmm_runtime(gpu, request):
     """Device 0's runtime over an RMM resource (statistics adaptor on top)."""
+    pytest.importorskip("rmm", reason="RMM is not installed (the rmm-cu13/rmm-cu12 extra)")
     import rmm.mr
 
     from numba_streamsafe._driver.cuda import CudaDriver

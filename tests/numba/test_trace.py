@@ -187,7 +187,7 @@ def test_plot_draws_the_timeline(rt, streams, tmp_path):
 
 
 def test_traces_do_not_nest_and_the_slot_is_cleared(rt):
-    from numba_streamsafe.diagnostics import tracehook
+    from numba_streamsafe.core import tracehook
 
     with nss.trace():
         with pytest.raises(StreamMisuse, match="already recording"), nss.trace():
