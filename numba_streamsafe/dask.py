@@ -155,7 +155,7 @@ class StreamSafePlugin(WorkerPlugin):
                 rt.reap()
 
 
-def worker_stats(devices: Sequence[int] | None = None) -> dict[int, dict[str, int]]:
+def worker_stats(devices: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
     """The :func:`~numba_streamsafe.memory_stats` of this process's runtimes
     (of ``devices``; default: every installed one), by device.
     ``client.run(worker_stats)`` collects every worker's."""

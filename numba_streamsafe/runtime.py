@@ -476,10 +476,18 @@ def default_stack(driver: Driver) -> MemoryResource:
     """
     config = settings()
     if config.resource == "direct":
+        if config.upstream != "driver":
+            raise InvalidArgument(
+                "NUMBA_STREAMSAFE_RESOURCE=direct allocates with cuMemAlloc and takes no "
+                f"upstream, but NUMBA_STREAMSAFE_UPSTREAM={config.upstream}: unset one of them")
         _warn_direct()
         return DirectResource(driver)
     upstream = None
     if config.upstream == "rmm":
+        if config.ipc:
+            raise InvalidArgument(
+                "NUMBA_STREAMSAFE_IPC=1 allocates with cuMemAlloc (what CUDA IPC exports) and "
+                "takes no upstream, but NUMBA_STREAMSAFE_UPSTREAM=rmm: unset one of them")
         if driver.traces_accesses:
             raise InvalidArgument(
                 "NUMBA_STREAMSAFE_UPSTREAM=rmm needs a GPU: the simulated driver (Numba's CUDA "

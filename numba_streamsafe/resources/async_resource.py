@@ -195,7 +195,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             self._alloc, self._free = self._alloc_legacy, self._free_legacy
         elif opts.upstream is not None:
             self.upstream_name = opts.upstream.name
-            self._alloc, self._free = opts.upstream.allocate, opts.upstream.deallocate
+            self._alloc, self._free = self._alloc_upstream, self._free_upstream
         else:
             self._alloc, self._free = driver.alloc_async, driver.free_async
         self.device = driver.device
@@ -311,8 +311,8 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
                 and (old.stream_owner is not None or stream <= MAX_DEFAULT_STREAM))
 
     def _allocate_new(self, nbytes: int, stream: int, tag: str, stream_owner: Any) -> Block:
-        """A block from the driver's pool (``cuMemAllocAsync``), retried once after
-        giving memory back when the device is out of it."""
+        """A block of new memory (the device's pool, the upstream, or ``cuMemAlloc``
+        in IPC mode), retried once after giving memory back when there is none."""
         try:
             ptr = self._alloc(nbytes, stream)
         except DriverError as exc:

@@ -23,6 +23,7 @@ class AsyncState:
     :class:`~.async_resource.AsyncResource` use."""
 
     driver: Driver
+    options: Any
     device: int
     marks: MarkBook
     events: EventPool

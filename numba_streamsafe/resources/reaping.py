@@ -207,6 +207,17 @@ class Reaping(AsyncState):
         """IPC mode: an exportable ``cuMemAlloc`` allocation (ready at once)."""
         return self.driver.alloc(nbytes)
 
+    def _alloc_upstream(self, nbytes: int, stream: int) -> int:
+        """An allocation of the upstream, with this device's context current (an
+        RMM resource of one device allocates on the current device)."""
+        with self.driver.activate():
+            return self.options.upstream.allocate(nbytes, stream)
+
+    def _free_upstream(self, ptr: int, stream: int) -> None:
+        """The upstream's give-back, with this device's context current."""
+        with self.driver.activate():
+            self.options.upstream.deallocate(ptr, stream)
+
     def _free_legacy(self, ptr: int, stream: int) -> None:
         """IPC mode: free after everything queued on ``stream`` (the block's uses,
         which its waits ordered there) is done: ``cuMemFree`` is not stream-ordered."""
@@ -232,8 +243,8 @@ class Reaping(AsyncState):
         """Free every live block synchronously, forget all state and advance the epoch.
 
         Borrowed blocks are forgotten, not freed (their memory is their
-        producer's). Driver errors are ignored: when the context is already gone, so is
-        its memory. Handles from before are refused with
+        producer's); an upstream's blocks go back to it. Driver errors are ignored:
+        when the context is already gone, so is its memory. Handles from before are refused with
         :class:`~numba_streamsafe.core.errors.StaleContext`.
         """
         with self._lock:
@@ -249,9 +260,16 @@ class Reaping(AsyncState):
             entry.block.stream_owner = None
             entry.block.keep = None
         owned = [entry.block.ptr for entry in entries if not entry.block.borrowed]
+        upstream = self.options.upstream
         for ptr in owned + kept:
             try:
-                self.driver.free(ptr)
+                if upstream is None:
+                    self.driver.free(ptr)
+                else:  # the upstream's memory goes back to it (its stream order is gone)
+                    upstream.deallocate(ptr, 0)
             except DriverError:
                 pass
+            except Exception as exc:  # the upstream's own error: its context is gone too
+                _log.warning("%s: giving back %#x at a context reset failed: %s",
+                             upstream.name if upstream is not None else "driver", ptr, exc)
         self.events.forget()

@@ -140,10 +140,12 @@ class RmmUpstream:
             ``ptr`` is no allocation of this upstream.
         """
         with self._lock:
-            nbytes = self._sizes.pop(ptr, None)
+            nbytes = self._sizes.get(ptr)
         if nbytes is None:
             raise StreamMisuse(f"{ptr:#x} is not an allocation of {self.name}")
         self.mr.deallocate(ptr, nbytes, self._stream(stream))
+        with self._lock:  # given back: forgotten (kept where RMM refused, to try again)
+            self._sizes.pop(ptr, None)
 
     def __repr__(self) -> str:
         return f"RmmUpstream({self.mr!r})"

@@ -165,6 +165,13 @@ def test_the_setting_is_read_and_refused_on_the_simulator(monkeypatch, sim):
         assert settings_module.settings().upstream == "rmm"
         with pytest.raises(InvalidArgument, match="needs a GPU"):
             default_stack(sim)
+        for other, value in (("NUMBA_STREAMSAFE_RESOURCE", "direct"),
+                             ("NUMBA_STREAMSAFE_IPC", "1")):
+            monkeypatch.setenv(other, value)
+            settings_module.reload_settings()
+            with pytest.raises(InvalidArgument, match="unset one of them"):
+                default_stack(sim)
+            monkeypatch.delenv(other)
         monkeypatch.setenv("NUMBA_STREAMSAFE_UPSTREAM", "rmmm")
         with pytest.raises(InvalidArgument, match="NUMBA_STREAMSAFE_UPSTREAM"):
             settings_module.reload_settings()
@@ -173,3 +180,37 @@ def test_the_setting_is_read_and_refused_on_the_simulator(monkeypatch, sim):
         settings_module.reload_settings()
     assert settings_module.settings().upstream == "driver"
     assert default_stack(sim).upstream_name == "cuMemAllocAsync"
+
+
+def test_a_context_reset_gives_the_upstreams_memory_back_to_it(sim, rmm, two_streams):
+    a, _ = two_streams
+    owner = Handle(a)
+    res = AsyncResource(sim, upstream=RmmUpstream(rmm, stream_of=Handle))
+    live = res.allocate(1 << 12, a)
+    kept = res.allocate(1 << 16, a, stream_owner=owner)
+    res.deallocate(kept)  # kept for reuse: still the upstream's memory
+    assert set(rmm.live) == {live.ptr, kept.ptr}
+    calls = sim.calls["cuMemFree"]
+    res.reset_context()
+    assert rmm.live == {} and sim.calls["cuMemFree"] == calls  # RMM's, not cuMemFree
+
+
+def test_a_refused_give_back_can_be_tried_again(sim, two_streams):
+    a, _ = two_streams
+
+    class Refusing(FakeRmm):
+        refuse = True
+
+        def deallocate(self, ptr, nbytes, stream):
+            if self.refuse:
+                raise RuntimeError("RMM refused")
+            super().deallocate(ptr, nbytes, stream)
+
+    rmm = Refusing(sim)
+    upstream = RmmUpstream(rmm, stream_of=Handle)
+    ptr = upstream.allocate(4096, a)
+    with pytest.raises(RuntimeError, match="refused"):
+        upstream.deallocate(ptr, a)
+    rmm.refuse = False
+    upstream.deallocate(ptr, a)  # the size was kept: the second try gives it back
+    assert rmm.live == {}

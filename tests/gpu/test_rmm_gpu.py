@@ -29,9 +29,10 @@ def _resource(kind: str):
     return rmm.mr.CudaAsyncMemoryResource()
 
 
-@pytest.fixture(params=["pool", "async"])
+@pytest.fixture(params=["pool", "async", "pool-no-reuse"])
 def rmm_runtime(gpu, request):
-    """Device 0's runtime over an RMM resource (statistics adaptor on top)."""
+    """Device 0's runtime over an RMM resource (statistics adaptor on top);
+    ``pool-no-reuse`` keeps no freed block, so every free goes back to RMM."""
     pytest.importorskip("rmm", reason="RMM is not installed (the rmm-cu13/rmm-cu12 extra)")
     import rmm.mr
 
@@ -39,14 +40,16 @@ def rmm_runtime(gpu, request):
     from numba_streamsafe.resources import POOL_KEEP_ALL, AsyncResource
     from numba_streamsafe.runtime import DeviceRuntime, clear_runtimes, set_runtime
 
-    mr = rmm.mr.StatisticsResourceAdaptor(_resource(request.param))
+    kind = request.param
+    mr = rmm.mr.StatisticsResourceAdaptor(_resource(kind.split("-")[0]))
     previous = rmm.mr.get_current_device_resource()
     rmm.mr.set_current_device_resource(mr)
     rt = DeviceRuntime(AsyncResource(CudaDriver(0), upstream=nss.RmmUpstream(mr),
-                                     release_threshold=POOL_KEEP_ALL))
+                                     release_threshold=POOL_KEEP_ALL,
+                                     reuse_bytes=0 if kind.endswith("no-reuse") else 64 << 20))
     old = set_runtime(rt, 0)
     try:
-        yield request.param, mr, rt
+        yield kind, mr, rt
     finally:
         gpu.synchronize()
         rt.flush()
@@ -60,7 +63,7 @@ def rmm_runtime(gpu, request):
 
 @pytest.mark.parametrize("hazard", HAZARDS)
 def test_races_with_rmm_upstream(gpu, rmm_runtime, kernels, hazard):
-    kind, _, _ = rmm_runtime
+    kind, mr, _ = rmm_runtime
     race = Race(gpu, kernels)
     race.warm_up()
     race.calibrate()
@@ -83,6 +86,8 @@ def test_races_with_rmm_upstream(gpu, rmm_runtime, kernels, hazard):
         with open(report, "a") as f:
             f.write(line + "\n")
     assert nss.memory_stats()["upstream"].startswith("rmm")
+    if kind.endswith("no-reuse"):  # every free went back to RMM, ordered
+        assert mr.allocation_counts.total_count >= TRIALS, mr.allocation_counts
     assert wrong[True] == 0, line
     assert wrong[False] >= min(UNTRACKED_MIN_SHARE, 0.7) * TRIALS, (
         "the race did not show without the library, so this run proves nothing: " + line)
