@@ -13,6 +13,7 @@ get Numba's ``cuda`` and the kernels (``kernels.py``) through fixtures.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -130,19 +131,17 @@ def kernels(gpu):
     return module
 
 
-@pytest.fixture
-def fresh_runtime(gpu):
-    """An owned runtime over the CUDA driver, installed as device 0's for one test."""
-    from numba_streamsafe._driver.cuda import CudaDriver
-    from numba_streamsafe.resources import AsyncResource
-    from numba_streamsafe.runtime import DeviceRuntime, clear_runtimes, set_runtime
+@contextlib.contextmanager
+def installed(rt, cuda):
+    """``rt`` installed as device 0's runtime inside the block; afterwards the
+    device is synchronised, ``rt``'s frees run and the runtime before it is back."""
+    from numba_streamsafe.runtime import clear_runtimes, set_runtime
 
-    rt = DeviceRuntime(AsyncResource(CudaDriver(0)))
     old = set_runtime(rt, 0)
     try:
         yield rt
     finally:
-        gpu.synchronize()
+        cuda.synchronize()
         gc.collect()
         rt.flush()
         rt.reap()
@@ -150,6 +149,17 @@ def fresh_runtime(gpu):
             set_runtime(old, 0)
         else:
             clear_runtimes()
+
+
+@pytest.fixture
+def fresh_runtime(gpu):
+    """An owned runtime over the CUDA driver, installed as device 0's for one test."""
+    from numba_streamsafe._driver.cuda import CudaDriver
+    from numba_streamsafe.resources import AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime
+
+    with installed(DeviceRuntime(AsyncResource(CudaDriver(0))), gpu) as rt:
+        yield rt
 
 
 @pytest.fixture(scope="session")

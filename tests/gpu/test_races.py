@@ -139,10 +139,11 @@ def race(gpu, kernels):
     return r
 
 
-@pytest.mark.parametrize("hazard", HAZARDS)
-def test_race(race, hazard):
+def run_trials(race: Race, hazard: str, label: str = "") -> tuple[dict[bool, int], str]:
+    """``TRIALS`` trials of ``hazard``, tracked and untracked interleaved: the
+    wrong results of each, and the report line (also appended to
+    ``NSS_RACE_REPORT``)."""
     trial = getattr(race, hazard.replace("-", "_"))
-    cuda = race.cuda
     wrong = {True: 0, False: 0}
     reused = {True: 0, False: 0}
     started = time.perf_counter()
@@ -151,11 +152,11 @@ def test_race(race, hazard):
             value = (0 if tracked else 1 << 20) + i + 1  # never a value of an earlier trial
             with nss.tracking(tracked):
                 bad, same = trial(value)
-            cuda.synchronize()  # the next trial starts with both streams idle
+            race.cuda.synchronize()  # the next trial starts with both streams idle
             wrong[tracked] += bad
             reused[tracked] += same
     seconds = time.perf_counter() - started
-    line = (f"{hazard} tracked_wrong={wrong[True]}/{TRIALS} "
+    line = (f"{label}{hazard} tracked_wrong={wrong[True]}/{TRIALS} "
             f"untracked_wrong={wrong[False]}/{TRIALS} spins={race.spins} "
             f"slow_ms={race.slow_ms:.2f} seconds={seconds:.1f}")
     if hazard == "free-after-use":
@@ -166,6 +167,12 @@ def test_race(race, hazard):
     if report:
         with open(report, "a") as f:
             f.write(line + "\n")
+    return wrong, line
+
+
+@pytest.mark.parametrize("hazard", HAZARDS)
+def test_race(race, hazard):
+    wrong, line = run_trials(race, hazard)
     assert wrong[True] == 0, line
     assert wrong[False] >= UNTRACKED_MIN_SHARE * TRIALS, (
         "the race did not show without fences, so this run proves nothing: " + line)

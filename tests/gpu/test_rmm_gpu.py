@@ -9,14 +9,12 @@ Needs RMM (``rmm-cu13`` or ``rmm-cu12`` wheels); skipped without it.
 
 from __future__ import annotations
 
-import os
-import time
-
 import numpy as np
 import pytest
 
 import numba_streamsafe as nss
-from tests.gpu.test_races import HAZARDS, TRIALS, UNTRACKED_MIN_SHARE, Race
+from tests.gpu.conftest import installed
+from tests.gpu.test_races import HAZARDS, TRIALS, Race, run_trials
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +36,7 @@ def rmm_runtime(gpu, request):
 
     from numba_streamsafe._driver.cuda import CudaDriver
     from numba_streamsafe.resources import POOL_KEEP_ALL, AsyncResource
-    from numba_streamsafe.runtime import DeviceRuntime, clear_runtimes, set_runtime
+    from numba_streamsafe.runtime import DeviceRuntime
 
     kind = request.param
     mr = rmm.mr.StatisticsResourceAdaptor(_resource(kind.split("-")[0]))
@@ -47,17 +45,10 @@ def rmm_runtime(gpu, request):
     rt = DeviceRuntime(AsyncResource(CudaDriver(0), upstream=nss.RmmUpstream(mr),
                                      release_threshold=POOL_KEEP_ALL,
                                      reuse_bytes=0 if kind.endswith("no-reuse") else 64 << 20))
-    old = set_runtime(rt, 0)
     try:
-        yield kind, mr, rt
+        with installed(rt, gpu):
+            yield kind, mr, rt
     finally:
-        gpu.synchronize()
-        rt.flush()
-        rt.reap()
-        if old is not None:
-            set_runtime(old, 0)
-        else:
-            clear_runtimes()
         rmm.mr.set_current_device_resource(previous)
 
 
@@ -67,29 +58,12 @@ def test_races_with_rmm_upstream(gpu, rmm_runtime, kernels, hazard):
     race = Race(gpu, kernels)
     race.warm_up()
     race.calibrate()
-    trial = getattr(race, hazard.replace("-", "_"))
-    wrong = {True: 0, False: 0}
-    started = time.perf_counter()
-    for i in range(TRIALS):
-        for tracked in (True, False):
-            value = (0 if tracked else 1 << 20) + i + 1
-            with nss.tracking(tracked):
-                bad, _ = trial(value)
-            race.cuda.synchronize()
-            wrong[tracked] += bad
-    line = (f"rmm-{kind} {hazard} tracked_wrong={wrong[True]}/{TRIALS} "
-            f"untracked_wrong={wrong[False]}/{TRIALS} spins={race.spins} "
-            f"seconds={time.perf_counter() - started:.1f}")
-    print(line)
-    report = os.environ.get("NSS_RACE_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(line + "\n")
+    wrong, line = run_trials(race, hazard, label=f"rmm-{kind} ")
     assert nss.memory_stats()["upstream"].startswith("rmm")
     if kind.endswith("no-reuse"):  # every free went back to RMM, ordered
         assert mr.allocation_counts.total_count >= TRIALS, mr.allocation_counts
     assert wrong[True] == 0, line
-    assert wrong[False] >= min(UNTRACKED_MIN_SHARE, 0.7) * TRIALS, (
+    assert wrong[False] >= 0.7 * TRIALS, (
         "the race did not show without the library, so this run proves nothing: " + line)
 
 
