@@ -29,7 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 #: The distributions whose versions the report lists.
 DISTRIBUTIONS = ("numba", "numba-cuda", "llvmlite", "cuda-bindings", "cuda-core", "numpy",
-                 "Cython")
+                 "Cython", "rmm-cu13", "rmm-cu12")
 
 
 def _version(dist: str) -> str:
