@@ -14,6 +14,7 @@ before the free.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -160,6 +161,12 @@ def rmm_upstream(device: int) -> RmmUpstream:
     InvalidArgument
         RMM is not installed (install ``numba-streamsafe[rmm-cu13]`` or
         ``[rmm-cu12]``, matching the CUDA of numba-cuda).
+
+    Warns
+    -----
+    RuntimeWarning
+        The device's resource is RMM's default ``CudaMemoryResource``: correct,
+        but not stream-ordered (each free synchronises the device).
     """
     try:
         import rmm.mr  # type: ignore[import-not-found]
@@ -168,4 +175,12 @@ def rmm_upstream(device: int) -> RmmUpstream:
             f"NUMBA_STREAMSAFE_UPSTREAM=rmm, but RMM cannot be imported ({exc}): install "
             "numba-streamsafe[rmm-cu13] (or [rmm-cu12], matching numba-cuda's CUDA), or unset "
             "the variable to allocate from the device's own pool") from None
-    return RmmUpstream(rmm.mr.get_per_device_resource(device))
+    mr = rmm.mr.get_per_device_resource(device)
+    if type(mr).__name__ == "CudaMemoryResource":
+        warnings.warn(
+            f"NUMBA_STREAMSAFE_UPSTREAM=rmm: device {device}'s RMM resource is RMM's default "
+            "CudaMemoryResource (cudaMalloc / cudaFree: not stream-ordered, and every free "
+            "synchronises the device). Set a pool or async resource first, e.g. "
+            "rmm.reinitialize(pool_allocator=True) or rmm.mr.set_current_device_resource("
+            "rmm.mr.CudaAsyncMemoryResource())", RuntimeWarning, stacklevel=2)
+    return RmmUpstream(mr)

@@ -214,3 +214,31 @@ def test_a_refused_give_back_can_be_tried_again(sim, two_streams):
     rmm.refuse = False
     upstream.deallocate(ptr, a)  # the size was kept: the second try gives it back
     assert rmm.live == {}
+
+
+def test_rmm_upstream_takes_rmms_resource_of_the_device(monkeypatch, sim):
+    """``rmm_upstream`` over a stand-in ``rmm`` package: the device's resource,
+    and a warning where it is RMM's default, non-stream-ordered one."""
+    import sys
+    import types
+    import warnings
+
+    class PoolMemoryResource(FakeRmm):
+        pass
+
+    class CudaMemoryResource(FakeRmm):
+        pass
+
+    resources = {0: PoolMemoryResource(sim), 1: CudaMemoryResource(sim)}
+    mr_module = types.ModuleType("rmm.mr")
+    mr_module.get_per_device_resource = resources.__getitem__
+    rmm_module = types.ModuleType("rmm")
+    rmm_module.mr = mr_module
+    monkeypatch.setitem(sys.modules, "rmm", rmm_module)
+    monkeypatch.setitem(sys.modules, "rmm.mr", mr_module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        upstream = rmm_upstream(0)
+    assert upstream.mr is resources[0] and upstream.name == "rmm (PoolMemoryResource)"
+    with pytest.warns(RuntimeWarning, match="not stream-ordered"):
+        assert rmm_upstream(1).mr is resources[1]
