@@ -325,9 +325,8 @@ def resolve(table: Any, uses: Any, what: str) -> list:
     view) is validated and left out: it waits for nothing and records
     nothing. Caller holds the resource's lock."""
     live: dict = table.live
-    out: list = [None] * (4 * len(uses))  # filled by index: no growth as it fills
+    out = []
     entry: Entry  # a typed binding, not a cast: free where the module runs as Python
-    k: cython.Py_ssize_t = 0
     for use in uses:
         block = use[0]
         found = live.get(block.ptr)
@@ -345,13 +344,10 @@ def resolve(table: Any, uses: Any, what: str) -> list:
         else:  # the whole block (Python ints as they are: no new objects)
             lo = 0
             hi = entry.size
-        out[k] = entry
-        out[k + 1] = int(use[1])
-        out[k + 2] = lo
-        out[k + 3] = hi
-        k += 4
-    if k < len(out):
-        del out[k:]
+        out.append(entry)
+        out.append(int(use[1]))
+        out.append(lo)
+        out.append(hi)
     return out
 
 
