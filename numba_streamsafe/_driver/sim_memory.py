@@ -70,12 +70,12 @@ class SimPool:
             if (chunk.capacity >= nbytes and chunk.free_op is not None
                     and ordered(chunk.free_op, op)):
                 del self._pooled[i]
+                chunk.live = True
+                chunk.nbytes = nbytes
+                chunk.free_op = None
                 break
         else:
             chunk = self.new_chunk(nbytes, host_clock, call)
-        chunk.live = True
-        chunk.nbytes = nbytes
-        chunk.free_op = None
         self._used += chunk.capacity
         self._used_high = max(self._used_high, self._used)
         return chunk

@@ -37,7 +37,8 @@ STAT_KEYS: dict[str, str] = {
     "same_stream_uses": "uses of a block on the stream of its last writer: no wait needed",
     "upstream": "where new memory comes from (a name, not a figure): cuMemAllocAsync (the "
                 "device's stream-ordered pool), cuMemAlloc (IPC; untracked with "
-                "NUMBA_STREAMSAFE_RESOURCE=direct), or rmm (the resource's class); the "
+                "NUMBA_STREAMSAFE_RESOURCE=direct), rmm (the resource's class), or the "
+                "class of a resource of one's own; the "
                 "reserved_bytes and pool_used_bytes figures are the device pool's",
 }
 
@@ -118,7 +119,7 @@ def memory_stats(device: int | None = None) -> dict[str, Any]:
         "events_recorded": c["events_recorded"],
         "events.in_use": c["events_in_use"],
         "same_stream_uses": c["same_stream_uses"],
-        "upstream": getattr(tracker, "upstream_name", "cuMemAlloc (untracked)"),
+        "upstream": getattr(tracker, "upstream_name", type(tracker).__name__),
     }
 
 

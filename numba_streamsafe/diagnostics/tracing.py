@@ -306,7 +306,6 @@ class Trace:
         self._bases.clear()
         self.device_times_measured = True
 
-
     def _replay(self) -> tuple[list[Op], list[Wait], list[EventRecord]]:
         """The operations, waits and events, from the raw records in order."""
         writers: _Uses = {}
@@ -335,7 +334,6 @@ class Trace:
             waits.extend(op_waits)
             events.extend(op_events)
         return ops, waits, events
-
 
     def _replay_op(self, raw: tuple[Any, ...], writers: _Uses, readers: _Uses
                    ) -> tuple[Op, list[Wait], list[EventRecord]]:

@@ -32,6 +32,9 @@ class DirectResource(MemoryResource):
     neighbouring blocks.
     """
 
+    #: Where new memory comes from (``memory_stats()["upstream"]``).
+    upstream_name = "cuMemAlloc (untracked)"
+
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
         self.device = driver.device

@@ -245,6 +245,7 @@ def test_memory_stats_keys_and_values(rt, streams):
     a, b = streams
     stats = nss.memory_stats()
     assert set(stats) == set(STAT_KEYS)
+    assert stats["upstream"] == "cuMemAllocAsync"
     x = nss.device_array(N, np.int64, stream=a)
     y = nss.device_array(2 * N, np.int64, stream=b)
     fill[GRID, BLOCK, a](x, 1)
@@ -268,6 +269,18 @@ def test_memory_stats_keys_and_values(rt, streams):
     assert s["allocation.all.freed"] == 1
     assert s["pending_bytes.current"] + s["kept_bytes.current"] == 2 * N * 8
     del x
+
+
+def test_memory_stats_name_the_direct_resources_allocator(rt):
+    from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.resources import DirectResource
+    from numba_streamsafe.runtime import DeviceRuntime, set_runtime
+
+    previous = set_runtime(DeviceRuntime(DirectResource(SimDriver())), 0)
+    try:
+        assert nss.memory_stats()["upstream"] == "cuMemAlloc (untracked)"
+    finally:
+        set_runtime(previous, 0)
 
 
 def test_reset_peak_stats_starts_the_peaks_from_now(rt, streams):
