@@ -47,3 +47,18 @@ def work(value: int, n: int, spins: int) -> tuple[bool, str]:
     b.synchronize()
     uuid = getattr(cuda.get_current_device(), "uuid", "simulated")  # the simulator has none
     return bool((out == value + 1).all()), str(uuid)
+
+
+def work_over_rmm(value: int, n: int, spins: int) -> tuple[bool, int, str]:
+    """:func:`work`, while an array of the library's is alive: whether the
+    result was right, the bytes the worker's RMM resource has handed out at
+    that point (dask-cuda's ``rmm_track_allocations`` adaptor counts them)
+    and the name of the resource the worker's layer takes its memory from."""
+    import rmm.mr
+
+    held = nss.device_array(n, np.int64)
+    right, _ = work(value, n, spins)
+    allocated = rmm.mr.get_current_device_resource().get_allocated_bytes()
+    upstream = nss.memory_stats()["upstream"]
+    del held
+    return right, allocated, upstream

@@ -2,12 +2,18 @@
 library's blocks taken from RMM's pool and async resources (tracked: 0 wrong;
 untracked, the negative control: wrong in most trials), and one pool shared
 with CuPy (RMM's statistics adaptor counts the library's arrays and CuPy's,
-and the device's own pool hands out nothing).
+and the device's own pool hands out nothing); and dask-cuda's
+``LocalCUDACluster(rmm_pool_size=...)`` with ``StreamSafePlugin(upstream="rmm")``:
+each worker's layer over that worker's RMM pool, every task right.
 
 Needs RMM (``rmm-cu13`` or ``rmm-cu12`` wheels); skipped without it.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,11 +73,10 @@ def test_races_with_rmm_upstream(gpu, rmm_runtime, kernels, hazard):
         "the race did not show without the library, so this run proves nothing: " + line)
 
 
-def test_one_pool_with_cupy(rmm_runtime):
+def test_one_pool_with_cupy(rmm_runtime, cupy):
     """The library's arrays and CuPy's (through rmm_cupy_allocator) come from
     one RMM resource: its statistics count both, and the device's own
     stream-ordered pool hands out nothing."""
-    cupy = pytest.importorskip("cupy")
     from rmm.allocators.cupy import rmm_cupy_allocator
 
     _, mr, _ = rmm_runtime
@@ -87,3 +92,47 @@ def test_one_pool_with_cupy(rmm_runtime):
         del x, y
     finally:
         cupy.cuda.set_allocator(None)
+
+
+def test_dask_cuda_rmm_pool(gpu):
+    """dask-cuda's recipe: ``LocalCUDACluster(rmm_pool_size=...)`` sets up an
+    RMM pool on each worker; ``StreamSafePlugin(upstream="rmm")`` builds the
+    worker's layer over it. Every task (a slow producer and a consumer on two
+    streams) is right, the worker's layer names RMM as its upstream, and
+    RMM's tracking adaptor counts the library's arrays."""
+    pytest.importorskip("rmm", reason="RMM is not installed (the rmm-cu13/rmm-cu12 extra)")
+    pytest.importorskip("dask_cuda")
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from numba_streamsafe.dask import StreamSafePlugin, worker_stats
+
+    here = str(Path(__file__).resolve().parent)
+    sys.path.insert(0, here)  # the workers import dask_tasks by name
+    import dask_tasks
+
+    tasks, n = 32, 1 << 16
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    with LocalCUDACluster(n_workers=1, threads_per_worker=1, rmm_pool_size="512MiB",
+                          rmm_track_allocations=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        client.register_plugin(StreamSafePlugin(upstream="rmm"))
+        results = client.gather([client.submit(dask_tasks.work_over_rmm, v, n, 20_000,
+                                               pure=False) for v in range(tasks)])
+        stats = client.run(worker_stats)
+    right = sum(ok for ok, _, _ in results)
+    held = min(allocated for _, allocated, _ in results)
+    upstreams = sorted({name for _, _, name in results})
+    (per_device,) = stats.values()
+    line = (f"dask-cuda rmm_pool_size tasks={tasks} right={right}/{tasks} upstream={upstreams} "
+            f"rmm_bytes_while_held_min={held} waits={per_device[0]['waits_inserted']}")
+    print(line)
+    report = os.environ.get("NSS_RACE_REPORT")
+    if report:
+        with open(report, "a") as f:
+            f.write(line + "\n")
+    assert right == tasks, line
+    assert upstreams == ["rmm (TrackingResourceAdaptor)"], line
+    assert per_device[0]["upstream"] == "rmm (TrackingResourceAdaptor)", per_device
+    assert held >= 3 * n * 8, line  # the held array and the task's two, all from RMM
+    assert per_device[0]["waits_inserted"] >= tasks, line
