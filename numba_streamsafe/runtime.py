@@ -9,10 +9,8 @@ device's blocks (see ``docs/architecture.md``, section 7).
 
 from __future__ import annotations
 
-import collections
 import threading
 import warnings
-import weakref
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -22,9 +20,7 @@ from numba_streamsafe.core.blocks import Block, check_block, check_int
 from numba_streamsafe.core.errors import GraphCaptureError, InvalidArgument
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.core.streams import (
-    default_stream_handle,
-)
+from numba_streamsafe.core.streams import StreamRef, default_stream_handle
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
     AsyncResource,
@@ -33,8 +29,7 @@ from numba_streamsafe.resources import (
     ResourceStats,
     rmm_upstream,
 )
-from numba_streamsafe.resources.tracking.marks import retired_stream_id
-from numba_streamsafe.runtime_streams import RuntimeStreams
+from numba_streamsafe.stream_registry import StreamRegistry
 
 __all__ = [
     "DeviceRuntime",
@@ -79,7 +74,7 @@ def default_driver(device: int = 0) -> Driver:
     return CudaDriver(device)
 
 
-class DeviceRuntime(RuntimeStreams):
+class DeviceRuntime:
     """The library's state for one device: a resource stack and its policy.
 
     Parameters
@@ -104,45 +99,41 @@ class DeviceRuntime(RuntimeStreams):
         self.driver: Driver = driver if driver is not None else _driver_of(resource)
         self.device = resource.device
         self.mode = RecorderMode(mode)
-        #: The driver's destroyed stream handles, refused as ints.
-        self._destroyed: set[int] = self.driver.destroyed_streams
-        #: Bare integer handles found to name a live stream (:meth:`stream_handle`).
-        self._checked_handles: set[int] = set()
-        self._stream_objects: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self._stream_lock = threading.Lock()
-        #: Handles this runtime made for stream objects that have died (their
-        #: finalizers append them; :meth:`stream_handle` destroys them).
-        self._dead_streams: collections.deque[int] = collections.deque()
+        #: The streams this runtime has seen (handles, destruction, keys).
+        self.streams = StreamRegistry(self.driver, resource)
         #: True while runtimes of other devices are installed beside this one:
         #: the launch protocol then looks for blocks of other devices.
         self.multi_device = False
         #: Devices whose memory this device's kernels may access
         #: (:meth:`enable_peer_access`).
         self.peers: set[int] = set()
-        #: Stream handle -> its key in other devices' state (:meth:`stream_key`).
-        self._keys: dict[int, int] = {}
         #: A graph being captured on this device (:meth:`start_capture`), else None.
         self.capture: Any = None
 
-    # ------------------------------------------------------------ other devices
+    # ----------------------------------------------------------------- streams
+    def stream_ref(self, stream: Any) -> StreamRef:
+        """``(handle, owner)`` of ``stream`` (:meth:`StreamRegistry.ref`)."""
+        return self.streams.ref(stream)
+
+    def stream_handle(self, stream: Any) -> int:
+        """The driver handle of ``stream`` (:meth:`StreamRegistry.handle`)."""
+        return self.streams.handle(stream)
+
     def stream_key(self, handle: int) -> int:
-        """The key other devices' resources know this device's stream ``handle``
-        by, when they record its uses of their blocks.
+        """The key other devices know the stream ``handle`` by
+        (:meth:`StreamRegistry.key`)."""
+        return self.streams.key(handle)
 
-        Negative and unique in the process (never a stream handle of any
-        device, whose default streams share the values 0 to 2), stable until
-        the stream is destroyed through :meth:`destroy_stream` (a stream that
-        later gets the handle gets a new key, so it inherits no uses) or the
-        context is reset.
-        """
-        key = self._keys.get(handle)
-        if key is None:
-            with self._stream_lock:
-                key = self._keys.get(handle)
-                if key is None:
-                    key = self._keys[handle] = retired_stream_id()
-        return key
+    def destroy_stream(self, stream: Any) -> None:
+        """Destroy a stream, refusing while blocks live on it
+        (:meth:`StreamRegistry.destroy`)."""
+        self.streams.destroy(stream)
 
+    def order_after_stream(self, stream: int, producer: int) -> None:
+        """Make ``stream`` wait for everything queued so far on ``producer``."""
+        self.streams.order_after(stream, producer)
+
+    # ------------------------------------------------------------ other devices
     def enable_peer_access(self, peer: DeviceRuntime) -> None:
         """Let this device's kernels use ``peer``'s blocks: the driver enables
         peer access (``cuCtxEnablePeerAccess``) and the runtime records it, so
@@ -344,8 +335,7 @@ class DeviceRuntime(RuntimeStreams):
         :class:`~numba_streamsafe.core.errors.StaleContext`; their finalizers do nothing.
         """
         self.resource.reset_context()
-        self._checked_handles.clear()
-        self._keys.clear()  # the streams are gone; new ones may get their handles
+        self.streams.reset()
 
     def stats(self) -> RuntimeStats:
         return RuntimeStats(**asdict(self.resource.stats()), epoch=self.epoch)

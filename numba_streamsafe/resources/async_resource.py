@@ -1,9 +1,13 @@
 """AsyncResource: stream-ordered blocks with per-block dependency tracking.
 
-It composes the pieces of :mod:`numba_streamsafe.resources`: the live blocks
-and their dependency state (:mod:`.block_table`), the marks and waits
-(:mod:`.marks`, over the :mod:`.events` pool), the freed bytes not yet back in
-the pool (:mod:`.freed`) and the finalizer-safe queue (:mod:`.deferred`).
+It is made of parts that each own their state: the live blocks and their
+dependency state (:class:`~.tracking.block_table.BlockTable`), the marks and
+waits (:class:`~.tracking.marks.MarkBook`, over an
+:class:`~.tracking.marks.EventPool`), the freed bytes not yet back where they
+came from (:class:`~.reaping.Reaper`), where new memory comes from
+(:class:`~.upstream.MemorySource`) and the finalizer-safe queue
+(:class:`~.deferred.DeferredFrees`). The resource holds the lock they are
+changed under, and its figures.
 """
 
 from __future__ import annotations
@@ -11,8 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba_streamsafe.resources.tracking.rules as rules
@@ -27,19 +30,21 @@ from numba_streamsafe.core.blocks import (
     next_generation_fast,
     positive_size,
 )
-from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamSafeError
+from numba_streamsafe.core.errors import (
+    DriverError,
+    InvalidArgument,
+    OutOfMemory,
+    StreamSafeError,
+)
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
-from numba_streamsafe.resources.base import MemoryResource, Use
-from numba_streamsafe.resources.borrowing import Borrowing
+from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.deferred import DeferredFrees
-from numba_streamsafe.resources.peer_uses import PeerUses
-from numba_streamsafe.resources.reaping import Reaping
+from numba_streamsafe.resources.reaping import Reaper
 from numba_streamsafe.resources.tracking.block_table import BlockTable
-from numba_streamsafe.resources.tracking.freed import KeptBlocks, PendingFrees
 from numba_streamsafe.resources.tracking.lock import Lock
-from numba_streamsafe.resources.tracking.marks import EventPool, MarkBook
+from numba_streamsafe.resources.tracking.marks import EventPool, ForeignMark, Mark, MarkBook
 from numba_streamsafe.resources.tracking.rules import Entry
-from numba_streamsafe.resources.upstream import Upstream
+from numba_streamsafe.resources.upstream import Upstream, memory_source
 
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
 
@@ -95,7 +100,7 @@ class AsyncOptions:
                        " (or None)")
 
 
-class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
+class AsyncResource(MemoryResource):
     """Blocks from ``cuMemAllocAsync``, freed with ``cuMemFreeAsync``, fully tracked.
 
     Each block keeps the mark of its last write (first, of its allocation)
@@ -180,7 +185,6 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             driver.set_pool_attribute("RELEASE_THRESHOLD", opts.release_threshold)
         self.options = opts
         self.fences = opts.fences
-        self.reuse_bytes = opts.reuse_bytes
         self._eager = opts.fences == "eager"
         self.driver = driver
         #: IPC mode (``ipc=True``): blocks are ``cuMemAlloc`` allocations, which
@@ -188,39 +192,42 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         #: ``cuIpcOpenMemHandle``); they are tracked as any block, and freed after
         #: their uses by ``cuMemFree`` once their stream has completed them.
         self.ipc = opts.ipc
+        self.source = memory_source(driver, opts.upstream, opts.ipc)
         #: Where new memory comes from (``memory_stats()["upstream"]``).
-        self.upstream_name = "cuMemAllocAsync"
-        if opts.ipc:
-            self.upstream_name = "cuMemAlloc (IPC)"
-            self._alloc, self._free = self._alloc_legacy, self._free_legacy
-        elif opts.upstream is not None:
-            self.upstream_name = opts.upstream.name
-            self._alloc, self._free = self._alloc_upstream, self._free_upstream
-        else:
-            self._alloc, self._free = driver.alloc_async, driver.free_async
+        self.upstream_name = self.source.name
+        self._alloc = self.source.alloc
+        self._free = self.source.free
         self.device = driver.device
         self.events = EventPool(driver, opts.max_idle_events)
         self._lock = Lock()
-        #: Held while pending frees are synchronised and while a stream is
-        #: retired, so a stream is never destroyed under a reap that syncs it.
-        self._reap_lock = threading.RLock()
         self._table = BlockTable(self.device)
         self.marks = MarkBook(driver, self.events)
-        self._pending = PendingFrees()
-        self._kept = KeptBlocks(opts.reuse_bytes)
+        self._reaper = Reaper(driver, self._lock, self._free, opts.reuse_bytes)
         # Read (never written) on every allocation and free.
+        self._pending = self._reaper.pending
+        self._kept = self._reaper.kept
         self._live = self._table.live
         self._deferred = DeferredFrees()
         self._deferred_queue = self._deferred.queue  # truthiness checked on every allocation
-        self._peak = 0
+        #: Figures of :meth:`counters`: allocations and frees (count and bytes)
+        #: over the resource's life, peak live bytes, peak outstanding bytes
+        #: (live, pending and kept).
         self._allocations = 0
-        self._frees = 0
-        #: Counters of :meth:`counters`: peak live bytes, bytes allocated and
-        #: freed over the resource's life, uses that stayed on their block's
-        #: last writer's stream (no wait needed).
-        self._live_peak = 0
         self._allocated_bytes = 0
+        self._frees = 0
         self._freed_bytes = 0
+        self._live_peak = 0
+        self._peak = 0
+
+    @property
+    def reuse_bytes(self) -> int:
+        """The most bytes of freed blocks kept for reuse (see the parameter)."""
+        return self._reaper.reuse_bytes
+
+    @reuse_bytes.setter
+    def reuse_bytes(self, nbytes: int) -> None:
+        check_int("reuse_bytes", nbytes, 0)
+        self._reaper.reuse_bytes = nbytes
 
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
@@ -230,7 +237,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         if stream > MAX_DEFAULT_STREAM:
             self.driver.check_stream(stream)
         if self._pending and not self._allocations % _REAP_EVERY:
-            self.reap_completed()
+            self._reaper.reap_completed()
         if self._deferred_queue or self._kept:
             # Queued frees and the kept block under one lock: the common
             # free-then-allocate cycle of one size makes no driver call.
@@ -293,7 +300,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
                       self._table.epoch, _LIVE, stream_owner)
         # The new block's use of the stream's open mark (its allocation point)
         # begins; the free's use of the old block's last write ends.
-        self._table.replace(entry, block, mark)
+        self._table.replace(entry, block, mark, self.marks)
         entry.release(self.marks)
         self._frees += 1
         self._freed_bytes += nbytes
@@ -307,7 +314,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         ``stream``, used on no other stream, owned, and small enough to keep."""
         return (entry.block is old and old.nbytes == nbytes and old.stream == stream
                 and entry.only_on(stream)
-                and not old.borrowed and nbytes <= self.reuse_bytes
+                and not old.borrowed and nbytes <= self._reaper.reuse_bytes
                 and (old.stream_owner is not None or stream <= MAX_DEFAULT_STREAM))
 
     def _allocate_new(self, nbytes: int, stream: int, tag: str, stream_owner: Any) -> Block:
@@ -336,13 +343,13 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         """Make ``block`` live, ready after its allocation; caller holds the lock."""
         mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
         table = self._table
-        table.add(block, mark)
+        table.add(block, mark, self.marks)
         live = table.live_bytes
         self._allocations += 1
         self._allocated_bytes += block.nbytes
         if live > self._live_peak:
             self._live_peak = live
-        total = live + self._pending.nbytes + self._kept.nbytes
+        total = live + self._reaper.nbytes
         if total > self._peak:
             self._peak = total
         if tracehook.active is not None:
@@ -358,8 +365,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
             try:
                 self.marks.seal(mark)  # the ready event
             except BaseException:
-                if mark.refs == 0:
-                    mark.owner = None  # no use refers to it: keep no stream object alive
+                self.marks.let_go(mark)  # no use refers to it: keep no stream object alive
                 undo(ptr, stream)
                 raise
         return mark
@@ -422,7 +428,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         """
         with self._lock:
             mark = self.marks.open.get(stream)
-            if mark is not None and mark.refs:
+            if mark is not None and self.marks.in_use(mark):
                 self.marks.seal(mark)
 
     # ------------------------------------------------------------------ freeing
@@ -447,7 +453,7 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)
         nbytes = block.nbytes
         owner = block.stream_owner
-        keep = self._keeps(nbytes, stream, owner)
+        keep = self._reaper.keeps(nbytes, stream, owner)
         if not keep:
             self._free(block.ptr, stream)
         # The free is queued (or the block kept): from here on nothing can fail.
@@ -464,15 +470,6 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
         if tracehook.active is not None:
             tracehook.active.freed(self, block, stream, "kept" if keep else "queued")
 
-    def _keeps(self, nbytes: int, stream: int, owner: Any) -> bool:
-        """Whether a freed block is kept for reuse (making room if need be):
-        only blocks of streams whose owning object is known (kept alive while
-        they wait) and of the default streams (a raw handle may be destroyed
-        and reused by another stream). Caller holds the lock."""
-        if nbytes > self.reuse_bytes or (owner is None and stream > MAX_DEFAULT_STREAM):
-            return False
-        return self._kept.nbytes + nbytes <= self.reuse_bytes or self._make_room(nbytes)
-
     def defer_free(self, block: Block) -> None:
         if block.__class__ is not Block:
             check_block(block, "defer_free")
@@ -488,3 +485,312 @@ class AsyncResource(Borrowing, PeerUses, Reaping, MemoryResource):
 
     def _drain(self) -> None:
         self._deferred.drain(self.deallocate)
+
+    # ---------------------------------------------------------------- borrowing
+    def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,
+               stream_owner: Any = None, keep: Any = None) -> Block:
+        """Track ``nbytes`` of device memory at ``ptr`` that another library
+        allocated and hands over on ``stream``, as a live *borrowed* block.
+
+        The block is ready after everything queued on ``stream`` so far (its
+        last write is the stream's current mark, as an allocation's is): the
+        caller has ordered the producer's work before ``stream``. Its uses are
+        then tracked as any block's. The library never frees it: its release
+        (:meth:`deallocate` or :meth:`defer_free`) makes ``stream`` wait for
+        every use on other streams, as a free does, and then holds ``keep``
+        (what keeps the memory alive: the producer's objects) until
+        ``stream`` has completed that point (a synchronise at
+        :meth:`reap_pending`, or found idle at the next allocation or
+        borrow), so the producer cannot reuse the memory under a use still
+        in flight. ``stream_owner`` is kept alive as an allocation's is.
+
+        A borrowed block counts in no byte or allocation figure. A checking
+        driver is told of the range (``Driver.register_foreign``).
+
+        Raises
+        ------
+        InvalidArgument
+            ``ptr`` is not a positive address, ``nbytes`` not a positive int,
+            or the range overlaps a live block (free it, or borrow that
+            block's range no more than once); nothing is registered.
+        StreamMisuse
+            ``stream`` is no stream of this device.
+        """
+        if not isinstance(ptr, int) or isinstance(ptr, bool) or ptr <= 0:
+            raise InvalidArgument(f"borrow: the address {ptr!r} must be a positive int (a "
+                                  "device pointer of the memory lent)")
+        nbytes = positive_size(nbytes, tag)
+        if stream > MAX_DEFAULT_STREAM:
+            self.driver.check_stream(stream)
+        if self._pending:
+            self._reaper.reap_completed()  # drop what released borrowed blocks kept, once done
+        with self._lock:
+            if self._deferred_queue:
+                self._deferred.drain(self._deallocate_locked)
+            clash = self._table.overlapping(ptr, nbytes)
+            if clash is not None:
+                raise InvalidArgument(
+                    f"borrow: {nbytes} B at {ptr:#x} overlap the live {clash.describe()}; "
+                    "memory is tracked by one block at a time: use that block's arrays, "
+                    "or release them first")
+            self.driver.register_foreign(ptr, nbytes, stream)
+            block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
+                          self._table.epoch, _LIVE, stream_owner, True, keep)
+            mark = self._ready_mark(stream, stream_owner, self.driver.release_foreign, ptr)
+            self._table.add(block, mark, self.marks)
+            if tracehook.active is not None:
+                tracehook.active.allocated(self, block, stream)
+        return block
+
+    def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:
+        """The release of a borrowed block (:meth:`borrow`); caller holds the lock."""
+        stream = block.stream
+        if not entry.only_on(stream):
+            marks = entry.waits_for(stream, Access.READ_WRITE)
+            if marks:
+                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
+        self.driver.release_foreign(block.ptr, stream)
+        # The waits are queued: from here on nothing can fail.
+        self._table.remove(entry)
+        entry.release(self.marks)
+        self._pending.add(stream, 0, block.stream_owner, block.keep)
+        block.state = _FREED
+        block.stream_owner = None
+        block.keep = None
+        if tracehook.active is not None:
+            tracehook.active.freed(self, block, stream, "released")
+
+    # ------------------------------------------------- uses by other devices
+    def preflight_foreign(self, uses: Sequence[Use], key: int) -> list[Mark]:
+        """The marks a stream of another device must wait for before ``uses``
+        (blocks of this device), sealed, each held (one more use) until
+        :meth:`release_foreign`: their events stay recorded while the caller
+        queues the waits on its stream (``cuStreamWaitEvent`` takes an event of
+        another device). ``key`` is the stream's key in this device's state
+        (``DeviceRuntime.stream_key``): uses recorded under it need no wait.
+
+        Nothing is held when this raises (a block freed or stale).
+        """
+        if self._deferred:
+            self._drain()
+        with self._lock:
+            held: list[Mark] = []
+            try:
+                entries = rules.resolve(self._table, uses, "preflight")
+                for mark in rules.needed_locked(entries, key):
+                    if isinstance(mark, ForeignMark) and mark.stale:
+                        continue
+                    if not any(m is mark for m in held):
+                        self.marks.seal(mark)
+                        self.marks.hold(mark)
+                        held.append(mark)
+            except BaseException:
+                for mark in held:
+                    self.marks.release(mark)
+                raise
+            return held
+
+    def release_foreign(self, held: Sequence[Mark]) -> None:
+        """Drop the holds of :meth:`preflight_foreign` (the waits are queued)."""
+        with self._lock:
+            for mark in held:
+                self.marks.release(mark)
+
+    def commit_foreign(self, uses: Sequence[Use], key: int, event: Any, pool: EventPool,
+                       owner: Any = None) -> None:
+        """Record ``uses`` of this device's blocks by a stream of another device,
+        known here as ``key``, whose launch ``event`` (of ``pool``, that device's
+        event pool) was recorded after the work: later uses and the blocks'
+        frees on this device wait for it. ``owner`` (the stream's object) is kept
+        alive while a use refers to it. On an error the event goes back to ``pool``.
+        """
+        try:
+            with self._lock:
+                entries = rules.resolve(self._table, uses, "commit")
+                mark = ForeignMark(key, owner, event, pool)
+                rules.commit_locked(self.marks, entries, key, None, False, False, mark)
+        except BaseException:
+            pool.release(event)
+            raise
+        if not self.marks.in_use(mark):
+            mark.give_back()
+
+    # ------------------------------------------------------------- diagnostics
+    def block_events(self, block: Block) -> tuple[Mark, dict[int, Mark]]:
+        """Diagnostics: ``(last_write_mark, {read_stream: read_mark})`` of a live
+        block; of a block whose ranges were used apart (:meth:`block_ranges`),
+        its newest write mark and the newest read mark of each stream."""
+        with self._lock:
+            return self._table.entry(block, "block_events").newest()  # type: ignore[no-any-return]
+
+    def block_ranges(self, block: Block) -> tuple[tuple[int, int, dict[int, Mark],
+                                                        dict[int, Mark]], ...]:
+        """Diagnostics: the dependency state of a live block by byte range:
+        ``(lo, hi, {stream: write mark}, {stream: read mark})`` per range, in
+        order (one range while every use covered the whole block)."""
+        with self._lock:
+            return self._table.entry(block, "block_ranges").uses()  # type: ignore[no-any-return]
+
+    def find(self, address: int) -> Block | None:
+        with self._lock:
+            return self._table.find(address)
+
+    def blocks_on_stream(self, stream: int) -> list[Block]:
+        """Live blocks allocated on ``stream``."""
+        with self._lock:
+            return self._table.on_stream(stream)
+
+    # ----------------------------------------------------------------- reaping
+    def reap_pending(self) -> None:
+        self._drain()
+        self._reaper.reap_all(self.marks.forget_unused)
+
+    def reap_completed(self) -> None:
+        """Release the pending bytes of streams that have gone idle, without
+        waiting (:meth:`Reaper.reap_completed`); called every few allocations,
+        so that pending bytes stay bounded in a program that never reaps."""
+        self._reaper.reap_completed()
+
+    def retire_stream(self, stream: int, destroy: Callable[[int], None] | None = None) -> None:
+        """End ``stream``'s history, then call ``destroy(stream)`` if given
+        (``DeviceRuntime.destroy_stream`` passes the driver's destroy).
+
+        Runs queued frees, records the event of the stream's open mark (so
+        uses recorded on the stream can still be waited for once it is gone),
+        synchronises the stream's pending frees (a destroyed stream can no
+        longer be synchronised), and renames the stream in every mark and read
+        that refers to it and forgets which marks it waited for: a new stream
+        that gets the same handle inherits nothing. No other thread reaps
+        meanwhile, ``destroy`` included, so no concurrent reap synchronises the
+        stream after it is gone. If ``destroy`` raises, the history is kept.
+        """
+        self._drain()
+        with self._reaper.exclusive():
+            with self._lock:
+                self.marks.retire(stream)
+                pending = self._reaper.take_stream(stream)
+            self._reaper.sync(pending)
+            with self._lock:
+                # Under the lock: no launch sees the handle between the destroy
+                # and the forgetting. A failed destroy leaves the history as it was.
+                if destroy is not None:
+                    destroy(stream)
+                self._table.forget_stream(stream)
+
+    def _retry_after_oom(self, nbytes: int, stream: int) -> int:
+        """Out of memory: give back everything we can, then try once more."""
+        self.flush()
+        try:
+            self.reap_pending()
+        except DriverError:
+            pass
+        self._trim_quietly()
+        try:
+            return self._alloc(nbytes, stream)
+        except DriverError as exc:
+            if exc.code != CUDA_ERROR_OUT_OF_MEMORY:
+                raise
+            # The failed attempt can leave the pool holding what it reserved:
+            # hand it back, so the caller's next (smaller) allocation can work.
+            self._trim_quietly()
+            with self._lock:
+                live = self._table.live_bytes
+                pending = self._reaper.nbytes
+            raise OutOfMemory(nbytes, live, pending, str(exc)) from None
+
+    def _trim_quietly(self) -> None:
+        try:
+            self.driver.pool_trim(0)
+        except DriverError as exc:
+            _log.warning("pool trim after out-of-memory failed: %s", exc)
+
+    # ----------------------------------------------------------------- figures
+    def bytes_outstanding(self) -> int:
+        with self._lock:
+            return self._table.live_bytes + self._reaper.nbytes
+
+    @property
+    def live_bytes(self) -> int:
+        return self._table.live_bytes
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes freed by their owner and not yet back in the pool (queued
+        frees and blocks kept for reuse)."""
+        return self._reaper.nbytes
+
+    def pending_per_stream(self) -> dict[int, int]:
+        """Bytes freed and not yet back in the pool (queued frees and kept
+        blocks), per stream."""
+        with self._lock:
+            return self._reaper.per_stream()
+
+    def stats(self) -> ResourceStats:
+        with self._lock:
+            return ResourceStats(
+                live_bytes=self._table.live_bytes,
+                pending_bytes=self._reaper.nbytes,
+                peak_bytes=self._peak,
+                live_blocks=self._table.blocks,
+                allocations=self._allocations,
+                frees=self._frees,
+                deferred=len(self._deferred),
+                events_in_use=self.events.in_use,
+                events_idle=self.events.idle,
+            )
+
+    def counters(self) -> dict[str, int]:
+        """The figures behind :func:`numba_streamsafe.memory_stats` (see there)."""
+        with self._lock:
+            return {
+                "live_bytes": self._table.live_bytes,
+                "live_peak": self._live_peak,
+                "live_blocks": self._table.blocks,
+                "allocated_bytes": self._allocated_bytes,
+                "freed_bytes": self._freed_bytes,
+                "allocations": self._allocations,
+                "frees": self._frees,
+                "pending_bytes": self._pending.nbytes,
+                "kept_bytes": self._kept.nbytes,
+                "outstanding_peak": self._peak,
+                "deferred_frees": len(self._deferred),
+                "waits": self.marks.waits,
+                "events_recorded": self.events.recorded,
+                "events_in_use": self.events.in_use,
+                "same_stream_uses": self.marks.same_stream,
+            }
+
+    def reset_peaks(self) -> None:
+        """Start the peak figures again from the current ones."""
+        with self._lock:
+            self._live_peak = self._table.live_bytes
+            self._peak = self._table.live_bytes + self._reaper.nbytes
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def epoch(self) -> int:
+        return self._table.epoch
+
+    def reset_context(self) -> None:
+        """Free every live block synchronously, forget all state and advance the epoch.
+
+        Borrowed blocks are forgotten, not freed (their memory is their
+        producer's); the others, and the kept ones, go back to their memory
+        source (:meth:`MemorySource.give_back_now`): when the context is
+        already gone, so is its memory, and errors are dropped. Handles from
+        before are refused with :class:`~numba_streamsafe.core.errors.StaleContext`.
+        """
+        with self._lock:
+            entries = self._table.clear()
+            for entry in entries:
+                entry.release(self.marks)
+            self.marks.clear()
+            kept = self._reaper.clear()
+            self._deferred.clear()
+        for entry in entries:
+            entry.block.state = BlockState.FREED
+            entry.block.stream_owner = None
+            entry.block.keep = None
+        for ptr in [e.block.ptr for e in entries if not e.block.borrowed] + kept:
+            self.source.give_back_now(ptr)
+        self.events.forget()

@@ -13,15 +13,18 @@ before the free.
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY
+from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, StreamMisuse
 
-__all__ = ["Upstream", "RmmUpstream", "rmm_upstream"]
+_log = logging.getLogger("numba_streamsafe")
+
+__all__ = ["Upstream", "RmmUpstream", "rmm_upstream", "MemorySource", "memory_source"]
 
 
 @runtime_checkable
@@ -184,3 +187,72 @@ def rmm_upstream(device: int) -> RmmUpstream:
             "rmm.reinitialize(pool_allocator=True) or rmm.mr.set_current_device_resource("
             "rmm.mr.CudaAsyncMemoryResource())", RuntimeWarning, stacklevel=2)
     return RmmUpstream(mr)
+
+
+class MemorySource:
+    """Where one resource's new memory comes from, and how it goes back.
+
+    ``alloc(nbytes, stream)`` and ``free(ptr, stream)`` are the resource's two
+    calls (plain callables, so the allocation path makes no extra call); the
+    device's stream-ordered pool by default. Made by :func:`memory_source`.
+
+    Attributes
+    ----------
+    name : str
+        What it is (``memory_stats()["upstream"]``).
+    alloc, free : callable
+        ``alloc(nbytes, stream) -> ptr`` and ``free(ptr, stream)``, in stream order.
+    """
+
+    def __init__(self, name: str, alloc: Callable[[int, int], int],
+                 free: Callable[[int, int], None], give_back_now: Callable[[int], None]
+                 ) -> None:
+        self.name = name
+        self.alloc = alloc
+        self.free = free
+        self._give_back_now = give_back_now
+
+    def give_back_now(self, ptr: int) -> None:
+        """Give ``ptr`` back at a context reset (no stream order is left); an
+        error is logged and dropped (the context, and its memory, is gone)."""
+        try:
+            self._give_back_now(ptr)
+        except DriverError:
+            pass
+        except Exception as exc:  # an upstream's own error: its context is gone too
+            _log.warning("%s: giving back %#x at a context reset failed: %s", self.name,
+                         ptr, exc)
+
+
+def memory_source(driver: Driver, upstream: Upstream | None = None, ipc: bool = False
+                  ) -> MemorySource:
+    """The memory source of a resource on ``driver``: the device's
+    stream-ordered pool (``cuMemAllocAsync`` / ``cuMemFreeAsync``); with
+    ``upstream``, that allocator, called with the device's context current (an
+    RMM resource of one device allocates on the current device); with
+    ``ipc``, exportable ``cuMemAlloc`` memory, freed by ``cuMemFree`` once the
+    block's stream has completed everything queued before the free (which the
+    free's waits ordered there: ``cuMemFree`` is not stream-ordered)."""
+    if ipc:
+        def alloc_legacy(nbytes: int, stream: int) -> int:
+            return driver.alloc(nbytes)
+
+        def free_legacy(ptr: int, stream: int) -> None:
+            driver.stream_synchronize(stream)
+            driver.free(ptr)
+
+        return MemorySource("cuMemAlloc (IPC)", alloc_legacy, free_legacy, driver.free)
+    if upstream is not None:
+        up = upstream
+
+        def alloc_upstream(nbytes: int, stream: int) -> int:
+            with driver.activate():
+                return up.allocate(nbytes, stream)
+
+        def free_upstream(ptr: int, stream: int) -> None:
+            with driver.activate():
+                up.deallocate(ptr, stream)
+
+        return MemorySource(up.name, alloc_upstream, free_upstream,
+                            lambda ptr: up.deallocate(ptr, 0))
+    return MemorySource("cuMemAllocAsync", driver.alloc_async, driver.free_async, driver.free)

@@ -34,7 +34,7 @@ def test_ipc_blocks_are_legacy_allocations_freed_after_their_uses():
     _launch(rt, b, x, Access.READ, "reader on b")
     res.deallocate(x)
     rt.reap()
-    assert sim.calls["cuMemFree"] + len(res._kept.blocks) >= 1
+    assert sim.calls["cuMemFree"] + len(res._reaper.kept.blocks) >= 1
     assert sim.calls["cuMemFreeAsync"] == 0
     y = res.allocate(1 << 27, a, "large: not kept")   # over reuse_bytes: freed at once
     _launch(rt, b, y, Access.WRITE, "writer on b")

@@ -23,7 +23,7 @@ LAYERS = {
     "core.settings": 0, "core.tracehook": 0, "compiled": 0,
     "_driver": 1, "core.blocks": 1,
     "resources": 2,
-    "runtime": 3, "runtime_streams": 3,
+    "runtime": 3, "stream_registry": 3,
     "protocol": 4, "diagnostics": 4, "diagnostics.recorder": 4, "diagnostics.memstats": 4,
     "diagnostics.races": 4, "diagnostics.trace_records": 4, "diagnostics.tracing": 5,
     "diagnostics.trace_export": 5,
@@ -204,3 +204,74 @@ def test_no_function_is_more_complex_than_fifteen():
     assert len(scores) > 500  # the walk saw the package's functions
     over = {k: v for k, v in scores.items() if v > MAX_COMPLEXITY}
     assert not over, f"functions over complexity {MAX_COMPLEXITY}: {over}"
+
+
+def _classes() -> dict[str, list[tuple[str, ast.ClassDef]]]:
+    """Every class of the package by name: ``(module, node)`` for each."""
+    out: dict[str, list[tuple[str, ast.ClassDef]]] = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                out.setdefault(node.name, []).append((name, node))
+    return out
+
+
+def _declares_state_only(node: ast.ClassDef) -> bool:
+    """A class that declares fields it never sets (bare annotations, no
+    ``__init__``; not a dataclass, protocol, named tuple or abstract base,
+    whose fields are an interface's): a declaration of the state of the class
+    it is mixed into."""
+    decorated = {ast.unparse(d).split("(")[0].rpartition(".")[2] for d in node.decorator_list}
+    bases = {ast.unparse(b).rpartition(".")[2] for b in node.bases}
+    if "dataclass" in decorated or bases & {"Protocol", "NamedTuple", "TypedDict", "ABC"}:
+        return False
+    bare = any(isinstance(n, ast.AnnAssign) and n.value is None for n in node.body)
+    init = any(isinstance(n, ast.FunctionDef) and n.name == "__init__" for n in node.body)
+    return bare and not init
+
+
+def test_no_class_is_assembled_from_mixins_over_shared_state():
+    """Composition, not mixins: no class of the package derives from two of
+    the package's classes, and none from another module's declaration of
+    state (a class of annotations only). Parts are objects the class holds."""
+    classes = _classes()
+    found = []
+    for entries in classes.values():
+        for module, node in entries:
+            bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+            ours = [b for b in bases if b in classes and b not in ("Exception", "Protocol")]
+            if len(ours) > 1:
+                found.append(f"{module}.{node.name} derives from {ours}")
+            for base in ours:
+                if any(_declares_state_only(n) and m != module for m, n in classes[base]):
+                    found.append(f"{module}.{node.name} derives from {base}, a declaration of "
+                                 "another module's state")
+    assert len(classes) > 100  # the walk saw the package's classes
+    assert found == [], "\n".join(found)
+
+
+def test_the_checker_sees_mixins():
+    tree = ast.parse("class State:\n    x: int\n    y: Any\n")
+    assert _declares_state_only(tree.body[0])
+    tree = ast.parse("class Calls:\n    x: int\n    def f(self): ...\n")
+    assert _declares_state_only(tree.body[0])  # methods over fields it never sets
+    tree = ast.parse("class Part:\n    x: int\n    def __init__(self): self.x = 0\n")
+    assert not _declares_state_only(tree.body[0])
+    tree = ast.parse("@dataclass\nclass Stats:\n    x: int\n")
+    assert not _declares_state_only(tree.body[0])
+
+
+def test_mark_use_counts_change_only_in_the_mark_book():
+    """``Mark.refs`` is counted by ``MarkBook.hold`` and ``release`` alone: no
+    other module writes it (the compiled engine calls the book's methods)."""
+    writes = []
+    for name, path in _modules().items():
+        if name == "numba_streamsafe.resources.tracking.marks":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                       else [])
+            writes += [f"{name}:{node.lineno}" for t in targets
+                       if isinstance(t, ast.Attribute) and t.attr == "refs"]
+    assert writes == [], writes

@@ -77,7 +77,7 @@ def test_block_table_validates_handles_and_finds_addresses():
     marks = MarkBook(sim, EventPool(sim))
     table = BlockTable(device=0)
     a = _block(0x1000)
-    table.add(a, marks.current(0))
+    table.add(a, marks.current(0), marks)
     assert table.find(0x10FF) is a and table.find(0x1100) is None and table.find(0xFFF) is None
     assert table.entry(a, "use").block is a
     with pytest.raises(UseAfterFree):
@@ -97,11 +97,11 @@ def test_block_table_owns_its_figures_through_its_calls():
     ready = marks.current(0)
     a = _block(0x1000)
     lent = Block(0x2000, 64, 0, 0, "lent", next_generation(), 0, borrowed=True)
-    ea, el = table.add(a, ready), table.add(lent, ready)
+    ea, el = table.add(a, ready, marks), table.add(lent, ready, marks)
     assert ready.refs == 2 and table.live_bytes == 256 and table.borrowed == 1
     assert table.blocks == 1 and table.find(0x2010) is lent
     again = _block(0x1000)  # the address allocated again, at once
-    ea2 = table.replace(ea, again, ready)
+    ea2 = table.replace(ea, again, ready, marks)
     assert ea.gone and not ea2.gone and table.entry(again, "use") is ea2
     assert ready.refs == 3 and table.live_bytes == 256 and table.find(0x1010) is again
     with pytest.raises(UseAfterFree):
@@ -117,7 +117,7 @@ def test_block_table_forgets_a_retired_stream():
     marks = MarkBook(sim, EventPool(sim))
     table = BlockTable(device=0)
     a = _block(0x1000, stream=0)
-    table.add(a, marks.current(7))
+    table.add(a, marks.current(7), marks)
     entry = table.entry(a, "use")
     entry.reads[9] = marks.current(9)
     entry.last_write.waiters = {9: None}
@@ -134,7 +134,7 @@ def test_mark_book_seals_once_waits_once_and_releases_its_event():
     pool = EventPool(sim)
     marks = MarkBook(sim, pool)
     mark = marks.current(a)
-    mark.refs = 1
+    marks.hold(mark)
     marks.wait_all(b, [mark])
     marks.wait_all(b, [mark])
     assert sim.calls["cuEventRecord"] == 1 and sim.calls["cuStreamWaitEvent"] == 1

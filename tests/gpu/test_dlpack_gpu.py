@@ -363,7 +363,7 @@ def _holders_of_cuda_tensors(torch) -> list[str]:
             f"lease of {tensor.block.describe()}"
         out.append(f"{name} <- " + " <- ".join(path))
     tracker = nss.get_runtime().resource.tracker
-    pending = [(s, n, len(k or ())) for s, (n, _o, k) in tracker._pending.slots.items()]
+    pending = [(s, n, len(k or ())) for s, (n, _o, k) in tracker._reaper.pending.slots.items()]
     out.append(f"pending {pending} queued {len(tracker._deferred)} "
                f"borrowed {tracker.table.borrowed}")
     return out

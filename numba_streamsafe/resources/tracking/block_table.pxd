@@ -1,6 +1,6 @@
 # C declarations of block_table.py for its compiled build (see marks.pxd).
 
-from numba_streamsafe.resources.tracking.marks cimport Mark
+from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
 from numba_streamsafe.resources.tracking.rules cimport Entry
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import cython
 
 from numba_streamsafe.core.errors import InvalidArgument, StaleContext, UseAfterFree
-from numba_streamsafe.resources.tracking.marks import Mark, retired_stream_id
+from numba_streamsafe.resources.tracking.marks import Mark, MarkBook, retired_stream_id
 from numba_streamsafe.resources.tracking.rules import Entry
 
 __all__ = ["BlockTable", "COMPILED"]
@@ -55,12 +55,12 @@ class BlockTable:
         """Live blocks that are allocations (borrowed ones not counted)."""
         return len(self.live) - self.borrowed
 
-    def add(self, block: Any, ready: Mark) -> Entry:
+    def add(self, block: Any, ready: Mark, book: MarkBook) -> Entry:
         """Make ``block`` live, its last write ``ready`` (the entry holds one
-        use of the mark), and return its entry. The caller checked that no
-        live block holds the address."""
+        use of the mark, taken from ``book``), and return its entry. The
+        caller checked that no live block holds the address."""
         entry = Entry(block, ready)
-        ready.refs += 1
+        book.hold(ready)
         self.live[block.ptr] = entry
         self.index = None
         if block.borrowed:
@@ -69,13 +69,13 @@ class BlockTable:
             self.live_bytes += block.nbytes
         return entry
 
-    def replace(self, entry: Entry, block: Any, ready: Mark) -> Entry:
+    def replace(self, entry: Entry, block: Any, ready: Mark, book: MarkBook) -> Entry:
         """``block``, of ``entry``'s address and size, live in its place (a
         freed block allocated again at once): ``entry`` is gone, the new
         entry holds one use of ``ready``; the caller releases ``entry``'s
         marks. The byte figures and the sorted index stand."""
         new = Entry(block, ready)
-        ready.refs += 1
+        book.hold(ready)
         entry.gone = True
         self.live[block.ptr] = new
         return new

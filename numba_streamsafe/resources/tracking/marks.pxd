@@ -1,3 +1,4 @@
+cimport cython
 # C declarations of marks.py for its compiled build (Cython's pure-Python mode
 # reads them beside the module; other engine modules cimport them).
 
@@ -12,7 +13,7 @@ cdef class Mark:
     cdef readonly unsigned long long seq
     cdef public object stream
     cdef public object handle
-    cdef public Py_ssize_t refs
+    cdef readonly Py_ssize_t refs
     cdef public object owner
     cdef public object waiters
 
@@ -37,6 +38,7 @@ cdef class EventPool:
     cpdef object record(self, object stream, bint direct=*)
 
 
+@cython.final
 cdef class MarkBook:
     cdef readonly object driver
     cdef readonly EventPool events
@@ -49,3 +51,6 @@ cdef class MarkBook:
     cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
                           bint direct=*)
     cpdef object release(self, Mark mark)
+    cpdef object hold(self, Mark mark)
+    cpdef bint in_use(self, Mark mark)
+    cpdef object let_go(self, Mark mark)

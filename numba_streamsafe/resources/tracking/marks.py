@@ -379,6 +379,22 @@ class MarkBook:
             if log is not None:
                 log.waited(stream, mark.stream, free)
 
+    def hold(self, mark: Mark) -> None:
+        """One more use of ``mark`` (a block state, or a caller that needs its
+        event to stay recorded, refers to it); :meth:`release` drops it. The
+        count changes only here and in :meth:`release`."""
+        mark.refs += 1
+
+    def in_use(self, mark: Mark) -> cython.bint:
+        """Whether a use refers to ``mark``."""
+        return mark.refs != 0
+
+    def let_go(self, mark: Mark) -> None:
+        """Keep no stream object alive for ``mark`` if no use refers to it (a
+        mark made for a use that did not happen)."""
+        if mark.refs == 0:
+            mark.owner = None
+
     def release(self, mark: Mark) -> None:
         """Drop one use of ``mark``; at none, its event goes back to the pool and
         it keeps no stream object alive (an open mark stays open until its

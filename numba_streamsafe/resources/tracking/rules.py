@@ -43,7 +43,7 @@ class Span:
     marks of the writes a use must wait for (one per stream; one mark, of the
     last write, unless neighbouring ranges were merged) and, per stream, the
     mark of its newest read since. Each mark held counts one use of it
-    (``Mark.refs``). Only :class:`Entry` changes a span."""
+    (``MarkBook.hold``). Only :class:`Entry` changes a span."""
 
     def __init__(self, lo: cython.Py_ssize_t, hi: cython.Py_ssize_t, writes: dict,
                  reads: dict) -> None:
@@ -59,12 +59,10 @@ class Span:
 
 @cython.cfunc
 @cython.exceptval(-1)
-def _hold_all(marks: dict) -> cython.int:
+def _hold_all(book: MarkBook, marks: dict) -> cython.int:
     """One more use of every mark of ``marks`` (a copy of a span's dict)."""
-    m: Mark
     for mark in marks.values():
-        m = mark
-        m.refs += 1
+        book.hold(mark)
     return 0
 
 
@@ -425,13 +423,11 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
                   access: cython.int) -> cython.int:
     """A use of the whole block whose state is uniform."""
     if access & _WRITE:
-        mark.refs += 1  # first, so ``mark`` never drops to 0 (and its owner) here
         lw = entry.last_write
         if lw is not mark:
+            book.hold(mark)
             book.release(lw)
             entry.last_write = mark
-        else:
-            mark.refs -= 1
         if entry.reads:
             _release_all(book, entry.reads)
             entry.reads = {}
@@ -450,7 +446,7 @@ def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.i
     earlier = reads.get(stream)
     if earlier is not mark:
         reads[stream] = mark
-        mark.refs += 1
+        book.hold(mark)
         if earlier is not None:
             prev = earlier
             book.release(prev)
@@ -466,7 +462,7 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
     span: Span
     if access & _WRITE and lo <= 0 and hi >= entry.nbytes:
         # A write of the whole block orders every range before it.
-        mark.refs += 1
+        book.hold(mark)
         entry.release(book)
         entry.last_write = mark
         return 0
@@ -476,8 +472,8 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
         entry.last_write = None
         entry.reads = {}
     spans: list = entry.spans
-    first: cython.Py_ssize_t = _split(spans, lo)
-    end: cython.Py_ssize_t = _split(spans, hi)
+    first: cython.Py_ssize_t = _split(book, spans, lo)
+    end: cython.Py_ssize_t = _split(book, spans, hi)
     k: cython.Py_ssize_t
     if end == first + 1:  # one range, used again as it was last: nothing changes
         span = spans[first]
@@ -489,7 +485,7 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
     for k in range(first, end):
         span = spans[k]
         if access & _WRITE:
-            mark.refs += 1
+            book.hold(mark)
             _release_all(book, span.writes)
             _release_all(book, span.reads)
             span.writes = {stream: mark}
@@ -505,7 +501,7 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
 
 @cython.cfunc
 @cython.exceptval(-1)
-def _split(spans: list, at: cython.Py_ssize_t) -> cython.Py_ssize_t:
+def _split(book: MarkBook, spans: list, at: cython.Py_ssize_t) -> cython.Py_ssize_t:
     """The index of the span that begins at ``at`` (``len(spans)`` at the
     end), splitting the span that holds ``at`` in two when none begins there;
     the new right part holds its own uses of the marks."""
@@ -527,8 +523,8 @@ def _split(spans: list, at: cython.Py_ssize_t) -> cython.Py_ssize_t:
         return lo
     writes = dict(span.writes)
     reads = dict(span.reads)
-    _hold_all(writes)
-    _hold_all(reads)
+    _hold_all(book, writes)
+    _hold_all(book, reads)
     spans.insert(lo + 1, Span(at, span.hi, writes, reads))
     span.hi = at
     return lo + 1

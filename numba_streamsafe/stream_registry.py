@@ -1,9 +1,14 @@
-"""A runtime's streams: handles and the objects that own them, stream
-creation and destruction (the stream's history retired first), and ordering
-one stream after another (a part of :class:`~.runtime.DeviceRuntime`)."""
+"""The streams of one device's runtime: the handle of each stream the user
+names (stream objects, raw handles, the default streams), the streams made
+for objects that carry no handle, destruction (the stream's history retired
+first), the keys other devices know a stream by, and ordering one stream
+after another. :class:`StreamRegistry` is a part of
+:class:`~.runtime.DeviceRuntime`."""
 
 from __future__ import annotations
 
+import collections
+import threading
 import weakref
 from typing import Any
 
@@ -15,37 +20,55 @@ from numba_streamsafe.core.streams import (
     is_default_stream,
     stream_handle,
 )
-from numba_streamsafe.resources import (
-    MemoryResource,
-)
+from numba_streamsafe.resources import MemoryResource
+from numba_streamsafe.resources.tracking.marks import retired_stream_id
 
-__all__ = ["RuntimeStreams"]
+__all__ = ["StreamRegistry"]
 
 
-class RuntimeStreams:
-    """The stream calls of :class:`~.runtime.DeviceRuntime` (which holds the state)."""
+class StreamRegistry:
+    """The streams a runtime has seen on ``driver``'s device, for ``resource``.
 
-    # The state these methods use (for type checkers).
-    driver: Driver
-    resource: MemoryResource
-    device: int
-    _checked_handles: set[int]
-    _destroyed: set[int]
-    _keys: Any
-    _stream_lock: Any
-    _stream_objects: Any
-    _dead_streams: Any
+    Parameters
+    ----------
+    driver : Driver
+        The device's driver (its destroyed handles are refused as ints).
+    resource : MemoryResource
+        The runtime's resource stack: a stream's history there ends when the
+        stream is destroyed.
 
-    def stream_ref(self, stream: Any) -> StreamRef:
+    Notes
+    -----
+    Thread-safe.
+    """
+
+    def __init__(self, driver: Driver, resource: MemoryResource) -> None:
+        self.driver = driver
+        self.resource = resource
+        self.device = resource.device
+        #: The driver's destroyed stream handles, refused as ints.
+        self._destroyed: set[int] = driver.destroyed_streams
+        #: Bare integer handles found to name a live stream (:meth:`handle`).
+        self._checked: set[int] = set()
+        #: Streams made for stream objects that carry no handle (the simulator's).
+        self._made: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        #: Handles made for stream objects that have died (their finalizers
+        #: append them; :meth:`handle` destroys them).
+        self._dead: collections.deque[int] = collections.deque()
+        #: Stream handle -> its key in other devices' state (:meth:`key`).
+        self._keys: dict[int, int] = {}
+
+    def ref(self, stream: Any) -> StreamRef:
         """``(handle, owner)`` of ``stream``: its driver handle
-        (:meth:`stream_handle`) and the object that keeps it alive (None for a
+        (:meth:`handle`) and the object that keeps it alive (None for a
         raw handle or the default stream). The one place a user's stream is
         resolved; the owner is what the tracker keeps alive while it relies on
         the handle."""
         owner = None if stream is None or isinstance(stream, int) else stream
-        return self.stream_handle(stream), owner
+        return self.handle(stream), owner
 
-    def stream_handle(self, stream: Any) -> int:
+    def handle(self, stream: Any) -> int:
         """The driver handle of ``stream``
         (see :func:`numba_streamsafe.core.streams.stream_handle`).
 
@@ -69,14 +92,14 @@ class RuntimeStreams:
                     )
                 destroyed.discard(handle)  # a live stream object has that address now
             elif stream.__class__ is int and handle > MAX_DEFAULT_STREAM and \
-                    handle not in self._checked_handles:
+                    handle not in self._checked:
                 # A bare handle is checked once: one never created is refused here,
                 # not by whichever driver call meets it first.
                 self.driver.check_stream(handle)
-                self._checked_handles.add(handle)
+                self._checked.add(handle)
             return handle
-        with self._stream_lock:
-            handle = self._stream_objects.get(stream)
+        with self._lock:
+            handle = self._made.get(stream)
             if handle is not None:
                 return handle
         device = getattr(stream, "_nss_device", self.device)
@@ -85,34 +108,34 @@ class RuntimeStreams:
                 f"stream {stream!r} was made on device {device}, and work on device "
                 f"{self.device} cannot be queued on it (a stream belongs to its device's "
                 f"context); make a stream under use_device({self.device}) for this work")
-        if self._dead_streams:
-            self._destroy_dead_streams()
-        with self._stream_lock:
-            handle = self._stream_objects.get(stream)
+        if self._dead:
+            self._destroy_dead()
+        with self._lock:
+            handle = self._made.get(stream)
             if handle is None:
                 # Numba's cuda.stream() makes blocking streams: so does its stand-in here.
                 handle = self.driver.create_stream(blocking=True)
-                self._stream_objects[stream] = handle
+                self._made[stream] = handle
                 # When the object dies, so does its stream (no use refers to it then:
                 # a recorded use keeps its stream object alive).
-                weakref.finalize(stream, self._dead_streams.append, handle)
+                weakref.finalize(stream, self._dead.append, handle)
         return handle
 
-    def _destroy_dead_streams(self) -> None:
+    def _destroy_dead(self) -> None:
         """Destroy the streams made for stream objects that have died, as a
         GPU's stream objects destroy theirs (:meth:`destroy_stream`: their
         histories retired first)."""
         while True:
             try:
-                handle = self._dead_streams.popleft()
+                handle = self._dead.popleft()
             except IndexError:
                 return
             try:
-                self.destroy_stream(handle)
+                self.destroy(handle)
             except StreamMisuse:
                 pass  # a raw allocation on it outlived the object: the stream stays
 
-    def destroy_stream(self, stream: Any) -> None:
+    def destroy(self, stream: Any) -> None:
         """Destroy a stream, refusing while blocks live on it.
 
         Frees queued by finalizers run first (so ``del array`` then
@@ -134,7 +157,7 @@ class RuntimeStreams:
             ``stream`` is a default stream (None, 0, 1 or 2), which cannot be
             destroyed; or live blocks are allocated on it (they are named).
         """
-        handle = self.stream_handle(stream)
+        handle = self.handle(stream)
         owned_elsewhere = stream.__class__ is not int and stream_handle(stream) is not None
         if is_default_stream(handle):
             raise StreamMisuse(
@@ -157,9 +180,9 @@ class RuntimeStreams:
             self.resource.retire_stream(
                 handle, None if owned_elsewhere else self.driver.destroy_stream)
         self._keys.pop(handle, None)  # other devices' uses by it keep its old key
-        self._checked_handles.discard(handle)
+        self._checked.discard(handle)
 
-    def order_after_stream(self, stream: int, producer: int) -> None:
+    def order_after(self, stream: int, producer: int) -> None:
         """Make ``stream`` wait for everything queued so far on ``producer``."""
         if producer == stream:
             return
@@ -177,3 +200,27 @@ class RuntimeStreams:
             self.driver.stream_wait_event(stream, handle)
         finally:
             pool.release(handle)
+
+    def key(self, handle: int) -> int:
+        """The key other devices' resources know the stream ``handle`` by, when
+        they record its uses of their blocks.
+
+        Negative and unique in the process (never a stream handle of any
+        device, whose default streams share the values 0 to 2), stable until
+        the stream is destroyed through :meth:`destroy` (a stream that later
+        gets the handle gets a new key, so it inherits no uses) or the
+        context is reset.
+        """
+        key = self._keys.get(handle)
+        if key is None:
+            with self._lock:
+                key = self._keys.get(handle)
+                if key is None:
+                    key = self._keys[handle] = retired_stream_id()
+        return key
+
+    def reset(self) -> None:
+        """The context was reset: its streams are gone, and new ones may get
+        their handles (checked again, with new keys)."""
+        self._checked.clear()
+        self._keys.clear()
