@@ -34,8 +34,6 @@ from numba_streamsafe.diagnostics.trace_records import (  # noqa: F401
 )
 from numba_streamsafe.protocol import PERMISSIVE_REMEDY, Uses, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
-from numba_streamsafe.resources.tracking import tracelog
-from numba_streamsafe.resources.tracking.tracelog import TraceLog
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
@@ -81,7 +79,7 @@ class Trace:
         self._raw: list[tuple[Any, ...]] = []
         self._mem: list[tuple[Any, ...]] = []
         #: Ids, waits queued, events recorded, launches of the compiled path.
-        self._log = TraceLog(self._t0)
+        self._log = tracehook.TraceLog(self._t0)
         #: Blocks live when the trace began: key -> (last writer's stream, reader streams).
         self._initial: dict[tuple[int, int, int], tuple[int, tuple[int, ...], int]] = {}
         #: Device timing: per device (base event, driver, host ns); per op id its events.
@@ -125,14 +123,13 @@ class Trace:
                                    "the outer `with numba_streamsafe.trace()` block first")
             self._used = True
             self._snapshot(trackers)
-            tracehook.start_recording(self)
-            tracelog.observe(self._log if self.record else None,
-                             not self._nvtx_asked and not (self.record and self.device_times))
+            tracehook.start_recording(self, self._log if self.record else None,
+                                      not self._nvtx_asked
+                                      and not (self.record and self.device_times))
         return self
 
     def __exit__(self, *exc: object) -> None:
         with _active_lock:
-            tracelog.observe(None, True)
             tracehook.stop_recording()
         self._resolve_device_times()
 
@@ -364,8 +361,9 @@ _Earlier = tuple[int, str, str, int]  # (op id, label, argument, stream)
 
 
 def _expand(record: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A launch of the compiled path (:meth:`TraceLog.launched`) as a raw
-    record of the Python path."""
+    """A launch of the compiled path
+    (:meth:`~numba_streamsafe.core.tracehook.TraceLog.launched`) as a raw record
+    of the Python path."""
     op_id, t0, w0, e0, t1, w1, e1, label, device, stream = record[:10]
     uses = record[10:]
     blocks = [(BlockId(uses[i + 2], uses[i + 3], uses[i + 4]), Access(uses[i + 1]),

@@ -189,13 +189,19 @@ def test_plot_draws_the_timeline(rt, streams, tmp_path):
 def test_traces_do_not_nest_and_the_slot_is_cleared(rt):
     from numba_streamsafe.core import tracehook
 
-    with nss.trace():
+    with nss.trace() as t:
+        # One slot: the trace, its engine log and the launch switch change together.
+        assert tracehook.active is t and tracehook.current_log() is not None
+        assert tracehook.keep_names
         with pytest.raises(StreamMisuse, match="already recording"), nss.trace():
             pass
-    assert tracehook.active is None
-    with pytest.raises(RuntimeError), nss.trace():
+    assert tracehook.active is None and tracehook.current_log() is None
+    assert tracehook.launches_direct()
+    with pytest.raises(RuntimeError), nss.trace(nvtx=True):
+        assert not tracehook.launches_direct()
         raise RuntimeError("boom")
-    assert tracehook.active is None
+    assert tracehook.active is None and tracehook.current_log() is None
+    assert tracehook.launches_direct()
 
 
 def test_a_trace_records_one_block(rt, streams):

@@ -20,10 +20,10 @@ import cython
 
 from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, pack_into
 from numba_streamsafe.resources.tracking.marks import entry_point
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
-from numba_streamsafe.resources.tracking.tracelog import TraceLog, current_log, launches_direct
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
            "retried", "available", "COMPILED"]
@@ -172,7 +172,7 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     known, and nothing asks for the Python path (a graph capture, a trace
     with NVTX ranges or device times, queued frees, a switched-off policy,
     another sole runtime). A trace that records is told of the launch
-    (:func:`~numba_streamsafe.resources.tracking.tracelog.current_log`). The waits
+    (:func:`~numba_streamsafe.core.tracehook.current_log`). The waits
     and the commit follow :mod:`~numba_streamsafe.resources.tracking.rules` under the
     resource's lock, which also checks, on every path, that the blocks are
     live and the stream not destroyed.

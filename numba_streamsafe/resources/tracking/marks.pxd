@@ -3,7 +3,7 @@ cimport cython
 # reads them beside the module; other engine modules cimport them).
 
 from numba_streamsafe.resources.tracking.lock cimport Lock
-from numba_streamsafe.resources.tracking.tracelog cimport TraceLog, current_log
+from numba_streamsafe.core.tracehook cimport TraceLog, current_log
 
 ctypedef int (*record_fn)(void *, void *) noexcept nogil
 ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil

@@ -25,8 +25,8 @@ from typing import Any
 import cython
 
 from numba_streamsafe.core.errors import DriverError
+from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
-from numba_streamsafe.resources.tracking.tracelog import current_log
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id",
            "entry_point", "COMPILED"]

@@ -1,4 +1,5 @@
-# C declarations of tracelog.py for its compiled build (see marks.pxd).
+# C declarations of tracehook.py for its compiled build (see
+# numba_streamsafe/resources/tracking/marks.pxd).
 
 cdef class TraceLog:
     cdef readonly long long t0
@@ -15,9 +16,9 @@ cdef class TraceLog:
                    str label, object device, object stream, tuple uses)
 
 
+cdef bint _sim_names
 cdef TraceLog _log
 cdef bint _direct
 
-cpdef observe(TraceLog log, bint direct)
 cpdef TraceLog current_log()
 cpdef bint launches_direct() except -1
