@@ -34,6 +34,8 @@ from numba_streamsafe.stream_registry import StreamRegistry
 __all__ = [
     "DeviceRuntime",
     "RuntimeStats",
+    "Runtimes",
+    "RUNTIMES",
     "get_runtime",
     "set_runtime",
     "clear_runtimes",
@@ -66,7 +68,7 @@ def default_driver(device: int = 0) -> Driver:
 
         # Simulated devices of one process share a system (one happens-before
         # model): that of an installed simulated runtime, else a new one.
-        system = next((rt.driver.system for rt in list(_runtimes.values())
+        system = next((rt.driver.system for rt in RUNTIMES.runtimes()
                        if isinstance(rt.driver, SimDriver)), None)
         return SimDriver(device, system=system)
     from numba_streamsafe._driver.cuda import CudaDriver
@@ -157,7 +159,7 @@ class DeviceRuntime:
         """The installed runtime of ``device`` (this one for its own), or None."""
         if device == self.device:
             return self
-        return _runtimes.get(device)
+        return RUNTIMES.installed(device)
 
     def activate(self) -> Any:
         """A context manager making this device's context current inside it (on
@@ -351,30 +353,90 @@ def _driver_of(resource: MemoryResource) -> Driver:
     raise InvalidArgument(f"no driver found under {type(resource).__name__}; pass driver=")
 
 
-_runtimes: dict[int, DeviceRuntime] = {}
-_runtimes_lock = threading.Lock()
-#: The installed runtime while there is exactly one, else None: the Numba
-#: layer's launches take it without asking which device is current. Read
-#: :func:`sole_runtime`; the compiled launch reads this attribute itself (a
-#: call into Python code there could hand the GIL to another thread mid-launch).
-sole: DeviceRuntime | None = None
+class Runtimes:
+    """The process-wide runtimes, one per device: the registry behind
+    :func:`get_runtime`, :func:`set_runtime` and :func:`clear_runtimes`.
+
+    Attributes
+    ----------
+    sole : DeviceRuntime or None
+        The installed runtime while there is exactly one, else None: the Numba
+        layer's launches take it without asking which device is current (the
+        compiled launch reads the attribute itself: a call into Python code
+        there could hand the GIL to another thread mid-launch).
+    generation : int
+        Advanced whenever the installed runtimes change: holders of a runtime
+        (the memory-manager plugin) compare it to know theirs is still the
+        installed one.
+
+    Notes
+    -----
+    Thread-safe: threads racing on a device's first :meth:`get` all get the
+    same runtime, and exactly one is built.
+    """
+
+    def __init__(self) -> None:
+        self._by_device: dict[int, DeviceRuntime] = {}
+        self._lock = threading.Lock()
+        self.sole: DeviceRuntime | None = None
+        self.generation = 0
+
+    def get(self, device: int) -> DeviceRuntime:
+        """The runtime of ``device``, built by :func:`default_stack` over
+        :func:`default_driver` on first use."""
+        rt = self._by_device.get(device)
+        if rt is not None:
+            return rt
+        with self._lock:
+            rt = self._by_device.get(device)
+            if rt is None:
+                rt = DeviceRuntime(default_stack(default_driver(device)))
+                self._by_device[device] = rt
+                self._changed()
+            return rt
+
+    def installed(self, device: int) -> DeviceRuntime | None:
+        """The runtime of ``device`` if one is installed (none is built)."""
+        return self._by_device.get(device)
+
+    def devices(self) -> list[int]:
+        """The devices that have a runtime, in order."""
+        return sorted(self._by_device)
+
+    def runtimes(self) -> list[DeviceRuntime]:
+        """The installed runtimes, in device order."""
+        by_device = dict(self._by_device)
+        return [by_device[d] for d in sorted(by_device)]
+
+    def install(self, runtime: DeviceRuntime, device: int) -> DeviceRuntime | None:
+        """Install ``runtime`` for ``device``; the one installed before, if any."""
+        with self._lock:
+            old = self._by_device.get(device)
+            self._by_device[device] = runtime
+            self._changed()
+            return old
+
+    def clear(self) -> None:
+        """Forget every runtime (the next :meth:`get` builds anew)."""
+        with self._lock:
+            for rt in self._by_device.values():
+                rt.multi_device = False
+            self._by_device.clear()
+            self._changed()
+
+    def _changed(self) -> None:
+        """Caller holds the lock: refresh :attr:`sole`, :attr:`generation` and
+        every runtime's ``multi_device``."""
+        self.generation += 1
+        several = len(self._by_device) > 1
+        self.sole = None if several or not self._by_device else \
+            next(iter(self._by_device.values()))
+        for rt in self._by_device.values():
+            rt.multi_device = several
 
 
-#: Advanced whenever the installed runtimes change (:func:`set_runtime`,
-#: :func:`clear_runtimes`, a new device's runtime): holders of a runtime (the
-#: memory-manager plugin) compare it to know theirs is still the installed one.
-installed_generation = 0
-
-
-def _installed_changed() -> None:
-    """Caller holds ``_runtimes_lock``: refresh :data:`sole` and every installed
-    runtime's ``multi_device``."""
-    global sole, installed_generation
-    installed_generation += 1
-    several = len(_runtimes) > 1
-    sole = None if several or not _runtimes else next(iter(_runtimes.values()))
-    for rt in _runtimes.values():
-        rt.multi_device = several
+#: This process's runtimes.
+RUNTIMES = Runtimes()
 
 
 def get_runtime(device: int = 0) -> DeviceRuntime:
@@ -398,31 +460,22 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
     InvalidArgument
         ``device`` is not a device of this machine (or of the simulator).
     """
-    rt = _runtimes.get(device)
-    if rt is not None:
-        return rt
-    with _runtimes_lock:
-        rt = _runtimes.get(device)
-        if rt is None:
-            rt = DeviceRuntime(default_stack(default_driver(device)))
-            _runtimes[device] = rt
-            _installed_changed()
-        return rt
+    return RUNTIMES.get(device)
 
 
 def installed_runtime(device: int) -> DeviceRuntime | None:
     """The process-wide runtime of ``device`` if one is installed (none is built)."""
-    return _runtimes.get(device)
+    return RUNTIMES.installed(device)
 
 
 def installed_devices() -> list[int]:
     """The devices that have a process-wide runtime, in order."""
-    return sorted(_runtimes)
+    return RUNTIMES.devices()
 
 
 def sole_runtime() -> DeviceRuntime | None:
     """The process-wide runtime while exactly one device has one, else None."""
-    return sole
+    return RUNTIMES.sole
 
 
 def enable_peer_access(device: int, peer: int) -> None:
@@ -514,18 +567,9 @@ def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRunt
     -------
     DeviceRuntime or None
         The runtime installed for that device before, if any."""
-    key = runtime.device if device is None else device
-    with _runtimes_lock:
-        old = _runtimes.get(key)
-        _runtimes[key] = runtime
-        _installed_changed()
-        return old
+    return RUNTIMES.install(runtime, runtime.device if device is None else device)
 
 
 def clear_runtimes() -> None:
     """Forget every process-wide runtime (the next :func:`get_runtime` builds anew)."""
-    with _runtimes_lock:
-        for rt in _runtimes.values():
-            rt.multi_device = False
-        _runtimes.clear()
-        _installed_changed()
+    RUNTIMES.clear()

@@ -39,13 +39,12 @@ else:  # Numba's simulator has no memory managers: stand-ins, so imports work th
         def defer_cleanup(self) -> Iterator[None]:
             yield
 
-from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.core.errors import StreamSafeError
 from numba_streamsafe.core.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
 from numba_streamsafe.numba import sim_plugin, target
 from numba_streamsafe.numba import transparent as _transparent
 from numba_streamsafe.numba.scope import per_thread as _scopes
-from numba_streamsafe.runtime import DeviceRuntime, get_runtime
+from numba_streamsafe.runtime import RUNTIMES, DeviceRuntime, get_runtime
 
 __all__ = ["StreamSafeMemoryManager", "_numba_memory_manager"]
 
@@ -71,17 +70,17 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         self._runtime: DeviceRuntime | None = None
         #: The runtime's resource methods, bound once: (allocate, defer_free).
         self._resource_calls: tuple[Any, Any] | None = None
-        #: ``runtime.installed_generation`` when the two were taken: a
+        #: ``RUNTIMES.generation`` when the two were taken: a
         #: ``set_runtime`` since makes the next allocation take the new runtime.
         self._generation = -1
 
     @property
     def runtime(self) -> DeviceRuntime:
         rt = self._runtime
-        if rt is None or self._generation != _runtime_module.installed_generation:
+        if rt is None or self._generation != RUNTIMES.generation:
             device = target.device_id(self.context.device) if self.context is not None else 0
             rt = self._runtime = get_runtime(device)  # may install it: generation moves
-            self._generation = _runtime_module.installed_generation
+            self._generation = RUNTIMES.generation
             self._resource_calls = None
         return rt
 
@@ -96,7 +95,7 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
             # MemoryPointer cannot convert.
             return MemoryPointer(self.context, binding.CUdeviceptr(0), 0)
         calls = self._resource_calls
-        if calls is None or self._generation != _runtime_module.installed_generation:
+        if calls is None or self._generation != RUNTIMES.generation:
             resource = self.runtime.resource
             calls = self._resource_calls = (resource.allocate, resource.defer_free)
         rt = self._runtime  # current: the calls above were refreshed with it

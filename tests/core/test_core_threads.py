@@ -130,7 +130,7 @@ def test_get_runtime_is_built_once_under_a_race(monkeypatch):
 
     monkeypatch.setattr(runtime_module, "default_driver", slow_driver)
     # A private registry: the process-wide runtimes of other tests are left alone.
-    monkeypatch.setattr(runtime_module, "_runtimes", {})
+    monkeypatch.setattr(runtime_module, "RUNTIMES", runtime_module.Runtimes())
     barrier = threading.Barrier(16)
     got: list = [None] * 16
 

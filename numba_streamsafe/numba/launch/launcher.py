@@ -18,12 +18,12 @@ from typing import Any
 
 import cython
 
-from numba_streamsafe import runtime as _runtime_module
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, pack_into
 from numba_streamsafe.resources.tracking.marks import entry_point
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
+from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
            "retried", "available", "COMPILED"]
@@ -211,7 +211,7 @@ def _takes(state: LaunchState) -> cython.bint:
     into Python code here could hand the GIL to another thread mid-launch."""
     rt: Any = state.rt
     policy: LaunchPolicy = state.policy  # noqa: F821 (policy.pxd)
-    return (launches_direct() and rt.capture is None and _runtime_module.sole is rt
+    return (launches_direct() and rt.capture is None and RUNTIMES.sole is rt
             and policy.tracking and policy.direct_launch and not state.deferred)
 
 
