@@ -156,32 +156,31 @@ def _target() -> dict[str, Any]:
 
 
 def _gpus() -> dict[str, Any]:
-    from cuda.bindings import driver
+    from numba_streamsafe._driver import cuda as driver
 
-    err, version = driver.cuDriverGetVersion()
-    if err:
-        return {"target": f"no CUDA driver usable (cuDriverGetVersion: error {int(err)})"}
+    version = driver.driver_version()
+    if version is None:
+        return {"target": "no CUDA driver usable (cuDriverGetVersion failed)"}
     out: dict[str, Any] = {"cuda driver": f"{version // 1000}.{version % 1000 // 10}",
                            "cuda runtime": _guarded(_runtime_version)}
     from numba import cuda
 
-    pools = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
     devices = []
     for gpu in cuda.gpus:
         name = gpu.name.decode() if isinstance(gpu.name, bytes) else gpu.name
-        err, supported = driver.cuDeviceGetAttribute(pools, gpu.id)
+        supported = driver.pools_supported(gpu.id)
         devices.append({"id": gpu.id, "name": name,
                         "compute capability": ".".join(map(str, gpu.compute_capability)),
-                        "memory pools": "unknown" if err else bool(supported)})
+                        "memory pools": "unknown" if supported is None else supported})
     out["devices"] = devices
     return out
 
 
 def _runtime_version() -> str:
-    from cuda.bindings import runtime
+    from numba_streamsafe._driver.cuda import runtime_version
 
-    err, version = runtime.cudaRuntimeGetVersion()
-    return "not loadable" if err else f"{version // 1000}.{version % 1000 // 10}"
+    version = runtime_version()
+    return "not loadable" if version is None else f"{version // 1000}.{version % 1000 // 10}"
 
 
 def _engine() -> dict[str, Any]:

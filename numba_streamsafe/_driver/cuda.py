@@ -28,7 +28,8 @@ from numba_streamsafe._driver.limits import LaunchLimits, check_launch
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 
-__all__ = ["CudaDriver"]
+__all__ = ["CudaDriver", "context_device", "driver_version", "runtime_version",
+           "pools_supported"]
 
 _CUDA_ERROR_INVALID_CONTEXT = 201
 _CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
@@ -38,6 +39,37 @@ def _bindings() -> Any:
     from cuda.bindings import driver
 
     return driver
+
+
+def context_device() -> int:
+    """The device of the calling thread's current context (``cuCtxGetDevice``),
+    0 when none is current."""
+    err, ordinal = _bindings().cuCtxGetDevice()
+    return 0 if err else int(ordinal)
+
+
+def driver_version() -> int | None:
+    """The CUDA driver's version (``cuDriverGetVersion``: 1000 * major + 10 *
+    minor), None when the driver cannot say."""
+    err, version = _bindings().cuDriverGetVersion()
+    return None if err else int(version)
+
+
+def runtime_version() -> int | None:
+    """The CUDA runtime's version (``cudaRuntimeGetVersion``), None when the
+    runtime library cannot be loaded."""
+    from cuda.bindings import runtime
+
+    err, version = runtime.cudaRuntimeGetVersion()
+    return None if err else int(version)
+
+
+def pools_supported(device: int) -> bool | None:
+    """Whether ``device`` has stream-ordered memory pools, None when unknown."""
+    driver = _bindings()
+    attribute = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+    err, supported = driver.cuDeviceGetAttribute(attribute, device)
+    return None if err else bool(supported)
 
 
 #: No stream handle the driver makes lies below this address.

@@ -189,10 +189,9 @@ def current_device() -> int:
     if SIMULATOR:
         device = per_thread.device
         return 0 if device is None else device
-    from cuda.bindings import driver as _drv
+    from numba_streamsafe._driver.cuda import context_device
 
-    err, ordinal = _drv.cuCtxGetDevice()
-    return 0 if err else int(ordinal)
+    return context_device()
 
 
 def check_device(device: Any, caller: str) -> None:

@@ -275,3 +275,22 @@ def test_mark_use_counts_change_only_in_the_mark_book():
             writes += [f"{name}:{node.lineno}" for t in targets
                        if isinstance(t, ast.Attribute) and t.attr == "refs"]
     assert writes == [], writes
+
+
+def test_only_the_driver_layer_talks_to_cuda():
+    """CUDA is reached through ``_driver/`` alone: no other module imports
+    ``cuda.bindings`` or opens a C library with ctypes (the engine calls
+    libcuda's entry points through ``_driver/libcuda``)."""
+    found = []
+    for name, path in _modules().items():
+        if name.startswith("numba_streamsafe._driver"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cuda"):
+                found.append(f"{name}:{node.lineno} imports {node.module}")
+            elif isinstance(node, ast.Import) and any(a.name.startswith("cuda.") for a in
+                                                      node.names):
+                found.append(f"{name}:{node.lineno} imports cuda")
+            elif isinstance(node, ast.Attribute) and node.attr in ("CDLL", "cdll", "LoadLibrary"):
+                found.append(f"{name}:{node.lineno} opens a C library")
+    assert found == [], "\n".join(found)

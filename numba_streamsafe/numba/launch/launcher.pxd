@@ -1,4 +1,5 @@
 # C declarations of launcher.py for its compiled build (see resources/tracking/marks.pxd).
+from numba_streamsafe._driver.libcuda cimport launch_entry, launch_fn
 from numba_streamsafe.numba.launch.packing cimport pack_into
 from numba_streamsafe.numba.launch.policy cimport LaunchPolicy
 from numba_streamsafe.resources.tracking.lock cimport Lock
@@ -6,9 +7,6 @@ from numba_streamsafe.resources.tracking.marks cimport MarkBook
 from numba_streamsafe.resources.tracking.rules cimport Entry, commit_locked, preflight_locked
 from numba_streamsafe.core.tracehook cimport TraceLog, current_log, launches_direct
 
-ctypedef int (*launch_fn)(void *, unsigned int, unsigned int, unsigned int, unsigned int,
-                          unsigned int, unsigned int, unsigned int, void *, void **,
-                          void **) noexcept nogil
 
 
 cdef class ArgFields:

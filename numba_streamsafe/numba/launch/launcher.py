@@ -18,10 +18,11 @@ from typing import Any
 
 import cython
 
+from numba_streamsafe._driver import libcuda
+from numba_streamsafe._driver.libcuda import launch_entry
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, pack_into
-from numba_streamsafe.resources.tracking.marks import entry_point
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.runtime import RUNTIMES
 
@@ -33,7 +34,6 @@ COMPILED: bool = cython.compiled
 
 _MAX_ARGS = 64
 
-_cu_launch = cython.declare(cython.size_t, 0)
 _launches = cython.declare(cython.ulonglong, 0)
 _retried = cython.declare(cython.ulonglong, 0)
 
@@ -41,10 +41,7 @@ _retried = cython.declare(cython.ulonglong, 0)
 def available() -> bool:
     """Whether :func:`launch` can queue kernels itself: compiled, with libcuda
     loaded in this process."""
-    global _cu_launch
-    if _cu_launch == 0:  # looked up until libcuda is loaded
-        _cu_launch = entry_point("cuLaunchKernel")
-    return _cu_launch != 0
+    return cython.compiled and libcuda.loaded()
 
 
 def launches() -> int:
@@ -183,7 +180,7 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
         True when launched; False, with nothing queued and no state changed,
         when the Python path must do the launch.
     """
-    if not cython.compiled or (_cu_launch == 0 and not available()) or not _takes(state):
+    if not cython.compiled or launch_entry() == 0 or not _takes(state):
         return False
     dims = cython.declare(cython.uint[7])  # grid, block, shared memory
     if not _dims(state, config, dims):
@@ -326,7 +323,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         preflight_locked(book, entries, handle, owner, True)
     finally:
         lock.give()
-    fn = cython.cast(launch_fn, _cu_launch)  # type: ignore[name-defined]  # noqa: F821
+    fn = cython.cast(launch_fn, launch_entry())  # type: ignore[name-defined]  # noqa: F821
     err: cython.int
     with cython.nogil:
         err = fn(cython.cast(cython.p_void, function), dims[0], dims[1], dims[2], dims[3],

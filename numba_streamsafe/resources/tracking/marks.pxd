@@ -2,11 +2,10 @@ cimport cython
 # C declarations of marks.py for its compiled build (Cython's pure-Python mode
 # reads them beside the module; other engine modules cimport them).
 
+from numba_streamsafe._driver.libcuda cimport record_event, wait_event
 from numba_streamsafe.resources.tracking.lock cimport Lock
 from numba_streamsafe.core.tracehook cimport TraceLog, current_log
 
-ctypedef int (*record_fn)(void *, void *) noexcept nogil
-ctypedef int (*wait_fn)(void *, void *, unsigned int) noexcept nogil
 
 
 cdef class Mark:

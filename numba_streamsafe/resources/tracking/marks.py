@@ -16,20 +16,19 @@ which marks a use waits for and records are :mod:`.rules`.
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import logging
-import os
 from typing import Any
 
 import cython
 
+from numba_streamsafe._driver.libcuda import record_event, wait_event
 from numba_streamsafe.core.errors import DriverError
 from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id",
-           "entry_point", "COMPILED"]
+           "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -49,72 +48,6 @@ _mark_seq = cython.declare(cython.ulonglong, 0)
 def retired_stream_id() -> int:
     """A fresh identity for the history of a retired stream (never a live handle)."""
     return next(_retired_streams)
-
-
-# ------------------------------------------------------------- libcuda entries
-_looked = cython.declare(cython.bint, False)
-_cu_record = cython.declare(cython.size_t, 0)
-_cu_wait = cython.declare(cython.size_t, 0)
-_entries: dict[str, int] = {}
-
-
-def entry_point(name: str) -> int:
-    """The address of libcuda's ``name`` when libcuda is loaded in this process
-    and the module runs compiled, else 0 (the driver layer's methods are then
-    called instead)."""
-    global _looked, _cu_record, _cu_wait
-    if not _looked and COMPILED:  # looked up until libcuda is loaded (by the first CUDA call)
-        try:
-            lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-            for sym in ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel"):
-                _entries[sym] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
-            _looked = True
-        except (OSError, AttributeError):
-            _entries.clear()
-        _cu_record = _entries.get("cuEventRecord", 0)
-        _cu_wait = _entries.get("cuStreamWaitEvent", 0)
-    return _entries.get(name, 0)
-
-
-@cython.cfunc
-@cython.exceptval(check=False)
-def _handles(event: Any, stream: Any, out: cython.p_size_t) -> cython.bint:
-    """``event`` and ``stream`` as the addresses libcuda takes, into ``out[0]``
-    and ``out[1]``; False for a value that is none (the driver layer then
-    makes the call)."""
-    try:
-        out[0] = int(event)
-        out[1] = int(stream)
-    except (TypeError, OverflowError, ValueError):
-        return False
-    return True
-
-
-@cython.cfunc
-@cython.exceptval(check=False)
-def _record_direct(event: Any, stream: Any) -> cython.int:
-    """``cuEventRecord`` through libcuda; nonzero when not done (the driver
-    layer then records, retrying in the right context or raising)."""
-    if not cython.compiled or _cu_record == 0:
-        return 1
-    h = cython.declare(cython.size_t[2])
-    if not _handles(event, stream, h):
-        return 1
-    fn = cython.cast(record_fn, _cu_record)  # type: ignore[name-defined]  # noqa: F821
-    return fn(cython.cast(cython.p_void, h[0]), cython.cast(cython.p_void, h[1]))
-
-
-@cython.cfunc
-@cython.exceptval(check=False)
-def _wait_direct(stream: Any, event: Any) -> cython.int:
-    """``cuStreamWaitEvent`` through libcuda; nonzero when not done."""
-    if not cython.compiled or _cu_wait == 0:
-        return 1
-    h = cython.declare(cython.size_t[2])
-    if not _handles(event, stream, h):
-        return 1
-    fn = cython.cast(wait_fn, _cu_wait)  # type: ignore[name-defined]  # noqa: F821
-    return fn(cython.cast(cython.p_void, h[1]), cython.cast(cython.p_void, h[0]), 0)
 
 
 # ----------------------------------------------------------------------- marks
@@ -256,7 +189,7 @@ class EventPool:
         """A pooled event recorded on ``stream`` (through libcuda when
         ``direct`` and the module runs compiled, else the driver layer)."""
         handle = self.acquire()
-        if not direct or _record_direct(handle, stream) != 0:
+        if not direct or record_event(handle, stream) != 0:
             try:
                 self.driver.event_record(handle, stream)
             except BaseException:
@@ -371,7 +304,7 @@ class MarkBook:
                     waiters[stream] = owner
                 continue
             handle = self.seal(mark, direct)
-            if not direct or _wait_direct(stream, handle) != 0:
+            if not direct or wait_event(stream, handle) != 0:
                 self.driver.stream_wait_event(stream, handle)
             waiters[stream] = owner
             self.waits += 1
