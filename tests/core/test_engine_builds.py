@@ -96,3 +96,25 @@ def test_the_comparison_is_not_vacuous(children):
     for child in children:
         out = child.apply(engine_runs.concurrent, (progs, "lazy", 1))
         assert out["launches"] > 20 and out["waits"] > 5, out
+
+
+def test_both_builds_run_the_direct_launch(children):
+    """The direct launch (``launcher.launch``) is one code in both builds:
+    run as Python it packs the same parameter slots, queues the same wait and
+    commits the same use as compiled, and only its last step (the driver
+    layer's ``launch_kernel`` here: no libcuda on this machine) is the same
+    call. Fails if the source build hands the launch back."""
+    source, compiled = children
+    got = {}
+    for child, build in ((source, "source"), (compiled, "compiled")):
+        out = child.apply(engine_runs.direct_launch)
+        assert out["compiled"] == (build == "compiled")
+        assert out["taken"], f"the {build} build handed the direct launch back"
+        assert out["launches"] == out["by_driver"] == 1, out
+        ((function, grid, block, shmem, stream, slots),) = out["called"]
+        assert (function, grid, block, shmem, stream) == (0x1234, (2, 1, 1), (32, 1, 1), 0,
+                                                          out["stream"])
+        assert slots == out["expect"]
+        assert out["waits"] == 1 and out["x_read_on_b"], out
+        got[build] = (out["waits"], slots == out["expect"])
+    assert got["source"] == got["compiled"]

@@ -62,9 +62,11 @@ class Paths:
         self.taken: list[int] = []
 
     def launches(self) -> int:
-        """Launches the Python direct and the compiled paths took so far (the
-        compiled path's count is process-wide)."""
-        return self.direct + (launcher.launches() if launcher.COMPILED else 0)
+        """Launches the Python direct path and the direct launch
+        (:func:`launcher.launch`, either build) took so far; the latter's
+        count is process-wide, and those it handed to the driver layer are
+        counted there once."""
+        return self.direct + launcher.launches() - launcher.by_driver()
 
     def run(self, launch, outputs):
         """``launch()`` three ways; each time ``outputs`` (device arrays) are
@@ -77,7 +79,7 @@ class Paths:
             launch_policy(self.rt).direct_launch = direct
             for out in outputs:
                 nss.memset(out, 0xA5, stream=self.stream)
-            before = launcher.launches() if launcher.COMPILED else 0
+            before = launcher.launches()
             try:
                 launch()
                 self.gpu.synchronize()
@@ -88,8 +90,7 @@ class Paths:
                 self.last_error = exc
             finally:
                 launch_policy(self.rt).direct_launch = True
-            if launcher.COMPILED:
-                self.compiled += launcher.launches() - before
+            self.compiled += launcher.launches() - before
             self.taken.append(self.launches() - taken)
         return results
 
@@ -165,9 +166,9 @@ def test_scalars_unspecialized(gpu, paths):
         paths.same(lambda out=out, value=value: store[1, 1, s](out, value), [out],
                    f"{type(value).__name__} {value!r} into {np.dtype(dtype)}", covered=True)
     assert paths.direct >= len(cases)          # the direct path was taken
-    if launcher.COMPILED:  # the compiled path takes the Python scalars (NumPy's: the Python path)
-        python_scalars = sum(type(v) in (int, float, bool, complex) for _, v in cases)
-        assert paths.compiled >= python_scalars
+    # The direct launch (either build) takes the Python scalars (NumPy's: the Python path).
+    python_scalars = sum(type(v) in (int, float, bool, complex) for _, v in cases)
+    assert paths.compiled >= python_scalars
 
 
 COMPLEX = [np.complex64, np.complex128]

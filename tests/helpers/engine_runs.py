@@ -107,3 +107,67 @@ def concurrent(programs: list[P.Program], fences: str, seed: int) -> dict[str, i
             "events_in_use": res.events.in_use, "errors": len(errors),
             "first_error": repr(errors[0]) if errors else "", "launches": sum(launches),
             "waits": res.marks.waits}
+
+
+class _Array:
+    """What the direct launch reads of a device array: its cached fields."""
+
+    def __init__(self, fields: Any) -> None:
+        self._nss_fast = fields
+
+
+def direct_launch() -> dict[str, Any]:
+    """One launch through the direct launch (:func:`launcher.launch`) on the
+    simulated driver, which is told it launches compiled code: ``x`` written on
+    stream ``a`` (its allocation), then a kernel on stream ``b`` that reads
+    ``x``, writes ``y`` and takes an int. Returns what the launch did: whether
+    it was taken, the driver's launch call (function, grid, block, shared
+    memory, stream, the parameter slots as bytes), the waits it queued, and
+    the launch counters' steps."""
+    import ctypes
+    import struct
+
+    from numba_streamsafe.numba.launch import launcher
+    from numba_streamsafe.numba.launch.policy import launch_policy
+    from numba_streamsafe.runtime import clear_runtimes, set_runtime
+
+    sim = SimDriver(backing=False)
+    sim.supports_direct_launch = True  # type: ignore[misc]
+    called: list[Any] = []
+
+    def launch_kernel(function, grid, block, shmem, stream, params):
+        slots = (ctypes.c_void_p * 5).from_address(params)
+        called.append((function, grid, block, shmem, stream,
+                       [ctypes.string_at(p, 8) for p in slots]))
+
+    sim.launch_kernel = launch_kernel  # type: ignore[method-assign]
+    rt = DeviceRuntime(AsyncResource(sim))
+    set_runtime(rt)
+    try:
+        a, b = sim.create_stream(), sim.create_stream()
+        x, y = rt.allocate(64, a, "x"), rt.allocate(64, b, "y")
+        array_type = object()  # matched by identity, as Numba's interned types are
+        fx = launcher.ArgFields(x, array_type, struct.pack("=QQ", x.ptr, 64), 0, 64)
+        fy = launcher.ArgFields(y, array_type, struct.pack("=QQ", y.ptr, 64), 0, 64)
+        cufunc = object()
+        state = launcher.LaunchState(rt, launch_policy(rt), (int(R), int(W), -1), set(), True,
+                                     "kernel", ("x", "y"))
+        state.add_plan(launcher.Plan((array_type, array_type, int), 0x1234, b"AAq",
+                                     {0: cufunc}, cufunc, 0))
+        waits0, launches0, by_driver0 = sim.calls["cuStreamWaitEvent"], \
+            launcher.launches(), launcher.by_driver()
+        taken = launcher.launch(state, (2, 32, b), (_Array(fx), _Array(fy), -7))
+        out = {"taken": taken, "called": called,
+               "waits": sim.calls["cuStreamWaitEvent"] - waits0,
+               "launches": launcher.launches() - launches0,
+               "by_driver": launcher.by_driver() - by_driver0,
+               "compiled": launcher.COMPILED,
+               "x_read_on_b": b in rt.resource.block_events(x)[1],
+               "expect": [struct.pack("=Q", x.ptr), struct.pack("=Q", 64),
+                          struct.pack("=Q", y.ptr), struct.pack("=Q", 64),
+                          struct.pack("=q", -7)], "stream": b}
+        rt.deallocate(x)
+        rt.deallocate(y)
+        return out
+    finally:
+        clear_runtimes()

@@ -98,16 +98,17 @@ class ForAll:
 
 
 def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | None:
-    """What the compiled launch path reads for ``kernel`` on ``rt``, or
-    None where it does not apply: a resource other than
-    :class:`AsyncResource`, a checking driver, or no libcuda in the process."""
+    """What the direct launch (:func:`~.launcher.launch`) reads for ``kernel``
+    on ``rt``, or None where it does not apply: a resource other than
+    :class:`AsyncResource`, or a driver that checks accesses or launches no
+    compiled code (the simulated one)."""
     from numba_streamsafe.resources.async_resource import AsyncResource
 
     if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
-            or not launcher.available()):
+            or not rt.driver.supports_direct_launch):
         return None
     no_warn = not (kernel._warns and _numba_warns_low_occupancy())
     accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
     names = tuple(name for name, access in kernel.params if access is not None)
     return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel._warned_grids,
-                                no_warn, rt.driver.launch_kernel, kernel.__name__, names)
+                                no_warn, kernel.__name__, names)

@@ -419,8 +419,8 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             warn_low_occupancy(self, grid)
         fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                plan.function, grid, block, shmem, handle, params, tracking=tracking)
-        if rt.capture is not None or (launcher.COMPILED and tracking and
-                                      not uses.untracked and not uses.producers):
+        if rt.capture is not None or (tracking and not uses.untracked
+                                      and not uses.producers):
             self._after_direct(rt, plan, args, handle, owner)
         return True
 

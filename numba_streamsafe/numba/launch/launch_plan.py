@@ -21,9 +21,7 @@ launch, so behaviour never depends on which path ran.
 
 from __future__ import annotations
 
-import ctypes
 import struct
-import threading
 from typing import Any
 
 import numpy as np
@@ -130,19 +128,6 @@ def cached_fields(arg: Any, argtype: Any) -> launcher.ArgFields | None:
     return fields  # type: ignore[no-any-return]
 
 
-class _Scratch(threading.local):
-    """One parameter buffer and pointer array per thread: the driver copies
-    the parameters when the launch is queued, so they are reused at once."""
-
-    def __init__(self, nparams: int) -> None:
-        self.size = 8 * max(nparams, 1)
-        self.buffer = ctypes.create_string_buffer(self.size)
-        self.base = ctypes.addressof(self.buffer)
-        self.pointers = (ctypes.c_void_p * max(nparams, 1))(
-            *[self.base + 8 * i for i in range(nparams)])
-        self.address = ctypes.addressof(self.pointers)
-
-
 class LaunchPlan:
     """How to launch one compiled overload directly: its function handle
     (``function``), Numba's per-device function cache of the overload's code
@@ -174,7 +159,7 @@ class LaunchPlan:
         #: One code per argument (:func:`compiled_codes`).
         self.codes = compiled_codes(argtypes)
         self.nparams = len(slots[0])
-        self._scratch = _Scratch(self.nparams)
+        self._scratch = packing.ParamScratch(self.nparams)
 
     def current(self, device_id: int) -> bool:
         """Whether the overload's loaded function is still the one Numba uses

@@ -45,7 +45,6 @@ cdef class LaunchState:
     cdef readonly object warned
     cdef readonly bint no_warn
     cdef readonly bint eager
-    cdef readonly object driver_launch
     cdef readonly str label
     cdef readonly tuple names
     cdef readonly object device

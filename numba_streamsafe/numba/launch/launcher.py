@@ -6,10 +6,12 @@ parameters packed by :mod:`~numba_streamsafe.numba.launch.packing`, the rules of
 ``cuLaunchKernel`` with the GIL released, and the commit.
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
-pure-Python mode (C declarations in ``launcher.pxd``). :func:`launch`
-queues a kernel itself only when compiled (it calls libcuda); run as Python
-it hands every launch back, and the Numba layer's Python path (the same
-packer, the same rules) does the launch.
+pure-Python mode (C declarations in ``launcher.pxd``). Both builds run the
+same launch; only its last step differs: compiled, the parameters are packed
+on the C stack and ``cuLaunchKernel`` is called through libcuda's entry point
+(:mod:`numba_streamsafe._driver.libcuda`); run as Python, they are packed
+into a per-thread buffer and the driver layer's ``launch_kernel`` queues the
+kernel (as it does when libcuda refuses the call).
 """
 
 from __future__ import annotations
@@ -22,31 +24,43 @@ from numba_streamsafe._driver import libcuda
 from numba_streamsafe._driver.libcuda import launch_entry
 from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
-from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, pack_into
+from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
-           "retried", "available", "COMPILED"]
+           "by_driver", "retried", "available", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
 
 _MAX_ARGS = 64
 
+_MAX_PARAMS = 512  # MAX_PARAM_BYTES / 8
+
 _launches = cython.declare(cython.ulonglong, 0)
+_by_driver = cython.declare(cython.ulonglong, 0)
 _retried = cython.declare(cython.ulonglong, 0)
+#: The parameter buffer of the build that runs as Python (per thread).
+_scratch = ParamScratch(_MAX_PARAMS)
 
 
 def available() -> bool:
-    """Whether :func:`launch` can queue kernels itself: compiled, with libcuda
-    loaded in this process."""
+    """Whether :func:`launch` calls libcuda itself: compiled, with libcuda
+    loaded in this process (else its kernels are queued by the driver layer)."""
     return cython.compiled and libcuda.loaded()
 
 
 def launches() -> int:
-    """Kernels :func:`launch` queued itself in this process."""
+    """Kernels :func:`launch` queued in this process (either build)."""
     return _launches
+
+
+def by_driver() -> int:
+    """Launches of :func:`launch` that the driver layer queued (``launch_kernel``):
+    all of them where the build runs as Python, else those libcuda refused at
+    first or could not be called for."""
+    return _by_driver
 
 
 def retried() -> int:
@@ -108,7 +122,7 @@ class LaunchState:
     parameters with an access."""
 
     def __init__(self, rt: Any, policy: Any, accesses: tuple, warned: set, no_warn: bool,
-                 driver_launch: Any, label: str = "", names: tuple = ()) -> None:
+                 label: str = "", names: tuple = ()) -> None:
         resource = rt.resource
         self.rt = rt
         self.table = resource.table
@@ -124,7 +138,6 @@ class LaunchState:
         self.warned = warned
         self.no_warn = no_warn
         self.eager = resource.eager
-        self.driver_launch = driver_launch
         self.label = label
         self.names = names
         self.device = rt.device
@@ -142,14 +155,15 @@ class LaunchState:
 # ------------------------------------------------------------------ the launch
 @cython.cfunc
 @cython.exceptval(-1)
-def _dim3(d: object, out: cython.p_uint) -> cython.int:
-    """``d`` (an int or 1 to 3 ints, each in 1 .. 2**31 - 1) into ``out``; 0
-    when it is not plainly valid (the Python path checks and reports it)."""
-    out[0] = out[1] = out[2] = 1
+def _dim3(d: object, out: cython.p_uint, at: cython.int) -> cython.int:
+    """``d`` (an int or 1 to 3 ints, each in 1 .. 2**31 - 1) into ``out[at]``
+    to ``out[at + 2]``; 0 when it is not plainly valid (the Python path checks
+    and reports it)."""
+    out[at] = out[at + 1] = out[at + 2] = 1
     if type(d) is int:
         if d <= 0 or d > 0x7FFFFFFF:
             return 0
-        out[0] = d
+        out[at] = d
         return 1
     if type(d) is not tuple or not 1 <= len(d) <= 3:
         return 0
@@ -158,7 +172,7 @@ def _dim3(d: object, out: cython.p_uint) -> cython.int:
         v = d[i]
         if type(v) is not int or v <= 0 or v > 0x7FFFFFFF:
             return 0
-        out[i] = v
+        out[at + i] = v
     return 1
 
 
@@ -180,9 +194,12 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
         True when launched; False, with nothing queued and no state changed,
         when the Python path must do the launch.
     """
-    if not cython.compiled or launch_entry() == 0 or not _takes(state):
+    if not _takes(state):
         return False
-    dims = cython.declare(cython.uint[7])  # grid, block, shared memory
+    if cython.compiled:
+        dims = cython.declare(cython.uint[7])  # grid, block, shared memory
+    else:
+        dims = [1] * 7
     if not _dims(state, config, dims):
         return False
     stream = _stream_of(state.rt, config)
@@ -193,9 +210,14 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     plan = _plan_for(state, args, fields, arrays)
     if plan is None:
         return False
-    buf = cython.declare(cython.uchar[4096])
-    address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
-    nparams: cython.Py_ssize_t = pack_into(plan.codes, args, fields, None, address,
+    if cython.compiled:
+        buf = cython.declare(cython.uchar[4096])
+        address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
+        buffer = None
+    else:
+        address = _scratch.base
+        buffer = _scratch.buffer
+    nparams: cython.Py_ssize_t = pack_into(plan.codes, args, fields, buffer, address,
                                            MAX_PARAM_BYTES)
     if nparams < 0:
         return False
@@ -219,7 +241,7 @@ def _dims(state: LaunchState, config: tuple, dims: cython.p_uint) -> cython.int:
     plainly valid, or when Numba's low-occupancy warning is due (the Python
     path checks, reports and warns)."""
     nconf: cython.Py_ssize_t = len(config)
-    if nconf < 2 or nconf > 4 or not _dim3(config[0], dims) or not _dim3(config[1], dims + 3):
+    if nconf < 2 or nconf > 4 or not _dim3(config[0], dims, 0) or not _dim3(config[1], dims, 3):
         return 0
     dims[6] = 0
     if nconf > 3:
@@ -294,13 +316,15 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     """Preflight, ``cuLaunchKernel`` with the GIL released, commit; False
     (nothing queued) when a check under the lock sends the launch to the
     Python path."""
-    global _launches, _retried
-    ptrs = cython.declare(cython.p_void[512])
-    i: cython.Py_ssize_t
-    for i in range(nparams):
-        ptrs[i] = cython.cast(cython.p_void, address + 8 * i)
-    hv: cython.size_t = handle
-    function: cython.size_t = plan.function
+    global _launches, _by_driver, _retried
+    if cython.compiled:
+        ptrs = cython.declare(cython.p_void[512])
+        i: cython.Py_ssize_t
+        for i in range(nparams):
+            ptrs[i] = cython.cast(cython.p_void, address + 8 * i)
+        params: cython.size_t = cython.cast(cython.size_t, cython.address(ptrs[0]))
+    else:
+        params = _scratch.address  # its pointers point at the slots already
     book = state.book
     lock = state.lock
     op_id: cython.longlong = 0
@@ -323,17 +347,16 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         preflight_locked(book, entries, handle, owner, True)
     finally:
         lock.give()
-    fn = cython.cast(launch_fn, launch_entry())  # type: ignore[name-defined]  # noqa: F821
-    err: cython.int
-    with cython.nogil:
-        err = fn(cython.cast(cython.p_void, function), dims[0], dims[1], dims[2], dims[3],
-                 dims[4], dims[5], dims[6], cython.cast(cython.p_void, hv), ptrs, cython.NULL)
+    err: cython.int = _call_libcuda(plan.function, dims, handle, params)
     if err:
-        # The driver layer retries in the right context, or raises its error.
-        _retried += 1
-        state.driver_launch(plan.function, (dims[0], dims[1], dims[2]),
-                            (dims[3], dims[4], dims[5]), dims[6], handle,
-                            cython.cast(cython.size_t, cython.address(ptrs[0])))
+        # The driver layer queues it: run as Python, or without libcuda's entry
+        # point (-1); or after libcuda refused it (it retries in the right
+        # context, or raises its error).
+        if err > 0:
+            _retried += 1
+        _by_driver += 1
+        state.rt.driver.launch_kernel(plan.function, (dims[0], dims[1], dims[2]),
+                                      (dims[3], dims[4], dims[5]), dims[6], handle, params)
     lock.take()
     try:
         commit_locked(book, _recheck(state, entries), handle, owner, state.eager, True)
@@ -344,6 +367,29 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         log.launched(op_id, t0, w0, e0, state.label, state.device, handle,
                      _uses_of(arrays, state.names))
     return True
+
+
+@cython.cfunc
+@cython.exceptval(-2)
+def _call_libcuda(function: object, dims: cython.p_uint, handle: object,
+                  params: cython.size_t) -> cython.int:
+    """``cuLaunchKernel`` through libcuda with the GIL released: its error (0
+    when queued), or -1 when the build runs as Python or libcuda's entry point
+    is not found (the driver layer then queues the kernel)."""
+    if not cython.compiled:
+        return -1
+    entry: cython.size_t = launch_entry()
+    if entry == 0:
+        return -1
+    fn = cython.cast(launch_fn, entry)  # type: ignore[name-defined]  # noqa: F821
+    f: cython.size_t = function
+    hv: cython.size_t = handle
+    err: cython.int
+    with cython.nogil:
+        err = fn(cython.cast(cython.p_void, f), dims[0], dims[1], dims[2], dims[3], dims[4],
+                 dims[5], dims[6], cython.cast(cython.p_void, hv),
+                 cython.cast(cython.pp_void, params), cython.NULL)
+    return err
 
 
 @cython.cfunc

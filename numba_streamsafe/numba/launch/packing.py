@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from typing import Any
 
 import cython
 
-__all__ = ["pack_into", "MAX_PARAM_BYTES", "COMPILED"]
+__all__ = ["pack_into", "ParamScratch", "MAX_PARAM_BYTES", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -172,3 +173,19 @@ _F32_BY_CTYPES: bool = not _struct_f_is_c_cast()
 
 def _as_float32(value: float) -> float:
     return ctypes.c_float(value).value
+
+
+class ParamScratch(threading.local):
+    """One parameter buffer of ``nparams`` 8-byte slots per thread, and the
+    array of pointers to its slots that ``cuLaunchKernel`` takes: the driver
+    copies the parameters when the launch is queued, so they are reused at
+    once. ``buffer`` (at ``base``, ``size`` bytes) is what :func:`pack_into`
+    fills; ``address`` is the pointer array's."""
+
+    def __init__(self, nparams: int) -> None:
+        self.size = 8 * max(nparams, 1)
+        self.buffer = ctypes.create_string_buffer(self.size)
+        self.base = ctypes.addressof(self.buffer)
+        self.pointers = (ctypes.c_void_p * max(nparams, 1))(
+            *[self.base + 8 * i for i in range(nparams)])
+        self.address = ctypes.addressof(self.pointers)
