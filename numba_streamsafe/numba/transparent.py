@@ -8,7 +8,7 @@ those arrays goes through, so plain Numba code gets the launch protocol too:
 * **launches**: ``dispatcher[grid, block, stream, shmem]`` of a ``cuda.jit``
   kernel (``CUDADispatcher.__getitem__``; ``forall``, CUDA ufuncs, gufuncs and
   ``cuda.reduce`` launch through it) gives a configured launch of the
-  kernel's :class:`~numba_streamsafe.numba.plain.PlainKernel`: accesses
+  kernel's plain :class:`~numba_streamsafe.numba.launch.kernel.TrackedKernel`: accesses
   inferred from the kernel, fenced like a tracked launch, launched directly
   (and on the compiled path) where a tracked launch would be;
 * **copies and fills**: numba-cuda's driver-level ``host_to_device``,
@@ -46,8 +46,8 @@ from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLa
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.numba import target
+from numba_streamsafe.numba.launch.kernel import TrackedKernel
 from numba_streamsafe.numba.launch.policy import launch_policy
-from numba_streamsafe.numba.plain import PlainKernel
 from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
 from numba_streamsafe.protocol import CopyUses, fenced
 
@@ -99,12 +99,12 @@ def _replace(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
 
 # ------------------------------------------------------------------ launches
 def _plain_kernel(dispatcher: Any, configure: Callable[[Any, Any], Any]) -> Any:
-    """The dispatcher's :class:`PlainKernel`, made on first use; False for a
+    """The dispatcher's plain kernel (``TrackedKernel.plain``), made on first use; False for a
     device function or a kernel transparent mode leaves to Numba."""
     kernel = dispatcher.__dict__.get("_nss_plain")
     if kernel is None:
         try:
-            kernel = PlainKernel(dispatcher, configure, _fence)
+            kernel = TrackedKernel.plain(dispatcher, configure, _fence)
         except InvalidArgument:  # keyword-only or ** parameters: Numba launches them, unordered
             kernel = False
         kernel = dispatcher.__dict__.setdefault("_nss_plain", kernel)

@@ -236,8 +236,28 @@ def test_a_device_function_and_a_varargs_kernel_are_left_to_numba(plain):
     x = cuda.device_array(N, dtype=np.int64)
     use[1, N](x)
     assert (x.copy_to_host() == 2 * np.arange(N)).all()
-    assert use.__dict__["_nss_plain"].__class__.__name__ == "PlainKernel"
+    assert use.__dict__["_nss_plain"].kind.name == "plain kernel"
     assert "_nss_plain" not in twice.__dict__
+
+
+def test_a_plain_kernel_has_every_field_of_a_tracked_one(plain):
+    """Plain and tracked kernels are one class set up in one place: a field a
+    tracked kernel gets, a plain one gets too, and only the kind tells them
+    apart."""
+    from numba_streamsafe.numba.launch.kernel import PLAIN, TRACKED
+
+    @cuda.jit
+    def use(x):
+        i = cuda.grid(1)
+        if i < x.size:
+            x[i] = i
+
+    x = cuda.device_array(N, dtype=np.int64)
+    use[1, N](x)
+    plain_kernel = use.__dict__["_nss_plain"]
+    assert type(plain_kernel) is type(tracked_fill)
+    assert set(vars(plain_kernel)) == set(vars(tracked_fill))
+    assert (plain_kernel.kind, tracked_fill.kind) == (PLAIN, TRACKED)
 
 
 def test_tracked_kernels_are_fenced_once(plain, streams):

@@ -33,12 +33,12 @@ def warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> Non
     """Numba's low-occupancy warning for a direct launch: once per kernel and
     grid, when Numba's settings ask for it (Numba warns once per configuration)."""
     size = grid[0] * grid[1] * grid[2]
-    if size >= 128 or grid in kernel._warned_grids:
+    if size >= 128 or grid in kernel.warned_grids:
         return
     if _numba_warns_low_occupancy():
         from numba.cuda.core.errors import NumbaPerformanceWarning
 
-        kernel._warned_grids.add(grid)
+        kernel.warned_grids.add(grid)
         warnings.warn(NumbaPerformanceWarning(
             f"Grid size {size} will likely result in GPU under-utilization due to low "
             "occupancy."), stacklevel=access_check.user_stacklevel())
@@ -51,8 +51,8 @@ def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], stream: Any,
     dimensions are plain, else through Numba. What CUDA refuses is refused
     here, before anything is queued."""
     shmem = config[3] if len(config) > 3 else 0
-    if kernel._checks_config:
-        dims = kernel._check_config(config[0], config[1], shmem)
+    if kernel.kind.checks_config:
+        dims = kernel.check_config(config[0], config[1], shmem)
     else:
         dims = None
         grid = launch_plan.normalize_dims(config[0])
@@ -60,14 +60,14 @@ def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], stream: Any,
             block = launch_plan.normalize_dims(config[1])
             if block is not None and type(shmem) is int:
                 dims = (grid, block, shmem)
-    kernel._launch(stream, args, dims, functools.partial(_numba_launch, kernel, config))
+    kernel.run(stream, args, dims, functools.partial(_numba_launch, kernel, config))
 
 
 def _numba_launch(kernel: TrackedKernel, config: tuple[Any, ...]) -> Callable[..., Any]:
     """Numba's configured launch of ``kernel[config]`` (its stream as Numba's)."""
     if len(config) > 2:
         config = (config[0], config[1], target.numba_stream(config[2]), *config[3:])
-    return kernel._configure(config)
+    return kernel.configure(config)
 
 
 class ForAll:
@@ -93,8 +93,8 @@ class ForAll:
         # With no threads per block given Numba asks the occupancy calculator.
         if (type(tpb) is int and tpb > 0 and type(ntasks) is int and ntasks > 0
                 and type(self.sharedmem) is int):
-            dims = self.kernel._check_config((ntasks + tpb - 1) // tpb, tpb, self.sharedmem)
-        self.kernel._launch(self.stream, args, dims, self._numba)
+            dims = self.kernel.check_config((ntasks + tpb - 1) // tpb, tpb, self.sharedmem)
+        self.kernel.run(self.stream, args, dims, self._numba)
 
 
 def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | None:
@@ -107,8 +107,8 @@ def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | N
     if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
             or not rt.driver.supports_direct_launch):
         return None
-    no_warn = not (kernel._warns and _numba_warns_low_occupancy())
+    no_warn = not (kernel.kind.warns and _numba_warns_low_occupancy())
     accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
     names = tuple(name for name, access in kernel.params if access is not None)
-    return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel._warned_grids,
+    return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel.warned_grids,
                                 no_warn, kernel.__name__, names)

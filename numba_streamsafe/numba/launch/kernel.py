@@ -1,7 +1,10 @@
-"""``@tracked_kernel``: Numba CUDA kernels whose launches order themselves."""
+"""``@tracked_kernel``: Numba CUDA kernels whose launches order themselves;
+and the plain ``cuda.jit`` kernels transparent mode orders, the same class of
+another :class:`KernelKind`."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import reprlib
 import typing
@@ -23,6 +26,7 @@ from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.numba import arrays, target
 from numba_streamsafe.numba.accesses import access_check
+from numba_streamsafe.numba.accesses.inference import infer_params
 from numba_streamsafe.numba.launch import launch_plan, launcher
 from numba_streamsafe.numba.launch.configured import (
     ForAll,
@@ -31,15 +35,67 @@ from numba_streamsafe.numba.launch.configured import (
     warn_low_occupancy,
 )
 from numba_streamsafe.numba.launch.policy import launch_policy
-from numba_streamsafe.numba.scope import numba_call, stream_scope
+from numba_streamsafe.numba.scope import FENCE, numba_call, per_thread, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
 from numba_streamsafe.runtime import sole_runtime
 
-__all__ = ["tracked_kernel", "TrackedKernel"]
+__all__ = ["tracked_kernel", "TrackedKernel", "KernelKind", "TRACKED", "PLAIN"]
 
 
 #: How a declared access is written in a kernel's signature.
 _ACCESS_NAMES = {Access.READ: "Read", Access.WRITE: "Write", Access.READ_WRITE: "ReadWrite"}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelKind:
+    """What sets a kind of kernel apart; a :class:`TrackedKernel` holds one.
+
+    Attributes
+    ----------
+    name : str
+        How the kernel is shown (``repr``).
+    declared : bool
+        Accesses are declared (annotations, ``access=``; inferred where asked)
+        and checked against the kernel's IR. Else every parameter's access
+        comes from the IR at the first launch (read and written where the IR
+        cannot be read): a plain kernel's.
+    strict : bool
+        Arrays that cannot be ordered are refused as the recorder mode says.
+        Else nothing a plain launch accepts is refused: foreign arrays are
+        ordered after the stream their interface names (or not at all), host
+        arrays go through Numba's own transfers, and a launch Numba itself would
+        refuse is handed to Numba to refuse.
+    warns : bool
+        A direct launch gives Numba's low-occupancy warning (a plain kernel's
+        configuration gave it already).
+    checks_config : bool
+        A launch configuration is checked against the device's limits before
+        the launch (:class:`~numba_streamsafe.core.errors.InvalidLaunchConfig`);
+        else Numba checks it and the driver refuses the rest, with their errors.
+    uploads_host : bool
+        Host arrays of parameters with an access are copied to the device on
+        the launch stream, tracked; else Numba transfers them.
+    transparent : bool
+        Fenced only while the thread's transparent mode fences
+        (:func:`numba_streamsafe.transparent`).
+    """
+
+    name: str
+    declared: bool
+    strict: bool
+    warns: bool
+    checks_config: bool
+    uploads_host: bool
+    transparent: bool
+
+
+#: A ``@tracked_kernel``.
+TRACKED = KernelKind("tracked_kernel", declared=True, strict=True, warns=True,
+                     checks_config=True, uploads_host=True, transparent=False)
+#: A plain ``cuda.jit`` kernel under transparent mode. On a GPU Numba checks
+#: the configuration; Numba's simulator checks nothing, so the library does.
+PLAIN = KernelKind("plain kernel", declared=False, strict=False, warns=False,
+                   checks_config=target.SIMULATOR, uploads_host=False, transparent=True)
 
 
 class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
@@ -94,39 +150,88 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
                  mode: RecorderMode | str | None = None, allow_foreign: bool = False,
                  signature: Any = None, check_access: bool | None = None,
                  **jit_options: Any) -> None:
+        name = getattr(func, "__name__", "kernel")
+        infer = access == "infer"
+        if isinstance(access, str) and not infer:
+            raise InvalidArgument(f"{name}: access must be a mapping of parameter "
+                                  f"names to accesses, or 'infer'; got {access!r}")
+        if check_access is not None and not isinstance(check_access, bool):
+            raise InvalidArgument(f"{name}: check_access is True, False or None, "
+                                  f"got {check_access!r}")
+        params = self._parse_access(func, access if isinstance(access, Mapping) else {})
+        if signature is None:
+            dispatcher = cuda.jit(**jit_options)(func)
+        else:
+            dispatcher = cuda.jit(signature, **jit_options)(func)
+        self._setup(TRACKED, dispatcher, params, mode=RecorderMode(mode) if mode is not None
+                    else None, allow_foreign=allow_foreign, infer=infer,
+                    check_access=check_access)
+
+    @classmethod
+    def plain(cls, dispatcher: Any, configure: Callable[[Any, Any], Any],
+              fence: bool = True) -> TrackedKernel:
+        """The kernel transparent mode launches for one of Numba's dispatchers
+        (a ``CUDADispatcher`` on a GPU, a ``FakeCUDAKernel`` under Numba's CUDA
+        simulator): of kind :data:`PLAIN`, its launches compiled through
+        ``dispatcher`` and, where the direct launch does not cover them, made by
+        ``configure(dispatcher, config)`` (Numba's own, unhooked
+        ``__getitem__``). ``fence`` False: launches are only shown to a checking
+        driver (transparent mode's setting).
+
+        Raises
+        ------
+        InvalidArgument
+            The kernel takes keyword-only or ``**`` parameters: transparent mode
+            leaves such a kernel to Numba. A ``*args`` parameter is ordered as
+            the tuple Numba packs the remaining arguments into.
+        """
+        params, star = _plain_parameters(dispatcher.py_func)
+        kernel = cls.__new__(cls)
+        kernel._setup(PLAIN, dispatcher, params, mode=RecorderMode.PERMISSIVE,
+                      allow_foreign=True, infer=True, check_access=False, configure=configure,
+                      fence=fence, star=star)
+        return kernel
+
+    def _setup(self, kind: KernelKind, dispatcher: Any,
+               params: tuple[tuple[str, Access | None], ...], *, mode: RecorderMode | None,
+               allow_foreign: bool, infer: bool, check_access: bool | None,
+               configure: Callable[[Any, Any], Any] | None = None, fence: bool = True,
+               star: bool = False) -> None:
+        """Every field of a kernel, of either kind: the one place they are set."""
+        func = dispatcher.py_func
+        self.kind = kind
         self.py_func = func
         self.__name__ = getattr(func, "__name__", "kernel")
         self.__doc__ = func.__doc__
-        self.mode = RecorderMode(mode) if mode is not None else None
+        self.mode = mode
         self.allow_foreign = allow_foreign
-        self.infer = access == "infer"
-        if isinstance(access, str) and not self.infer:
-            raise InvalidArgument(f"{self.__name__}: access must be a mapping of parameter "
-                                  f"names to accesses, or 'infer'; got {access!r}")
-        if check_access is not None and not isinstance(check_access, bool):
-            raise InvalidArgument(f"{self.__name__}: check_access is True, False or None, "
-                                  f"got {check_access!r}")
+        self.infer = infer
         self.check_access = check_access
-        self.params = self._parse_access(func, access if isinstance(access, Mapping) else {})
+        self.params = params
         #: Set at the first launch, once the accesses are checked (and inferred).
         self._access_ready = False
         #: The inferred access per parameter, read when a checking driver needs it.
         self._inferred: dict[str, Access | None] | None = None
-        if signature is None:
-            self._bind(cuda.jit(**jit_options)(func))
-        else:
-            self._bind(cuda.jit(signature, **jit_options)(func))
+        #: A plain kernel's every parameter's inferred access, whatever its
+        #: first argument was.
+        self._every: dict[str, Access | None] = {}
+        #: Numba's configured launch for what the direct launch does not cover
+        #: (None: ``dispatcher[config]``).
+        self._numba_configure = configure
+        self._fence = fence
+        #: Whether the last parameter is ``*args`` (a plain kernel's).
+        self._star = star
+        self._bind(dispatcher)
 
-    #: Whether a direct launch gives Numba's low-occupancy warning (a plain
-    #: kernel's configuration gave it already).
-    _warns = True
-    #: Whether a launch configuration is checked against the device's limits
-    #: before the launch (:class:`~numba_streamsafe.core.errors.InvalidLaunchConfig`).
-    _checks_config = True
+    def check_config(self, grid: Any, block: Any, shmem: Any
+                     ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+        """``(grid, block, shmem)`` normalised, if the launch device accepts them.
 
-    def _check_config(self, grid: Any, block: Any, shmem: Any
-                      ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-        """``(grid, block, shmem)`` normalised, if the launch device accepts them."""
+        Raises
+        ------
+        InvalidLaunchConfig
+            The device refuses them (the message names the kernel and the limit).
+        """
         rt = target.launch_runtime()
         try:
             return check_launch(grid, block, shmem, rt.driver.launch_limits())
@@ -142,7 +247,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         self._plans: dict[tuple[Any, ...], launch_plan.LaunchPlan | str] = {}
         self._device_plans: dict[int, dict[tuple[Any, ...], launch_plan.LaunchPlan | str]] = {}
         #: Grids Numba's low-occupancy warning was given for (direct launches).
-        self._warned_grids: set[tuple[int, int, int]] = set()
+        self.warned_grids: set[tuple[int, int, int]] = set()
         #: What the compiled launch path reads for this kernel on one runtime
         #: (:func:`~.configured.launch_state_for`), built after its first direct launch there.
         self.launch_state: launcher.LaunchState | None = None
@@ -189,8 +294,8 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         return dict(self.params)
 
     # ------------------------------------------------------------------ launch
-    def _slow_launch(self, launch: launcher.Launcher, args: tuple[Any, ...]) -> None:
-        """A launch the compiled path handed back (:func:`~.configured.slow_launch`)."""
+    def launch_python(self, launch: launcher.Launcher, args: tuple[Any, ...]) -> None:
+        """A launch the direct launch handed back (:func:`~.configured.slow_launch`)."""
         slow_launch(self, launch.config, launch.stream, args)
 
     def forall(self, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> ForAll:
@@ -204,8 +309,10 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         )
 
     def __repr__(self) -> str:
+        if not self.kind.declared:
+            return f"<{self.kind.name} {self.__name__} (transparent mode)>"
         decl = ", ".join(f"{n}: {a.name if a else '-'}" for n, a in self.params)
-        return f"<tracked_kernel {self.__name__}({decl})>"
+        return f"<{self.kind.name} {self.__name__}({decl})>"
 
     def _uses(self, rt: Any, args: tuple[Any, ...]) -> tuple[Uses, bool]:
         """Resolve the arguments of one launch: their uses, and whether any is a
@@ -235,6 +342,14 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         blocks with a declared access; True if it is a host array. The arrays
         inside a tuple (namedtuples and nested tuples too) are each used with
         the tuple's access."""
+        if self.kind.strict:
+            return self._resolve_strict(rt, uses, name, access, arg)
+        return self._resolve_lenient(rt, uses, name, access, arg)
+
+    def _resolve_strict(self, rt: Any, uses: Uses, name: str, access: Access | None,
+                        arg: Any) -> bool:
+        """:meth:`_resolve` of a kind that refuses what it cannot order (as the
+        recorder mode says)."""
         if isinstance(arg, tuple):
             return self._resolve_tuple(rt, uses, name, access, arg)
         kind, block, producer = target.resolve(rt, arg)
@@ -271,6 +386,30 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             )
         return True  # auto-transferred on the launch stream, freed there
 
+    def _resolve_lenient(self, rt: Any, uses: Uses, name: str, access: Access | None,
+                         arg: Any) -> bool:
+        """:meth:`_resolve` of a kind that refuses nothing: the argument is
+        ordered where it can be (host arrays are left to Numba's transfers, on
+        the launch stream); a parameter that held no array at the first launch
+        takes its inferred access."""
+        if isinstance(arg, tuple):
+            access = access if access is not None else self._every.get(name)
+            if access is None:
+                return False
+            return self._resolve_tuple(rt, uses, name, access, arg)
+        kind, block, producer = target.resolve(rt, arg)
+        if kind != target.DEVICE:
+            return kind == target.HOST
+        access = access if access is not None else self._every.get(name)
+        if access is None:
+            return False
+        if block is None:
+            if producer is not None:
+                uses.add_producer(producer)
+            return False
+        uses.add(block, access, name, *target.array_span(block, arg))
+        return False
+
     def _resolve_tuple(self, rt: Any, uses: Uses, name: str, access: Access | None,
                        arg: tuple[Any, ...]) -> bool:
         """The uses of the arrays inside a tuple argument, each with the tuple's
@@ -292,7 +431,21 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
 
     def _prepare_access(self, args: tuple[Any, ...]) -> None:
         """First launch: check the declared accesses, infer the others
-        (``access="infer"``); raises before anything is queued."""
+        (``access="infer"``); raises before anything is queued. Of a kind with no
+        declared accesses, every parameter's comes from the kernel's IR; where
+        the IR cannot be read, every array is taken as read and written."""
+        if not self.kind.declared:
+            try:
+                every = {u.name: u.access for u in infer_params(self.py_func)}
+            except Exception:
+                every = {name: Access.READ_WRITE for name, _ in self.params}
+            self._every = every
+            self._inferred = every
+            self.params = tuple((name, every.get(name) if access_check.holds_arrays(arg)
+                                 else None)
+                                for (name, _), arg in zip(self.params, args, strict=True))
+            self._access_ready = True
+            return
         config = settings()
         check = self.check_access if self.check_access is not None else config.check_access
         if config.access == "infer":  # every parameter inferred, declarations set aside
@@ -309,7 +462,10 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         Read, copied to a new device array on the launch ``stream``: a tracked
         copy, so it works on any stream (Numba's own transfer does not), and
         the copy's block is freed in stream order once the launch is done
-        with it. Host arguments without an access are left to Numba."""
+        with it. Host arguments without an access, and all of them for a kind
+        that does not upload, are left to Numba."""
+        if not self.kind.uploads_host:
+            return args, False
         out = list(args)
         uploaded = False
         for i, ((name, access), arg) in enumerate(zip(self.params, args, strict=True)):
@@ -367,11 +523,36 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             return None
         return plan
 
+    def run(self, stream: Any, args: tuple[Any, ...],
+            dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
+            numba_launch: Callable[[], Callable[..., Any]]) -> None:
+        """One launch on the Python path: preflight, the launch (direct when
+        ``dims`` is given and a plan applies, else ``numba_launch()(*args)``),
+        commit. The arguments of a ``*args`` parameter are ordered as the tuple
+        Numba packs them into, and launched as given; of a kind that refuses
+        nothing, a launch Numba would refuse (the wrong number of arguments)
+        goes to Numba to refuse."""
+        if self._star:
+            fixed = len(self.params) - 1
+            if len(args) < fixed:
+                numba_launch()(*args)  # Numba refuses it with its own error
+                return
+
+            def as_given() -> Callable[..., Any]:
+                launch = numba_launch()
+                return lambda *_: launch(*args)
+
+            self._launch(stream, (*args[:fixed], tuple(args[fixed:])), None, as_given)
+            return
+        if not self.kind.strict and len(args) != len(self.params):
+            numba_launch()(*args)  # Numba refuses it with its own error
+            return
+        self._launch(stream, args, dims, numba_launch)
+
     def _launch(self, stream: Any, args: tuple[Any, ...],
                 dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
                 numba_launch: Callable[[], Callable[..., Any]]) -> None:
-        """Preflight, the launch (direct when ``dims`` is given and a plan
-        applies, else ``numba_launch()(*args)``), commit."""
+        """:meth:`run` once the arguments are the parameters'."""
         if not self._access_ready:
             self._prepare_access(args)
         rt = sole_runtime()
@@ -415,7 +596,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         if params is None:
             return False
         grid, block, shmem = dims
-        if grid[0] * grid[1] * grid[2] < 128 and self._warns:
+        if grid[0] * grid[1] * grid[2] < 128 and self.kind.warns:
             warn_low_occupancy(self, grid)
         fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
                plan.function, grid, block, shmem, handle, params, tracking=tracking)
@@ -426,10 +607,15 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
 
     def _tracking(self, policy: Any) -> bool:
         """Whether this launch is fenced (else only shown to a checking driver)."""
+        if self.kind.transparent:
+            return bool(policy.tracking and self._fence and per_thread.transparent == FENCE)
         return policy.tracking  # type: ignore[no-any-return]
 
-    def _configure(self, config: tuple[Any, ...]) -> Any:
-        """Numba's configured launch of the dispatcher (``dispatcher[config]``)."""
+    def configure(self, config: tuple[Any, ...]) -> Any:
+        """Numba's configured launch of the dispatcher (``dispatcher[config]``,
+        or Numba's own unhooked one for a kernel transparent mode made)."""
+        if self._numba_configure is not None:
+            return self._numba_configure(self.dispatcher, config)
         return self.dispatcher[config]
 
 
@@ -509,3 +695,27 @@ def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> An
     if func is None:
         return lambda f: TrackedKernel(f, **options)
     return TrackedKernel(func, **options)
+
+
+def _plain_parameters(func: Callable[..., Any]) -> tuple[tuple[tuple[str, None], ...], bool]:
+    """A plain kernel's parameters (their accesses come at the first launch),
+    and whether the last one is ``*args``.
+
+    Raises
+    ------
+    InvalidArgument
+        A keyword-only or ``**`` parameter: transparent mode leaves the kernel
+        to Numba.
+    """
+    params = []
+    star = False
+    for name, p in inspect.signature(func).parameters.items():
+        if p.kind is p.VAR_POSITIONAL:
+            star = True
+        elif p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) or star:
+            raise InvalidArgument(
+                f"{getattr(func, '__name__', 'kernel')}: parameter {name!r} is "
+                f"{p.kind.description}; transparent mode orders kernels of positional "
+                "parameters and *args")
+        params.append((name, None))
+    return tuple(params), star

@@ -501,8 +501,8 @@ class Kernel:
     """The base of a tracked kernel: ``kernel[config]`` is its configured
     launch, a :class:`Launcher`. ``launch_state`` is what :func:`launch`
     reads for the kernel (None until its first direct launch); a launch
-    :func:`launch` hands back goes to the subclass's
-    ``_slow_launch(launcher, args)``.
+    :func:`launch` hands back goes to the kernel's
+    ``launch_python(launcher, args)``.
 
     Raises
     ------
@@ -520,7 +520,8 @@ class Kernel:
         _bind(out, self, tuple(config))
         return out
 
-    def _slow_launch(self, launcher: Launcher, args: tuple) -> None:
+    def launch_python(self, launcher: Launcher, args: tuple) -> None:
+        """Launch what :func:`launch` handed back (the kernel's Python path)."""
         raise NotImplementedError
 
 
@@ -531,7 +532,7 @@ class Launcher:
     """A configured launch ``kernel[config]`` (``kernel``, ``config``, and
     ``stream``: the configuration's stream, 0 when it names none). Calling it
     runs :func:`launch` with the kernel's ``launch_state``, or the kernel's
-    ``_slow_launch`` when that hands the launch back."""
+    ``launch_python`` when that hands the launch back."""
 
     kernel: Kernel
     config: tuple
@@ -544,7 +545,7 @@ class Launcher:
         state = self.kernel.launch_state  # type: ignore[attr-defined]  # (launcher.pxd)
         if state is not None and launch(state, self.config, args):
             return
-        self.kernel._slow_launch(self, args)
+        self.kernel.launch_python(self, args)
 
 
 @cython.cfunc
