@@ -37,7 +37,7 @@ from numba_streamsafe.numba.launch.configured import (
 from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, numba_call, per_thread, stream_scope
 from numba_streamsafe.protocol import Uses, fenced
-from numba_streamsafe.runtime import sole_runtime
+from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["tracked_kernel", "TrackedKernel", "KernelKind", "TRACKED", "PLAIN"]
 
@@ -502,11 +502,9 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     def _strict(self, rt: Any) -> bool:
         return (self.mode or rt.mode) is RecorderMode.STRICT
 
-    def _plan(self, rt: Any, args: tuple[Any, ...]) -> launch_plan.LaunchPlan | None:
-        """The direct-launch plan for ``args``, or None (Numba launches)."""
-        argtypes = launch_plan.argtypes_of(args)
-        if argtypes is None:
-            return None
+    def _plan(self, rt: Any, argtypes: tuple[Any, ...]) -> launch_plan.LaunchPlan | None:
+        """The direct-launch plan for arguments of ``argtypes``, or None (Numba
+        launches)."""
         device = rt.device
         plans = self._plans if device == 0 else self._device_plans.setdefault(device, {})
         plan = plans.get(argtypes)
@@ -555,7 +553,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         """:meth:`run` once the arguments are the parameters'."""
         if not self._access_ready:
             self._prepare_access(args)
-        rt = sole_runtime()
+        rt = RUNTIMES.sole
         if rt is None:  # several devices (or none yet): the current one's
             rt = target.launch_runtime()
         uses, host = self._uses(rt, args)
@@ -565,7 +563,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
                 uses, host = self._uses(rt, args)
         if rt.driver.traces_accesses:  # the simulated driver checks what the kernel really does
             self._tell_actual(rt, uses, args)
-        handle, owner = rt.stream_ref(stream)
+        handle, owner = rt.streams.ref(stream)
         strict = self._strict(rt)
         policy = launch_policy(rt)
         tracking = self._tracking(policy)
@@ -589,7 +587,10 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         """The launch as one ``cuLaunchKernel`` of the overload's plan, fenced;
         False (nothing queued) when no plan applies or a value does not fit
         its parameter."""
-        plan = self._plan(rt, args)
+        argtypes = launch_plan.argtypes_of(args)
+        if argtypes is None:
+            return False
+        plan = self._plan(rt, argtypes)
         if plan is None:
             return False
         params = plan.pack(args)
@@ -602,7 +603,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
                plan.function, grid, block, shmem, handle, params, tracking=tracking)
         if rt.capture is not None or (tracking and not uses.untracked
                                       and not uses.producers):
-            self._after_direct(rt, plan, args, handle, owner)
+            self._after_direct(rt, plan, args, argtypes, handle, owner)
         return True
 
     def _tracking(self, policy: Any) -> bool:
@@ -618,25 +619,24 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             return self._numba_configure(self.dispatcher, config)
         return self.dispatcher[config]
 
-
-    # ------------------------------------------------------ compiled hot path
+    # ------------------------------------------------------ the direct launch
     def _after_direct(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...],
-                      handle: int, owner: Any) -> None:
+                      argtypes: tuple[Any, ...], handle: int, owner: Any) -> None:
         """After a direct launch on the Python path that a graph may have captured
-        or the compiled hot path may take next (:meth:`_remember`)."""
+        or the direct launch may take next (:meth:`_remember`)."""
         capture = rt.capture
         if capture is not None:
             # Captured: the graph holds the arrays, which the packed parameters
             # name only by address (numba_streamsafe.graphs).
             capture.keep(handle, args)
             return
-        self._remember(rt, plan, args, handle, owner)
+        self._remember(rt, plan, args, argtypes, handle, owner)
 
-    def _remember(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...], handle: int,
-                  owner: Any) -> None:
-        """After a direct launch on the Python path: let the compiled launch
-        path (:func:`numba_streamsafe.numba.launch.launcher.launch`) take the next
-        launches like it. It needs this kernel's state on ``rt``
+    def _remember(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...],
+                  argtypes: tuple[Any, ...], handle: int, owner: Any) -> None:
+        """After a direct launch on the Python path: let the direct launch
+        (:func:`numba_streamsafe.numba.launch.launcher.launch`, either build) take
+        the next launches like it. It needs this kernel's state on ``rt``
         (:func:`~.configured.launch_state_for`), the plan under its argument types, each
         array's launch fields cached on the array and the stream's handle
         cached on the stream object."""
@@ -645,9 +645,6 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             state = self.launch_state = launch_state_for(self, rt)
             if state is None:
                 return
-        argtypes = launch_plan.argtypes_of(args)
-        if argtypes is None:
-            return
         # Python scalars are matched by their type, arrays by their Numba type.
         keys = tuple(type(a) if type(a) in launch_plan.PY_SCALARS else t
                      for a, t in zip(args, argtypes, strict=True))
