@@ -56,7 +56,9 @@ class RawLaunch:
     def __init__(self, rt: Any, tracked: Any, args: tuple[Any, ...]) -> None:
         from cuda.bindings import driver as drv
 
-        plan = tracked._plan(rt, args)
+        from numba_streamsafe.numba.launch.launch_plan import argtypes_of
+
+        plan = tracked._plan(rt, argtypes_of(args))
         if plan is None or plan.pack(args) is None:
             raise RuntimeError("no direct-launch plan for the benchmark's kernel")
         scratch = plan._scratch

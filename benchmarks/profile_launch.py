@@ -99,9 +99,10 @@ def components() -> None:
         "tracked launch, same stream": lambda: tracked[1, 32, s1](a, b, c),
     }
     disp_cfg = (1, 32, s1, 0)
-    from numba_streamsafe.numba.launch import fenced, launch_plan
+    from numba_streamsafe.numba.launch import launch_plan
+    from numba_streamsafe.protocol import fenced
 
-    plan = tracked._plan(rt, (a, b, c))
+    plan = tracked._plan(rt, launch_plan.argtypes_of((a, b, c)))
     params = plan.pack((a, b, c)) if plan is not None else 0
 
     def c2():
@@ -133,7 +134,8 @@ def components() -> None:
     if plan is not None:  # direct launches (a GPU)
         pieces.update({
             "E: launch_plan.argtypes_of (3 arrays)": lambda: launch_plan.argtypes_of((a, b, c)),
-            "E1: kernel._plan (3 arrays)": lambda: tracked._plan(rt, (a, b, c)),
+            "E1: kernel._plan (3 arrays)": lambda: tracked._plan(
+                rt, launch_plan.argtypes_of((a, b, c))),
             "E2: plan.pack (3 arrays)": lambda: plan.pack((a, b, c)),
             "E3: driver.launch_kernel": lambda: drv.launch_kernel(plan.function, (1, 1, 1),
                                                                    (32, 1, 1), 0, h1, params),

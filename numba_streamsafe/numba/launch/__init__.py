@@ -1,4 +1,5 @@
 """Tracked kernels and their launches: the kernel classes, configured launches, the
-direct launch (compiled), its parameter packing and plans, and the launch switches of a
+direct launch (compiled where a compiler is present), its parameter packing and plans, and
+the launch switches of a
 runtime.
 """
