@@ -581,8 +581,7 @@ class AsyncResource(MemoryResource):
                     if isinstance(mark, ForeignMark) and mark.stale:
                         continue
                     if not any(m is mark for m in held):
-                        self.marks.seal(mark)
-                        self.marks.hold(mark)
+                        self.marks.hold_sealed(mark)
                         held.append(mark)
             except BaseException:
                 for mark in held:

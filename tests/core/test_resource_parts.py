@@ -134,7 +134,7 @@ def test_mark_book_seals_once_waits_once_and_releases_its_event():
     pool = EventPool(sim)
     marks = MarkBook(sim, pool)
     mark = marks.current(a)
-    marks.hold(mark)
+    marks.hold_sealed(mark)
     marks.wait_all(b, [mark])
     marks.wait_all(b, [mark])
     assert sim.calls["cuEventRecord"] == 1 and sim.calls["cuStreamWaitEvent"] == 1

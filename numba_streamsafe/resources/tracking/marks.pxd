@@ -50,6 +50,7 @@ cdef class MarkBook:
     cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
                           bint direct=*)
     cpdef object release(self, Mark mark)
-    cpdef object hold(self, Mark mark)
+    cdef void hold(self, Mark mark) noexcept
+    cpdef object hold_sealed(self, Mark mark)
     cpdef bint in_use(self, Mark mark)
     cpdef object let_go(self, Mark mark)

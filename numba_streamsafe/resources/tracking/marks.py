@@ -312,11 +312,20 @@ class MarkBook:
             if log is not None:
                 log.waited(stream, mark.stream, free)
 
-    def hold(self, mark: Mark) -> None:
-        """One more use of ``mark`` (a block state, or a caller that needs its
-        event to stay recorded, refers to it); :meth:`release` drops it. The
-        count changes only here and in :meth:`release`."""
+    @cython.cfunc
+    @cython.exceptval(check=False)
+    def hold(self, mark: Mark) -> cython.void:
+        """One more use of ``mark`` (a block state refers to it); :meth:`release`
+        drops it. The count changes only here and in :meth:`release`. A C call
+        of the compiled engine (not callable from Python when compiled)."""
         mark.refs += 1
+
+    def hold_sealed(self, mark: Mark) -> None:
+        """Record ``mark``'s event if it is not yet, and hold the mark (one more
+        use) until :meth:`release`: the event stays recorded meanwhile (a
+        stream of another device waits for it)."""
+        self.seal(mark)
+        self.hold(mark)
 
     def in_use(self, mark: Mark) -> cython.bint:
         """Whether a use refers to ``mark``."""
