@@ -28,7 +28,7 @@ TASKS = int(os.environ.get("NSS_DASK_TASKS", "64"))
 N = 1 << 16
 
 
-def test_one_worker_per_gpu(gpu):
+def test_one_worker_per_gpu(gpu, race_report):
     pytest.importorskip("distributed")
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
@@ -63,11 +63,7 @@ def test_one_worker_per_gpu(gpu):
         s = per_device[0]
         line += (f" | gpu {who[address]}: allocations={s['allocation.all.allocated']}"
                  f" waits={s['waits_inserted']} peak_bytes={s['allocated_bytes.all.peak']}")
-    print(line)
-    report = os.environ.get("NSS_RACE_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(line + "\n")
+    race_report(line)
     assert right == TASKS, line
     assert sorted(who.values()) == [str(i) for i in range(ngpus)], line
     assert len(gpus) == ngpus, "the workers did not each get a GPU of their own: " + line

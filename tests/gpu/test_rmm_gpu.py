@@ -94,7 +94,7 @@ def test_one_pool_with_cupy(rmm_runtime, cupy):
         cupy.cuda.set_allocator(None)
 
 
-def test_dask_cuda_rmm_pool(gpu):
+def test_dask_cuda_rmm_pool(gpu, race_report):
     """dask-cuda's recipe: ``LocalCUDACluster(rmm_pool_size=...)`` sets up an
     RMM pool on each worker; ``StreamSafePlugin(upstream="rmm")`` builds the
     worker's layer over it. Every task (a slow producer and a consumer on two
@@ -126,11 +126,7 @@ def test_dask_cuda_rmm_pool(gpu):
     (per_device,) = stats.values()
     line = (f"dask-cuda rmm_pool_size tasks={tasks} right={right}/{tasks} upstream={upstreams} "
             f"rmm_bytes_while_held_min={held} waits={per_device[0]['waits_inserted']}")
-    print(line)
-    report = os.environ.get("NSS_RACE_REPORT")
-    if report:
-        with open(report, "a") as f:
-            f.write(line + "\n")
+    race_report(line)
     assert right == tasks, line
     assert upstreams == ["rmm (TrackingResourceAdaptor)"], line
     assert per_device[0]["upstream"] == "rmm (TrackingResourceAdaptor)", per_device
