@@ -32,6 +32,8 @@ STAT_KEYS: dict[str, str] = {
     "deferred_frees.current": "frees queued by finalizers, run at the next allocation, "
                               "launch or flush",
     "waits_inserted": "cross-stream waits queued (cuStreamWaitEvent)",
+    "waits_skipped": "cross-stream waits not queued because the program's own "
+                     "synchronisation (Numba events, synchronize) already ordered the use",
     "events_recorded": "events recorded to order other streams after a stream",
     "events.in_use": "events held by marks that later work may wait for",
     "same_stream_uses": "uses of a block on the stream of its last writer: no wait needed",
@@ -97,6 +99,7 @@ def memory_stats(device: int | None = None) -> dict[str, Any]:
              "allocated_bytes": 0, "freed_bytes": 0, "allocations": s.allocations,
              "frees": s.frees, "pending_bytes": s.pending_bytes, "kept_bytes": 0,
              "outstanding_peak": s.peak_bytes, "deferred_frees": s.deferred, "waits": 0,
+             "waits_skipped": 0,
              "events_recorded": 0, "events_in_use": s.events_in_use, "same_stream_uses": 0}
     driver = rt.driver
     return {
@@ -116,6 +119,7 @@ def memory_stats(device: int | None = None) -> dict[str, Any]:
         "outstanding_bytes.peak": c["outstanding_peak"],
         "deferred_frees.current": c["deferred_frees"],
         "waits_inserted": c["waits"],
+        "waits_skipped": c["waits_skipped"],
         "events_recorded": c["events_recorded"],
         "events.in_use": c["events_in_use"],
         "same_stream_uses": c["same_stream_uses"],

@@ -21,6 +21,13 @@ those arrays goes through, so plain Numba code gets the launch protocol too:
   and its streams' and events' synchronisation (``Stream.synchronize``,
   ``cuda.synchronize``, ``Event.record`` / ``wait`` / ``synchronize``, the
   default streams), which the simulated driver's checker then sees.
+* **the program's own ordering**: Numba's ``Event.record`` / ``wait`` /
+  ``synchronize``, ``Stream.synchronize`` and ``cuda.synchronize`` (on a GPU,
+  and on the simulator) tell the tracking resource what the program already
+  orders, so the library queues no wait the program's own synchronisation
+  satisfies (``memory_stats()["waits_skipped"]``). An event recorded on a
+  stream that has uses records the library's own event there first (one
+  ``cuEventRecord``), so that later uses of the stream are told apart.
 
 Frees need no hook: a block's free waits for every use recorded on it, and
 plain uses are recorded now.
@@ -50,6 +57,7 @@ from numba_streamsafe.numba.launch.kernel import TrackedKernel
 from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
 from numba_streamsafe.protocol import CopyUses, fenced
+from numba_streamsafe.runtime import installed_runtime
 
 __all__ = ["install", "uninstall", "installed"]
 
@@ -301,6 +309,64 @@ def _install_gpu() -> None:
         _replace(numba_driver, name, functools.partial(_copy_hook, label=label,
                                                        write_dst=write_dst, read_src=read_src))
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
+    # The program's own ordering (its events, stream and device synchronises):
+    # the waits it satisfies are skipped.
+    _replace(numba_driver.Event, "record", _gpu_event_record)
+    _replace(numba_driver.Event, "wait", _gpu_event_wait)
+    _replace(numba_driver.Event, "synchronize", _gpu_event_synchronize)
+    _replace(numba_driver.Stream, "synchronize", _gpu_stream_synchronize)
+    _replace(numba_driver.Context, "synchronize", _gpu_context_synchronize)
+
+
+def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
+    def record(self: Any, stream: Any = 0) -> None:
+        rt = target.launch_runtime()
+        handle = _stream_ref(rt, stream)[0]
+        _recorded(rt, self, handle)  # the point first: what is queued so far
+        original(self, stream)
+    record.__doc__ = original.__doc__
+    return record
+
+
+def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
+    def wait(self: Any, stream: Any = 0) -> None:
+        original(self, stream)
+        rt = target.launch_runtime()
+        _waited(rt, self, _stream_ref(rt, stream)[0])
+    wait.__doc__ = original.__doc__
+    return wait
+
+
+def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
+    def synchronize(self: Any) -> None:
+        original(self)
+        _completed(self)
+    synchronize.__doc__ = original.__doc__
+    return synchronize
+
+
+def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
+    def synchronize(self: Any) -> None:
+        rt = target.launch_runtime()
+        handle = _stream_ref(rt, self)[0]
+        point = rt.resource.tracker.program_point(handle)
+        original(self)
+        rt.resource.tracker.program_completed(handle, point)
+    synchronize.__doc__ = original.__doc__
+    return synchronize
+
+
+def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
+    def synchronize(self: Any) -> None:
+        rt = installed_runtime(target.device_id(self.device))
+        if rt is None:  # no runtime on the context's device: nothing to tell
+            original(self)
+            return
+        point = rt.resource.tracker.program_point_all()
+        original(self)
+        rt.resource.tracker.program_completed_all(point)
+    synchronize.__doc__ = original.__doc__
+    return synchronize
 
 
 # ---------------------------------------------------------------- simulator
@@ -402,17 +468,45 @@ def _destroy_event(driver: Any, handle: int) -> None:
         pass
 
 
+# The program's own ordering, told to the runtime's tracking resource: an
+# event's point is kept on the event object (``_nss_point``: the runtime, the
+# stream it was recorded on, the point), so a wait for it or a synchronise of
+# it orders what the point covers (``AsyncResource.program_point``).
+def _recorded(rt: Any, event: Any, handle: int) -> None:
+    """``event`` was recorded on stream ``handle`` of ``rt``'s device."""
+    event.__dict__["_nss_point"] = (rt, handle, rt.resource.tracker.program_point(handle))
+
+
+def _waited(rt: Any, event: Any, handle: int) -> None:
+    """Stream ``handle`` was made to wait for ``event``."""
+    point = event.__dict__.get("_nss_point")
+    if point is not None and point[0] is rt:
+        rt.resource.tracker.program_waited(handle, point[1], point[2])
+
+
+def _completed(event: Any) -> None:
+    """The host synchronised ``event``."""
+    point = event.__dict__.get("_nss_point")
+    if point is not None:
+        point[0].resource.tracker.program_completed(point[1], point[2])
+
+
 def _stream_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt, handle = _sim_handle(self)
+        point = rt.resource.tracker.program_point(handle)
         rt.driver.stream_synchronize(handle)
+        rt.resource.tracker.program_completed(handle, point)
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
 def _device_synchronize(original: Any) -> Any:
     def synchronize() -> None:
-        target.launch_runtime().driver.synchronize()
+        rt = target.launch_runtime()
+        point = rt.resource.tracker.program_point_all()
+        rt.driver.synchronize()
+        rt.resource.tracker.program_completed_all(point)
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -420,6 +514,7 @@ def _device_synchronize(original: Any) -> Any:
 def _event_record(original: Any) -> Any:
     def record(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
+        _recorded(rt, self, handle)
         rt.driver.event_record(_sim_event(rt, self), handle)
     return record
 
@@ -428,6 +523,7 @@ def _event_wait(original: Any) -> Any:
     def wait(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
         rt.driver.stream_wait_event(handle, _sim_event(rt, self))
+        _waited(rt, self, handle)
     return wait
 
 
@@ -435,6 +531,7 @@ def _event_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
         rt.driver.event_synchronize(_sim_event(rt, self))  # type: ignore[attr-defined]
+        _completed(self)
     return synchronize
 
 

@@ -639,6 +639,37 @@ class AsyncResource(MemoryResource):
         with self._lock:
             return self._table.on_stream(stream)
 
+    # ------------------------------------------------- the program's own order
+    def program_point(self, stream: int) -> int:
+        """A point of the program on ``stream`` (where it records an event or
+        synchronises the stream): every use recorded on the stream so far is
+        before it, later ones after (``MarkBook.program_point``)."""
+        with self._lock:
+            return self.marks.program_point(stream)  # type: ignore[no-any-return]
+
+    def program_point_all(self) -> int:
+        """:meth:`program_point` of every stream (a device synchronise)."""
+        with self._lock:
+            return self.marks.program_point_all()  # type: ignore[no-any-return]
+
+    def program_waited(self, stream: int, producer: int, point: int) -> None:
+        """The program queued a wait of ``stream`` for an event recorded at
+        ``producer``'s ``point``: later uses on ``stream`` need no wait of the
+        library's for what the point covers (counted as ``waits_skipped``)."""
+        with self._lock:
+            self.marks.program_waited(stream, producer, point)
+
+    def program_completed(self, stream: int, point: int) -> None:
+        """The host saw ``stream`` complete up to ``point`` (the stream, or an
+        event recorded at the point, synchronised)."""
+        with self._lock:
+            self.marks.program_completed(stream, point)
+
+    def program_completed_all(self, point: int) -> None:
+        """The host saw the device complete up to ``point`` (``program_point_all``)."""
+        with self._lock:
+            self.marks.program_completed_all(point)
+
     # ----------------------------------------------------------------- reaping
     def reap_pending(self) -> None:
         self._drain()
@@ -675,6 +706,7 @@ class AsyncResource(MemoryResource):
                 if destroy is not None:
                     destroy(stream)
                 self._table.forget_stream(stream)
+                self.marks.forget_order(stream)
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""
@@ -754,6 +786,7 @@ class AsyncResource(MemoryResource):
                 "outstanding_peak": self._peak,
                 "deferred_frees": len(self._deferred),
                 "waits": self.marks.waits,
+                "waits_skipped": self.marks.skipped,
                 "events_recorded": self.events.recorded,
                 "events_in_use": self.events.in_use,
                 "same_stream_uses": self.marks.same_stream,

@@ -128,6 +128,27 @@ class MemoryResource(abc.ABC):
         """Keep queued frees queued until the block exits (they still count as live)."""
         return contextlib.nullcontext()
 
+    # The program's own ordering (events it records and waits for, the streams
+    # and devices it synchronises), which a tracking resource uses to skip
+    # waits already satisfied. A resource that tracks nothing ignores it.
+    def program_point(self, stream: int) -> int:
+        """A point of the program on ``stream``: everything queued there so far
+        is before it (see :meth:`AsyncResource.program_point`); 0 here."""
+        return 0
+
+    def program_point_all(self) -> int:
+        """:meth:`program_point` of every stream of the device; 0 here."""
+        return 0
+
+    def program_waited(self, stream: int, producer: int, point: int) -> None:  # noqa: B027
+        """The program made ``stream`` wait for ``producer``'s ``point``."""
+
+    def program_completed(self, stream: int, point: int) -> None:  # noqa: B027
+        """The host saw ``stream`` complete up to ``point``."""
+
+    def program_completed_all(self, point: int) -> None:  # noqa: B027
+        """The host saw the whole device complete up to ``point``."""
+
     @property
     def epoch(self) -> int:
         """Context epoch; advanced by :meth:`reset_context`."""

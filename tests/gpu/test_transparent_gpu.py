@@ -74,3 +74,25 @@ def test_plain_numba_example_is_wrong_without_the_plugin_and_right_with_it(gpu, 
     assert with_plugin.returncode == 0, with_plugin.stdout + with_plugin.stderr[-3000:]
     assert "plugin loaded" in with_plugin.stdout
     assert without.returncode == 1, without.stdout + without.stderr[-3000:]
+
+
+def test_waits_a_self_ordered_program_satisfies_are_skipped(gpu, child_env, race_report):
+    """A plain Numba program that orders a consumer after a slow producer by
+    itself (an event, an event's or the stream's or the device's
+    synchronise) is right, and the library queues none of its own waits for
+    that pair: each is counted as skipped. Without the program's ordering the
+    library queues the wait (and the result is right)."""
+    proc = _run(child_env, [str(HERE / "program_order.py")],
+                NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe", NSS_RACE_TRIALS=str(TRIALS))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    rows = {line.split()[1]: [int(v) for v in line.split()[2:]]
+            for line in proc.stdout.splitlines() if line.startswith("ORDER ")}
+    assert len(rows) == 5, proc.stdout
+    for case, (right, inserted, skipped, trials) in rows.items():
+        race_report(f"program-order-{case} right={right}/{trials} waits_inserted={inserted} "
+                    f"waits_skipped={skipped}")
+        assert right == trials, (case, rows)
+        if case == "none":
+            assert inserted >= trials, (case, rows)
+        else:
+            assert inserted == 0 and skipped >= trials, (case, rows)

@@ -177,6 +177,69 @@ def test_numbas_events_and_synchronize_are_seen_by_the_checker(plain, streams):
     assert "'copy' argument 'src'" in text and HERE in text
 
 
+def _waits(rt):
+    stats = nss.memory_stats()
+    return stats["waits_inserted"], stats["waits_skipped"]
+
+
+@pytest.mark.parametrize("order", ["event", "event-synchronize", "stream-synchronize",
+                                   "device-synchronize", "none"])
+def test_waits_the_programs_own_synchronisation_satisfies_are_skipped(plain, streams, order):
+    """A consumer on another stream that the program itself ordered after the
+    producer (a Numba event it records and waits for, or a host synchronise)
+    needs no wait of the library's: none is queued, it is counted as skipped,
+    and the checker sees no race. With no ordering of the program's (the
+    negative control) the library queues the wait."""
+    a, b = streams
+    x = cuda.device_array(N, dtype=np.int64)
+    y = cuda.device_array(N, dtype=np.int64)
+    cuda.synchronize()
+    fill[1, N, a](x, 7)
+    if order.startswith("event"):
+        done = cuda.event()
+        done.record(a)
+        if order == "event":
+            done.wait(b)
+        else:
+            done.synchronize()
+    elif order == "stream-synchronize":
+        a.synchronize()
+    elif order == "device-synchronize":
+        cuda.synchronize()
+    before = _waits(plain)
+    copy[1, N, b](x, y)
+    inserted, skipped = (n - m for n, m in zip(_waits(plain), before, strict=True))
+    b.synchronize()
+    assert (y.copy_to_host() == 7).all()
+    assert _hazards(plain) == []
+    # y's allocation (on the default stream) was completed by the host's first
+    # cuda.synchronize(): its wait is skipped in every case.
+    if order == "none":
+        assert (inserted, skipped) == (1, 1)
+    else:
+        assert (inserted, skipped) == (0, 2)
+
+
+def test_a_use_after_the_programs_event_is_still_waited_for(plain, streams):
+    """The program's event covers what was queued before it was recorded: a
+    write on the producer's stream after the record is waited for."""
+    a, b = streams
+    x = cuda.device_array(N, dtype=np.int64)
+    y = cuda.device_array(N, dtype=np.int64)
+    cuda.synchronize()
+    fill[1, N, a](x, 1)
+    done = cuda.event()
+    done.record(a)
+    fill[1, N, a](x, 9)              # after the event: not covered by it
+    done.wait(b)
+    before = _waits(plain)
+    copy[1, N, b](x, y)
+    inserted, _ = (n - m for n, m in zip(_waits(plain), before, strict=True))
+    b.synchronize()
+    assert inserted == 1
+    assert (y.copy_to_host() == 9).all() and _hazards(plain) == []
+
+
 def test_the_default_streams_are_the_default_handles(plain):
     assert plain.stream_handle(cuda.default_stream()) in (0, 2)
     assert plain.stream_handle(cuda.legacy_default_stream()) == 0
@@ -272,7 +335,8 @@ def test_tracked_kernels_are_fenced_once(plain, streams):
                                                      ("copy", "copy to host")]
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "to_host", "upload"]),
+OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "to_host", "upload",
+                                           "event", "event_sync", "sync", "device_sync"]),
                          st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
                min_size=1, max_size=12)
 
@@ -281,8 +345,17 @@ OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "to_host", "upl
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS)
 def test_random_plain_programs_have_no_hazard_and_the_sequential_result(plain, ops):
-    """Random plain-Numba programs over three streams and three arrays: in
-    transparent mode no hazard, and every value as if run in program order."""
+    """Random plain-Numba programs over three streams and three arrays, with the
+    program's own events and synchronises among them: in transparent mode no
+    hazard (the waits the program's ordering satisfies are skipped, and the
+    checker would see a skip too many), and every value as if run in program
+    order."""
+    run_plain_program(plain, ops)
+
+
+def run_plain_program(plain, ops):
+    """One program of :data:`OPS` (see the test above); the skipped waits."""
+    skipped0 = nss.memory_stats()["waits_skipped"]
     streams = [cuda.stream() for _ in range(3)]
     arrays = [cuda.to_device(np.zeros(N, np.int64)) for _ in range(3)]
     model = [np.zeros(N, np.int64) for _ in range(3)]
@@ -305,10 +378,31 @@ def test_random_plain_programs_have_no_hazard_and_the_sequential_result(plain, o
         elif kind == "upload":
             arrays[i].copy_to_device(np.full(N, -step, np.int64), stream=stream)
             model[i][:] = -step
+        elif kind == "event":
+            event = cuda.event()
+            event.record(stream)
+            event.wait(streams[i])
+        elif kind == "event_sync":
+            event = cuda.event()
+            event.record(stream)
+            event.synchronize()
+        elif kind == "sync":
+            stream.synchronize()
+        elif kind == "device_sync":
+            cuda.synchronize()
+    skipped = nss.memory_stats()["waits_skipped"] - skipped0
     plain.driver.synchronize()
     for got, want in zip(arrays, model, strict=True):
         assert (got.copy_to_host() == want).all()
     assert _hazards(plain) == []
+    return skipped
+
+
+def test_random_programs_skip_waits(plain):
+    """The random programs above do skip waits (their property is not vacuous)."""
+    ops = [("fill", 0, 0, 0), ("event", 0, 1, 0), ("copy", 1, 0, 1), ("sync", 1, 0, 0),
+           ("add", 2, 1, 0), ("device_sync", 0, 0, 0), ("copy", 0, 1, 2)]
+    assert run_plain_program(plain, ops) >= 3
 
 
 def _child(code: str, **env: str) -> subprocess.CompletedProcess[str]:

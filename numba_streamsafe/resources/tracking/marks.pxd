@@ -44,12 +44,18 @@ cdef class MarkBook:
     cdef readonly dict open
     cdef public Py_ssize_t waits
     cdef public Py_ssize_t same_stream
+    cdef public unsigned long long done_all
+    cdef readonly dict done
+    cdef readonly dict ordered
+    cdef public Py_ssize_t skipped
 
     cpdef Mark current(self, object stream, object owner=*)
     cpdef object seal(self, Mark mark, bint direct=*)
     cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
                           bint direct=*)
     cpdef object release(self, Mark mark)
+    cdef bint _ordered_already(self, object stream, Mark mark, object owner) except? -1
+    cdef bint _covered(self, object stream, Mark mark) noexcept
     cdef void hold(self, Mark mark) noexcept
     cpdef object hold_sealed(self, Mark mark)
     cpdef bint in_use(self, Mark mark)

@@ -248,6 +248,16 @@ class MarkBook:
         self.waits = 0
         #: Uses that stayed on their block's last writer's stream (no wait needed).
         self.same_stream = 0
+        #: The program's own ordering (:meth:`program_point` and the calls after
+        #: it): marks up to ``done_all`` (by ``seq``) are complete; ``done``:
+        #: stream -> seq up to which its marks are complete; ``ordered``:
+        #: consumer stream -> {producer stream: seq up to which the consumer
+        #: is ordered after the producer's marks}.
+        self.done_all = 0
+        self.done = {}
+        self.ordered = {}
+        #: Waits not queued because the program's own ordering covered them.
+        self.skipped = 0
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -294,15 +304,11 @@ class MarkBook:
             direct = False
         for m in marks:
             mark = m
-            if type(mark) is not Mark and cython.cast(ForeignMark, mark).stale:
-                continue  # its device was reset: its work is complete
+            if self._ordered_already(stream, mark, owner):
+                continue
             waiters = mark.waiters
             if waiters is None:
                 waiters = mark.waiters = {}
-            elif stream in waiters:
-                if owner is not None and waiters[stream] is None:
-                    waiters[stream] = owner
-                continue
             handle = self.seal(mark, direct)
             if not direct or wait_event(stream, handle) != 0:
                 self.driver.stream_wait_event(stream, handle)
@@ -311,6 +317,89 @@ class MarkBook:
             log = current_log()
             if log is not None:
                 log.waited(stream, mark.stream, free)
+
+    @cython.cfunc
+    @cython.exceptval(-1, check=True)
+    def _ordered_already(self, stream: Any, mark: Mark, owner: Any) -> cython.bint:
+        """Whether ``stream`` is ordered after ``mark`` with no new wait: the
+        mark's device was reset (its work is complete), the stream waited for
+        it before (its ``owner`` is then kept with the wait), or the program's
+        own synchronisation orders it (counted in :attr:`skipped`)."""
+        if type(mark) is not Mark and cython.cast(ForeignMark, mark).stale:
+            return True
+        waiters = mark.waiters
+        if waiters is not None and stream in waiters:
+            if owner is not None and waiters[stream] is None:
+                waiters[stream] = owner
+            return True
+        if mark.seq <= self.done_all or ((self.done or self.ordered)
+                                         and self._covered(stream, mark)):
+            self.skipped += 1
+            return True
+        return False
+
+    @cython.cfunc
+    @cython.exceptval(check=False)
+    def _covered(self, stream: Any, mark: Mark) -> cython.bint:
+        """Whether the program's own synchronisation already orders ``stream``'s
+        next work after ``mark`` (complete, or ordered by an event)."""
+        seq = mark.seq
+        done = self.done.get(mark.stream)
+        if done is not None and seq <= done:
+            return True
+        ordered = self.ordered.get(stream)
+        if ordered is not None:
+            upto = ordered.get(mark.stream)
+            return upto is not None and seq <= upto
+        return False
+
+    # ------------------------------------------------ the program's own order
+    def program_point(self, stream: Any) -> int:
+        """A point of the program on ``stream`` (where it records an event or
+        synchronises it): every mark of ``stream`` made so far is at or before
+        it, and later uses of the stream get marks after it (its open mark is
+        closed: sealed if a use refers to it, else forgotten). Returns the point
+        (a mark sequence number)."""
+        mark = self.open.get(stream)
+        if mark is not None:
+            if cython.cast(Mark, mark).refs:
+                self.seal(mark)
+            else:
+                del self.open[stream]
+        return _mark_seq
+
+    def program_waited(self, stream: Any, producer: Any, point: int) -> None:
+        """The program made ``stream`` wait for ``producer``'s ``point`` (an
+        event recorded there): its next work is ordered after every mark of
+        ``producer`` up to the point."""
+        ordered = self.ordered.get(stream)
+        if ordered is None:
+            ordered = self.ordered[stream] = {}
+        if point > ordered.get(producer, 0):
+            ordered[producer] = point
+
+    def program_completed(self, stream: Any, point: int) -> None:
+        """The host saw ``stream``'s ``point`` complete (a synchronise of the
+        stream, or of an event recorded there)."""
+        if point > self.done.get(stream, 0):
+            self.done[stream] = point
+
+    def program_completed_all(self, point: int) -> None:
+        """The host saw every stream of the device complete up to ``point``
+        (a device synchronise; the point taken with :meth:`program_point_all`)."""
+        if point > self.done_all:
+            self.done_all = point
+
+    def program_point_all(self) -> int:
+        """:meth:`program_point` of every stream with an open mark."""
+        for stream in list(self.open):
+            self.program_point(stream)
+        return _mark_seq
+
+    def forget_order(self, stream: Any) -> None:
+        """``stream`` is retired: a new stream with its handle is ordered after
+        nothing the old one was."""
+        self.ordered.pop(stream, None)
 
     @cython.cfunc
     @cython.exceptval(check=False)
@@ -369,3 +458,5 @@ class MarkBook:
 
     def clear(self) -> None:
         self.open.clear()
+        self.done.clear()
+        self.ordered.clear()
