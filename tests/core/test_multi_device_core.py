@@ -261,6 +261,27 @@ def test_a_launch_records_a_mark_of_its_stream_in_the_foreign_block(two):
     assert two.hazards == []
 
 
+def test_a_device_synchronise_does_not_cover_another_devices_use(two):
+    """The program synchronising device 1 completes device 1's work only: a
+    free on device 1 still waits for device 0's read of the block."""
+    rt0, rt1 = two.rts
+    enable_peer_access(0, 1)
+    (s0, _), (s1, _) = two.streams
+    y1 = rt1.allocate(256, s1, "y1")
+    launch(rt1, s1, [(y1, W)])
+    launch(rt0, s0, [(y1, R)], label="slow read of y1 on 0")
+    tracker = rt1.resource.tracker
+    point = tracker.program_point_all()
+    two.sims[1].synchronize()
+    tracker.program_completed_all(point)
+    waits = two.calls()[1]["cuStreamWaitEvent"]
+    rt1.deallocate(y1)
+    assert two.calls()[1]["cuStreamWaitEvent"] == waits + 1, "the free waits for device 0"
+    z1 = rt1.allocate(256, s1, "z1")
+    launch(rt1, s1, [(z1, W)])
+    assert two.hazards == []
+
+
 # ------------------------------------------------------------------ frees
 @pytest.mark.parametrize("free", ["deallocate", "defer_free"])
 def test_a_free_on_one_device_waits_for_a_use_from_the_other(two, free):

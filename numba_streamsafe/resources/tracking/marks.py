@@ -325,15 +325,18 @@ class MarkBook:
         mark's device was reset (its work is complete), the stream waited for
         it before (its ``owner`` is then kept with the wait), or the program's
         own synchronisation orders it (counted in :attr:`skipped`)."""
-        if type(mark) is not Mark and cython.cast(ForeignMark, mark).stale:
+        foreign: cython.bint = type(mark) is not Mark
+        if foreign and cython.cast(ForeignMark, mark).stale:
             return True
         waiters = mark.waiters
         if waiters is not None and stream in waiters:
             if owner is not None and waiters[stream] is None:
                 waiters[stream] = owner
             return True
-        if mark.seq <= self.done_all or ((self.done or self.ordered)
-                                         and self._covered(stream, mark)):
+        # The program's ordering is known for this device's streams only: a
+        # foreign mark is work of another device, which no synchronise here covers.
+        if not foreign and (mark.seq <= self.done_all or ((self.done or self.ordered)
+                                                          and self._covered(stream, mark))):
             self.skipped += 1
             return True
         return False
