@@ -320,51 +320,38 @@ def _install_gpu() -> None:
 
 def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
     def record(self: Any, stream: Any = 0) -> None:
-        rt = target.launch_runtime()
-        handle = _stream_ref(rt, stream)[0]
-        _recorded(rt, self, handle)  # the point first: what is queued so far
-        original(self, stream)
+        _record(target.launch_runtime(), self, stream, lambda: original(self, stream))
     record.__doc__ = original.__doc__
     return record
 
 
 def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, stream: Any = 0) -> None:
-        original(self, stream)
-        rt = target.launch_runtime()
-        _waited(rt, self, _stream_ref(rt, stream)[0])
+        _wait(target.launch_runtime(), self, stream, lambda: original(self, stream))
     wait.__doc__ = original.__doc__
     return wait
 
 
 def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
-        original(self)
-        _completed(self)
+        _event_completed(self, lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
 def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
-        rt = target.launch_runtime()
-        handle = _stream_ref(rt, self)[0]
-        point = rt.resource.tracker.program_point(handle)
-        original(self)
-        rt.resource.tracker.program_completed(handle, point)
+        _synchronised(target.launch_runtime(), self, lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
 def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
-        rt = installed_runtime(target.device_id(self.device))
-        if rt is None:  # no runtime on the context's device: nothing to tell
-            original(self)
-            return
-        point = rt.resource.tracker.program_point_all()
-        original(self)
-        rt.resource.tracker.program_completed_all(point)
+        # cuCtxSynchronize waits for the calling thread's current context,
+        # whichever context object it is called on.
+        _device_synchronised(installed_runtime(target.current_device()),
+                             lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -469,34 +456,85 @@ def _destroy_event(driver: Any, handle: int) -> None:
 
 
 # The program's own ordering, told to the runtime's tracking resource: an
-# event's point is kept on the event object (``_nss_point``: the runtime, the
-# stream it was recorded on, the point), so a wait for it or a synchronise of
-# it orders what the point covers (``AsyncResource.program_point``).
-def _recorded(rt: Any, event: Any, handle: int) -> None:
-    """``event`` was recorded on stream ``handle`` of ``rt``'s device."""
-    event.__dict__["_nss_point"] = (rt, handle, rt.resource.tracker.program_point(handle))
+# event's point is kept on the event object (``_nss_point``: a weak reference to
+# the runtime, the stream it was recorded on, the point), so a wait for it or a
+# synchronise of it orders what the point covers (``AsyncResource.program_point``).
+# One lock per event keeps each call and its bookkeeping together; nothing is
+# noted while a graph is captured on the device (a captured wait is a graph
+# node, not a wait of the stream).
+def _event_lock(event: Any) -> Any:
+    lock = event.__dict__.get("_nss_lock")
+    if lock is None:
+        lock = event.__dict__.setdefault("_nss_lock", threading.Lock())
+    return lock
 
 
-def _waited(rt: Any, event: Any, handle: int) -> None:
-    """Stream ``handle`` was made to wait for ``event``."""
-    point = event.__dict__.get("_nss_point")
-    if point is not None and point[0] is rt:
-        rt.resource.tracker.program_waited(handle, point[1], point[2])
+def _noting(rt: Any) -> bool:
+    """Whether the program's ordering is noted on ``rt`` now."""
+    return rt.capture is None
 
 
-def _completed(event: Any) -> None:
-    """The host synchronised ``event``."""
-    point = event.__dict__.get("_nss_point")
-    if point is not None:
-        point[0].resource.tracker.program_completed(point[1], point[2])
+def _record(rt: Any, event: Any, stream: Any, record: Callable[[], Any]) -> None:
+    """``record()`` records ``event`` on ``stream``: its point is taken first
+    (what is queued so far) and kept once the record succeeded."""
+    with _event_lock(event):
+        if not _noting(rt):
+            event.__dict__.pop("_nss_point", None)
+            record()
+            return
+        handle = _stream_ref(rt, stream)[0]
+        point = rt.resource.tracker.program_point(handle)
+        event.__dict__.pop("_nss_point", None)
+        record()
+        event.__dict__["_nss_point"] = (weakref.ref(rt), handle, point)
+
+
+def _wait(rt: Any, event: Any, stream: Any, wait: Callable[[], Any]) -> None:
+    """``wait()`` makes ``stream`` wait for ``event``: once it succeeded, the
+    stream is ordered after the event's point."""
+    with _event_lock(event):
+        point = event.__dict__.get("_nss_point")
+        wait()
+        if point is not None and point[0]() is rt and _noting(rt):
+            handle, owner = _stream_ref(rt, stream)
+            rt.resource.tracker.program_waited(handle, point[1], point[2], owner)
+
+
+def _event_completed(event: Any, synchronize: Callable[[], Any]) -> None:
+    """``synchronize()`` waits on the host for ``event``: its point is complete."""
+    with _event_lock(event):
+        point = event.__dict__.get("_nss_point")
+        synchronize()
+        rt = point[0]() if point is not None else None
+        if rt is not None and _noting(rt):
+            rt.resource.tracker.program_completed(point[1], point[2])
+
+
+def _synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
+    """``synchronize()`` waits on the host for ``stream``: complete up to now."""
+    if not _noting(rt):
+        synchronize()
+        return
+    handle = _stream_ref(rt, stream)[0]
+    point = rt.resource.tracker.program_point(handle)
+    synchronize()
+    rt.resource.tracker.program_completed(handle, point)
+
+
+def _device_synchronised(rt: Any | None, synchronize: Callable[[], Any]) -> None:
+    """``synchronize()`` waits on the host for ``rt``'s device: complete up to now."""
+    if rt is None or not _noting(rt):
+        synchronize()
+        return
+    point = rt.resource.tracker.program_point_all()
+    synchronize()
+    rt.resource.tracker.program_completed_all(point)
 
 
 def _stream_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt, handle = _sim_handle(self)
-        point = rt.resource.tracker.program_point(handle)
-        rt.driver.stream_synchronize(handle)
-        rt.resource.tracker.program_completed(handle, point)
+        _synchronised(rt, self, lambda: rt.driver.stream_synchronize(handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -504,9 +542,7 @@ def _stream_synchronize(original: Any) -> Any:
 def _device_synchronize(original: Any) -> Any:
     def synchronize() -> None:
         rt = target.launch_runtime()
-        point = rt.resource.tracker.program_point_all()
-        rt.driver.synchronize()
-        rt.resource.tracker.program_completed_all(point)
+        _device_synchronised(rt, rt.driver.synchronize)
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -514,24 +550,24 @@ def _device_synchronize(original: Any) -> Any:
 def _event_record(original: Any) -> Any:
     def record(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
-        _recorded(rt, self, handle)
-        rt.driver.event_record(_sim_event(rt, self), handle)
+        _record(rt, self, stream,
+                lambda: rt.driver.event_record(_sim_event(rt, self), handle))
     return record
 
 
 def _event_wait(original: Any) -> Any:
     def wait(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
-        rt.driver.stream_wait_event(handle, _sim_event(rt, self))
-        _waited(rt, self, handle)
+        _wait(rt, self, stream,
+              lambda: rt.driver.stream_wait_event(handle, _sim_event(rt, self)))
     return wait
 
 
 def _event_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
-        rt.driver.event_synchronize(_sim_event(rt, self))  # type: ignore[attr-defined]
-        _completed(self)
+        _event_completed(self, lambda: rt.driver.event_synchronize(  # type: ignore[attr-defined]
+            _sim_event(rt, self)))
     return synchronize
 
 

@@ -652,12 +652,15 @@ class AsyncResource(MemoryResource):
         with self._lock:
             return self.marks.program_point_all()  # type: ignore[no-any-return]
 
-    def program_waited(self, stream: int, producer: int, point: int) -> None:
+    def program_waited(self, stream: int, producer: int, point: int, owner: Any = None
+                       ) -> None:
         """The program queued a wait of ``stream`` for an event recorded at
         ``producer``'s ``point``: later uses on ``stream`` need no wait of the
-        library's for what the point covers (counted as ``waits_skipped``)."""
+        library's for what the point covers (counted as ``waits_skipped``),
+        while ``owner`` (the stream's object; None for a raw handle or a
+        default stream) lives."""
         with self._lock:
-            self.marks.program_waited(stream, producer, point)
+            self.marks.program_waited(stream, producer, point, owner)
 
     def program_completed(self, stream: int, point: int) -> None:
         """The host saw ``stream`` complete up to ``point`` (the stream, or an

@@ -140,8 +140,10 @@ class MemoryResource(abc.ABC):
         """:meth:`program_point` of every stream of the device; 0 here."""
         return 0
 
-    def program_waited(self, stream: int, producer: int, point: int) -> None:  # noqa: B027
-        """The program made ``stream`` wait for ``producer``'s ``point``."""
+    def program_waited(self, stream: int, producer: int, point: int,  # noqa: B027
+                       owner: Any = None) -> None:
+        """The program made ``stream`` (of object ``owner``) wait for
+        ``producer``'s ``point``."""
 
     def program_completed(self, stream: int, point: int) -> None:  # noqa: B027
         """The host saw ``stream`` complete up to ``point``."""

@@ -301,3 +301,44 @@ def test_destroy_of_a_destroyed_stream_raises_a_driver_error(sim, res, rt):
     rt.destroy_stream(s)
     with pytest.raises((DriverError, StreamMisuse)):
         rt.destroy_stream(s)
+
+
+# ------------------------------------------------------ the program's own order
+class _StreamObject:
+    """Stands for a stream object that owns its handle (Numba's on a GPU)."""
+
+
+@pytest.mark.parametrize("owner_dies", [True, False])
+def test_a_new_stream_on_a_dead_streams_handle_is_ordered_after_nothing(owner_dies):
+    """The program ordered stream ``b`` (an object owning its handle) after
+    ``a`` with an event; ``b``'s object died and CUDA gave its handle to a new
+    stream ``c``, which the program never ordered. ``c``'s read of what ``a``
+    wrote is waited for (no race). Negative control: while ``b``'s object lives
+    the knowledge stands and the wait is skipped."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    sim.synchronize()
+    kernel(res, sim, a, [(x, W)], label="write x on a")
+    owner = _StreamObject()
+    point = res.program_point(a)
+    event = sim.event_create()
+    sim.event_record(event, a)
+    sim.stream_wait_event(b, event)
+    res.program_waited(b, a, point, owner)
+    if owner_dies:
+        del owner
+        gc.collect()
+        sim.destroy_stream(b)  # the object's finalizer, behind the resource's back
+        c = sim.create_stream()
+        assert c == b, "the simulated driver reuses the handle"
+    else:
+        c = b
+    waits, skipped = res.marks.waits, res.marks.skipped
+    kernel(res, sim, c, [(x, R)], label="read x")
+    if owner_dies:
+        assert (res.marks.waits - waits, res.marks.skipped - skipped) == (1, 0)
+    else:
+        assert (res.marks.waits - waits, res.marks.skipped - skipped) == (0, 1)
+    assert sim.hazards == []

@@ -220,6 +220,42 @@ def test_waits_the_programs_own_synchronisation_satisfies_are_skipped(plain, str
         assert (inserted, skipped) == (0, 2)
 
 
+def test_an_event_record_that_fails_orders_nothing(plain, streams, monkeypatch):
+    """The program's record of an event on ``a`` is refused: the event keeps
+    its earlier record (on an idle stream), so a wait for it orders ``b``
+    after nothing of ``a``, and the library still queues its own wait."""
+    from numba_streamsafe.core.errors import DriverError
+
+    a, b = streams
+    c = cuda.stream()
+    x = cuda.device_array(N, dtype=np.int64)
+    y = cuda.device_array(N, dtype=np.int64)
+    cuda.synchronize()
+    event = cuda.event()
+    event.record(c)                  # a point on the idle stream c
+    fill[1, N, a](x, 7)
+    real = plain.driver.event_record
+    calls = []
+
+    def refuse_the_programs_record(handle, stream):
+        calls.append(handle)
+        if len(calls) == 1:
+            return real(handle, stream)  # the library's own seal of a's open mark
+        raise DriverError("cuEventRecord", 400, "refused (test)")
+
+    monkeypatch.setattr(plain.driver, "event_record", refuse_the_programs_record)
+    with pytest.raises(DriverError):
+        event.record(a)
+    monkeypatch.setattr(plain.driver, "event_record", real)
+    event.wait(b)
+    before = _waits(plain)
+    copy[1, N, b](x, y)
+    inserted, _ = (n - m for n, m in zip(_waits(plain), before, strict=True))
+    b.synchronize()
+    assert inserted == 1
+    assert (y.copy_to_host() == 7).all() and _hazards(plain) == []
+
+
 def test_a_use_after_the_programs_event_is_still_waited_for(plain, streams):
     """The program's event covers what was queued before it was recorded: a
     write on the producer's stream after the record is waited for."""

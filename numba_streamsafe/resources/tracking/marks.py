@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import weakref
 from typing import Any
 
 import cython
@@ -251,8 +252,11 @@ class MarkBook:
         #: The program's own ordering (:meth:`program_point` and the calls after
         #: it): marks up to ``done_all`` (by ``seq``) are complete; ``done``:
         #: stream -> seq up to which its marks are complete; ``ordered``:
-        #: consumer stream -> {producer stream: seq up to which the consumer
-        #: is ordered after the producer's marks}.
+        #: consumer stream -> ``[owner, {producer stream: seq up to which the
+        #: consumer is ordered after the producer's marks}]``, where ``owner``
+        #: is a weak reference to the consumer's stream object (None for a raw
+        #: handle or a default stream): once it is dead the handle may name a
+        #: new stream, and the entry no longer counts.
         self.done_all = 0
         self.done = {}
         self.ordered = {}
@@ -350,11 +354,15 @@ class MarkBook:
         done = self.done.get(mark.stream)
         if done is not None and seq <= done:
             return True
-        ordered = self.ordered.get(stream)
-        if ordered is not None:
-            upto = ordered.get(mark.stream)
-            return upto is not None and seq <= upto
-        return False
+        entry = self.ordered.get(stream)
+        if entry is None:
+            return False
+        ref = entry[0]
+        if ref is not None and ref() is None:  # the stream object died: its handle
+            del self.ordered[stream]           # may be a new stream's now
+            return False
+        upto = entry[1].get(mark.stream)
+        return upto is not None and seq <= upto
 
     # ------------------------------------------------ the program's own order
     def program_point(self, stream: Any) -> int:
@@ -371,15 +379,38 @@ class MarkBook:
                 del self.open[stream]
         return _mark_seq
 
-    def program_waited(self, stream: Any, producer: Any, point: int) -> None:
+    def program_waited(self, stream: Any, producer: Any, point: int, owner: Any = None
+                       ) -> None:
         """The program made ``stream`` wait for ``producer``'s ``point`` (an
         event recorded there): its next work is ordered after every mark of
-        ``producer`` up to the point."""
-        ordered = self.ordered.get(stream)
-        if ordered is None:
-            ordered = self.ordered[stream] = {}
-        if point > ordered.get(producer, 0):
-            ordered[producer] = point
+        ``producer`` up to the point. ``owner`` is the stream's object (None
+        for a raw handle or a default stream): the knowledge lasts while it
+        lives, since its handle may name another stream after it."""
+        entry = self._order_entry(stream, owner)
+        if point > entry[1].get(producer, 0):
+            entry[1][producer] = point
+
+    def _order_entry(self, stream: Any, owner: Any) -> list:
+        """The entry of ``stream`` in :attr:`ordered`: made anew where there is
+        none, where its stream object died (the handle names another stream
+        now) or where ``owner`` is another object."""
+        entry = self.ordered.get(stream)
+        if entry is not None:
+            known = entry[0]
+            if known is None:
+                if owner is not None:
+                    entry[0] = weakref.ref(owner)
+                return entry  # type: ignore[no-any-return]
+            alive = known()
+            if alive is not None and (owner is None or alive is owner):
+                return entry  # type: ignore[no-any-return]
+        if len(self.ordered) > 256:  # forget the entries of dead streams
+            for key in [k for k, e in self.ordered.items()
+                        if e[0] is not None and e[0]() is None]:
+                del self.ordered[key]
+        entry = [None if owner is None else weakref.ref(owner), {}]
+        self.ordered[stream] = entry
+        return entry
 
     def program_completed(self, stream: Any, point: int) -> None:
         """The host saw ``stream``'s ``point`` complete (a synchronise of the
