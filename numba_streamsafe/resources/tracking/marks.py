@@ -371,12 +371,7 @@ class MarkBook:
         it, and later uses of the stream get marks after it (its open mark is
         closed: sealed if a use refers to it, else forgotten). Returns the point
         (a mark sequence number)."""
-        mark = self.open.get(stream)
-        if mark is not None:
-            if cython.cast(Mark, mark).refs:
-                self.seal(mark)
-            else:
-                del self.open[stream]
+        self.retire(stream)
         return _mark_seq
 
     def program_waited(self, stream: Any, producer: Any, point: int, owner: Any = None
@@ -476,8 +471,9 @@ class MarkBook:
             mark.waiters = None
 
     def retire(self, stream: Any) -> None:
-        """Seal the open mark of ``stream`` if a use refers to it (its uses can
-        then still be waited for once the stream is gone); forget it otherwise."""
+        """Close the open mark of ``stream``: seal it if a use refers to it (its
+        uses can then still be waited for, once the stream is gone or after a
+        point of the program); forget it otherwise."""
         mark = self.open.get(stream)
         if mark is not None:
             if cython.cast(Mark, mark).refs:
