@@ -320,14 +320,16 @@ def _install_gpu() -> None:
 
 def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
     def record(self: Any, stream: Any = 0) -> None:
-        _record(target.launch_runtime(), self, stream, lambda: original(self, stream))
+        rt = target.launch_runtime()
+        _record(rt, self, _stream_ref(rt, stream)[0], lambda: original(self, stream))
     record.__doc__ = original.__doc__
     return record
 
 
 def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, stream: Any = 0) -> None:
-        _wait(target.launch_runtime(), self, stream, lambda: original(self, stream))
+        rt = target.launch_runtime()
+        _wait(rt, self, _stream_ref(rt, stream), lambda: original(self, stream))
     wait.__doc__ = original.__doc__
     return wait
 
@@ -341,7 +343,8 @@ def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
-        _synchronised(target.launch_runtime(), self, lambda: original(self))
+        rt = target.launch_runtime()
+        _synchronised(rt, _stream_ref(rt, self)[0], lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -474,29 +477,28 @@ def _noting(rt: Any) -> bool:
     return rt.capture is None
 
 
-def _record(rt: Any, event: Any, stream: Any, record: Callable[[], Any]) -> None:
-    """``record()`` records ``event`` on ``stream``: its point is taken first
-    (what is queued so far) and kept once the record succeeded."""
+def _record(rt: Any, event: Any, handle: int, record: Callable[[], Any]) -> None:
+    """``record()`` records ``event`` on stream ``handle``: its point is taken
+    first (what is queued so far) and kept once the record succeeded."""
     with _event_lock(event):
         if not _noting(rt):
             event.__dict__.pop("_nss_point", None)
             record()
             return
-        handle = _stream_ref(rt, stream)[0]
         point = rt.resource.tracker.program_point(handle)
         event.__dict__.pop("_nss_point", None)
         record()
         event.__dict__["_nss_point"] = (weakref.ref(rt), handle, point)
 
 
-def _wait(rt: Any, event: Any, stream: Any, wait: Callable[[], Any]) -> None:
-    """``wait()`` makes ``stream`` wait for ``event``: once it succeeded, the
-    stream is ordered after the event's point."""
+def _wait(rt: Any, event: Any, ref: tuple[int, Any], wait: Callable[[], Any]) -> None:
+    """``wait()`` makes the stream of ``ref`` (its handle and object) wait for
+    ``event``: once it succeeded, the stream is ordered after the event's point."""
     with _event_lock(event):
         point = event.__dict__.get("_nss_point")
         wait()
         if point is not None and point[0]() is rt and _noting(rt):
-            handle, owner = _stream_ref(rt, stream)
+            handle, owner = ref
             rt.resource.tracker.program_waited(handle, point[1], point[2], owner)
 
 
@@ -510,12 +512,11 @@ def _event_completed(event: Any, synchronize: Callable[[], Any]) -> None:
             rt.resource.tracker.program_completed(point[1], point[2])
 
 
-def _synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
-    """``synchronize()`` waits on the host for ``stream``: complete up to now."""
+def _synchronised(rt: Any, handle: int, synchronize: Callable[[], Any]) -> None:
+    """``synchronize()`` waits on the host for stream ``handle``: complete up to now."""
     if not _noting(rt):
         synchronize()
         return
-    handle = _stream_ref(rt, stream)[0]
     point = rt.resource.tracker.program_point(handle)
     synchronize()
     rt.resource.tracker.program_completed(handle, point)
@@ -534,7 +535,7 @@ def _device_synchronised(rt: Any | None, synchronize: Callable[[], Any]) -> None
 def _stream_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt, handle = _sim_handle(self)
-        _synchronised(rt, self, lambda: rt.driver.stream_synchronize(handle))
+        _synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -550,16 +551,17 @@ def _device_synchronize(original: Any) -> Any:
 def _event_record(original: Any) -> Any:
     def record(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
-        _record(rt, self, stream,
+        _record(rt, self, handle,
                 lambda: rt.driver.event_record(_sim_event(rt, self), handle))
     return record
 
 
 def _event_wait(original: Any) -> Any:
     def wait(self: Any, stream: Any = 0) -> None:
-        rt, handle = _sim_handle(stream)
-        _wait(rt, self, stream,
-              lambda: rt.driver.stream_wait_event(handle, _sim_event(rt, self)))
+        rt = target.launch_runtime()
+        ref = _stream_ref(rt, stream)
+        _wait(rt, self, ref,
+              lambda: rt.driver.stream_wait_event(ref[0], _sim_event(rt, self)))
     return wait
 
 
