@@ -182,6 +182,14 @@ def _waits(rt):
     return stats["waits_inserted"], stats["waits_skipped"]
 
 
+def _consumer_waits(rt, launch):
+    """``launch()``'s waits: those the library queued and those it skipped."""
+    before = _waits(rt)
+    launch()
+    inserted, skipped = (n - m for n, m in zip(_waits(rt), before, strict=True))
+    return inserted, skipped
+
+
 @pytest.mark.parametrize("order", ["event", "event-synchronize", "stream-synchronize",
                                    "device-synchronize", "none"])
 def test_waits_the_programs_own_synchronisation_satisfies_are_skipped(plain, streams, order):
@@ -206,9 +214,7 @@ def test_waits_the_programs_own_synchronisation_satisfies_are_skipped(plain, str
         a.synchronize()
     elif order == "device-synchronize":
         cuda.synchronize()
-    before = _waits(plain)
-    copy[1, N, b](x, y)
-    inserted, skipped = (n - m for n, m in zip(_waits(plain), before, strict=True))
+    inserted, skipped = _consumer_waits(plain, lambda: copy[1, N, b](x, y))
     b.synchronize()
     assert (y.copy_to_host() == 7).all()
     assert _hazards(plain) == []
@@ -248,9 +254,7 @@ def test_an_event_record_that_fails_orders_nothing(plain, streams, monkeypatch):
         event.record(a)
     monkeypatch.setattr(plain.driver, "event_record", real)
     event.wait(b)
-    before = _waits(plain)
-    copy[1, N, b](x, y)
-    inserted, _ = (n - m for n, m in zip(_waits(plain), before, strict=True))
+    inserted, _ = _consumer_waits(plain, lambda: copy[1, N, b](x, y))
     b.synchronize()
     assert inserted == 1
     assert (y.copy_to_host() == 7).all() and _hazards(plain) == []
@@ -268,9 +272,7 @@ def test_a_use_after_the_programs_event_is_still_waited_for(plain, streams):
     done.record(a)
     fill[1, N, a](x, 9)              # after the event: not covered by it
     done.wait(b)
-    before = _waits(plain)
-    copy[1, N, b](x, y)
-    inserted, _ = (n - m for n, m in zip(_waits(plain), before, strict=True))
+    inserted, _ = _consumer_waits(plain, lambda: copy[1, N, b](x, y))
     b.synchronize()
     assert inserted == 1
     assert (y.copy_to_host() == 9).all() and _hazards(plain) == []
