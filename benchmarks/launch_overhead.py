@@ -58,7 +58,7 @@ class RawLaunch:
 
         from numba_streamsafe.numba.launch.launch_plan import argtypes_of
 
-        plan = tracked._plan(rt, argtypes_of(args))
+        plan = tracked.direct.plan(tracked.dispatcher, rt.device, argtypes_of(args))
         if plan is None or plan.pack(args) is None:
             raise RuntimeError("no direct-launch plan for the benchmark's kernel")
         scratch = plan._scratch

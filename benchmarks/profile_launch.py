@@ -89,7 +89,7 @@ def components() -> None:
         "get_runtime()": lambda: nss.get_runtime(),
         "rt.stream_handle(s)": lambda: rt.stream_handle(s1),
         "kernel[1, 32, s] (config object)": lambda: tracked[1, 32, s1],
-        "kernel._uses (3 arrays)": lambda: tracked._uses(rt, (a, b, c)),
+        "kernel._arguments (3 arrays)": lambda: tracked._arguments(rt, (a, b, c), s1, True, False),
         "target.resolve (1 array)": lambda: target.resolve(rt, a),
         "preflight same stream": lambda: res.preflight(uses, h1),
         "commit same stream": lambda: res.commit(uses, h1),
@@ -102,12 +102,15 @@ def components() -> None:
     from numba_streamsafe.numba.launch import launch_plan
     from numba_streamsafe.protocol import fenced
 
-    plan = tracked._plan(rt, launch_plan.argtypes_of((a, b, c)))
+    plan = tracked.direct.plan(tracked.dispatcher, rt.device, launch_plan.argtypes_of((a, b, c)))
     params = plan.pack((a, b, c)) if plan is not None else 0
+
+    def resolve():
+        return tracked._arguments(rt, (a, b, c), s1, True, False)
 
     def c2():
         nss.get_runtime()
-        u = tracked._uses(rt, (a, b, c))[0]
+        u = tracked._arguments(rt, (a, b, c), s1, True, False)[1]
         h = rt.stream_handle(s1)
         res.preflight(u.blocks, h)
         disp[disp_cfg](a, b, c)
@@ -115,18 +118,18 @@ def components() -> None:
 
     pieces.update({
         "A: disp[cfg](...)": lambda: disp[disp_cfg](a, b, c),
-        "B: A + _uses": lambda: (tracked._uses(rt, (a, b, c)), disp[disp_cfg](a, b, c)),
+        "B: A + _arguments": lambda: (resolve(), disp[disp_cfg](a, b, c)),
         "C: _launch via Numba's path": lambda: tracked._launch(s1, (a, b, c), None,
                                                               lambda: disp[disp_cfg]),
         "D: tracked[1, 32, s](...)": lambda: tracked[1, 32, s1](a, b, c),
         "B1: A + 3 x target.resolve": lambda: (target.resolve(rt, a), target.resolve(rt, b),
                                                target.resolve(rt, c), disp[disp_cfg](a, b, c)),
-        "C1: A + runtime, _uses, stream_handle": lambda: (
-            nss.get_runtime(), tracked._uses(rt, (a, b, c)), rt.stream_handle(s1),
+        "C1: A + runtime, _arguments, stream_handle": lambda: (
+            nss.get_runtime(), resolve(), rt.stream_handle(s1),
             disp[disp_cfg](a, b, c)),
         "C2: C1 + prepare + commit": lambda: c2(),
         "C3: fenced(..., disp[cfg], args)": lambda: fenced(
-            rt, h1, tracked._uses(rt, (a, b, c))[0], "k", True, s1, disp[disp_cfg], a, b, c),
+            rt, h1, resolve()[1], "k", True, s1, disp[disp_cfg], a, b, c),
         "B3: A + 1.7 us of unrelated Python": lambda: (busy(), disp[disp_cfg](a, b, c)),
         "B4: A + 5 us of unrelated Python": lambda: (busy(), busy(), busy(),
                                                      disp[disp_cfg](a, b, c)),
@@ -134,8 +137,8 @@ def components() -> None:
     if plan is not None:  # direct launches (a GPU)
         pieces.update({
             "E: launch_plan.argtypes_of (3 arrays)": lambda: launch_plan.argtypes_of((a, b, c)),
-            "E1: kernel._plan (3 arrays)": lambda: tracked._plan(
-                rt, launch_plan.argtypes_of((a, b, c))),
+            "E1: kernel.direct.plan (3 arrays)": lambda: tracked.direct.plan(
+                tracked.dispatcher, rt.device, launch_plan.argtypes_of((a, b, c))),
             "E2: plan.pack (3 arrays)": lambda: plan.pack((a, b, c)),
             "E3: driver.launch_kernel": lambda: drv.launch_kernel(plan.function, (1, 1, 1),
                                                                    (32, 1, 1), 0, h1, params),
@@ -201,7 +204,7 @@ def attribution() -> None:
     res = rt.resource
     disp = tracked.dispatcher
     cfg = (1, 32, s1, 0)
-    fixed = tracked._uses(rt, (a, b, c))
+    fixed = tracked._arguments(rt, (a, b, c), s1, True, False)
 
     def measure(label: str) -> None:
         t = min(timeit.repeat(lambda: tracked._launch(s1, (a, b, c), None, lambda: disp[cfg]),
@@ -211,10 +214,10 @@ def attribution() -> None:
     base = min(timeit.repeat(lambda: disp[cfg](a, b, c), number=2000, repeat=7)) / 2000 * 1e6
     print(f"  {'numba launch alone':44s} {base:7.2f} us")
     measure("full tracked launch")
-    original_uses = tracked._uses
-    tracked._uses = lambda rt_, args: fixed  # type: ignore[method-assign]
+    original = tracked._arguments
+    tracked._arguments = lambda *_: fixed  # type: ignore[method-assign]
     measure("... with argument resolution precomputed")
-    tracked._uses = original_uses  # type: ignore[method-assign]
+    tracked._arguments = original  # type: ignore[method-assign]
     prep, commit = res.preflight, res.commit
     res.prepare_launch = lambda *x: None
     res.commit_launch = lambda *x: None

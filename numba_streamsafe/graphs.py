@@ -10,7 +10,7 @@ The rules:
   is needed inside it, and none is queued while capturing. Nothing is
   preflighted or committed while capturing either (captured work does not
   run): the uses of every captured operation are merged into the graph's
-  :class:`~numba_streamsafe.protocol.Uses` (``READ | WRITE`` is
+  :class:`~numba_streamsafe.core.uses.Uses` (``READ | WRITE`` is
   ``READ_WRITE``), and each :meth:`Graph.launch` runs the launch protocol
   once with them: the replay waits for the outside work its arrays conflict
   with, is queued as one ``cuGraphLaunch``, and is recorded as the last
@@ -47,7 +47,8 @@ from types import TracebackType
 from typing import Any
 
 from numba_streamsafe.core.errors import DriverError, GraphCaptureError
-from numba_streamsafe.protocol import Uses, access_list, fenced, refuse_untracked
+from numba_streamsafe.core.uses import Uses
+from numba_streamsafe.protocol import access_list, fenced, refuse_untracked
 from numba_streamsafe.runtime import DeviceRuntime
 
 __all__ = ["Graph", "GraphCaptureError", "graph"]

@@ -39,90 +39,15 @@ from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
+from numba_streamsafe.core.uses import CopyUses, Uses
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
 
-__all__ = ["Uses", "CopyUses", "single", "preflight", "commit", "trace", "fenced",
+__all__ = ["single", "preflight", "commit", "trace", "fenced",
            "refuse_untracked", "access_list", "PERMISSIVE_REMEDY"]
 
 T = TypeVar("T")
-
-
-class Uses:
-    """The buffers of one launch.
-
-    ``blocks`` holds one ``(block, access, lo, hi)`` per span of an allocation
-    used: the bytes ``lo .. hi - 1`` of ``block`` (offsets into it; a view's
-    extent, the whole block for a whole array). A second use of the same span
-    of the same block (the same object, or another handle of the same
-    allocation) merges into the first with the access lattice (``READ |
-    WRITE`` is ``READ_WRITE``); other spans of the block stay apart.
-    ``untracked`` names memory no resource tracks; ``producers`` are streams
-    the launch must wait for as a whole (the CUDA Array Interface rule for a
-    foreign array that names its stream).
-    """
-
-    __slots__ = ("blocks", "untracked", "producers", "names", "actual")
-    #: Whether the work is a copy, which reaches another device's memory
-    #: without peer access (:class:`CopyUses`).
-    copy = False
-
-    def __init__(self) -> None:
-        self.blocks: list[tuple[Block, Access, int, int]] = []
-        self.untracked: list[str] | None = None
-        self.producers: list[int] | None = None
-        #: The argument names of ``blocks``, kept only while a trace records
-        #: or a checking driver reports races.
-        self.names: list[str] | None = [] if tracehook.keep_names else None
-        #: For a checking driver: ``(ptr, nbytes, access)`` of what the work
-        #: really touches, when that is more than ``blocks`` declare (a
-        #: kernel's inferred accesses); None: ``blocks``.
-        self.actual: list[tuple[int, int, Access]] | None = None
-
-    def add(self, block: Block | None, access: Access, what: str, lo: int = 0,
-            hi: int | None = None) -> None:
-        """Add a use of the bytes ``lo .. hi - 1`` of ``block`` (default: all of
-        it; None: memory no resource tracks, named ``what``)."""
-        if block is None:
-            if self.untracked is None:
-                self.untracked = []
-            self.untracked.append(what)
-            return
-        if hi is None:
-            hi = block.nbytes
-        blocks = self.blocks
-        for i, (b, a, start, end) in enumerate(blocks):
-            if start == lo and end == hi and (b is block or (
-                    b.ptr == block.ptr and b.generation == block.generation
-                    and b.device == block.device)):
-                blocks[i] = (b, Access(a | access), lo, hi)
-                if self.names is not None:
-                    self.names[i] += "+" + what
-                return
-        blocks.append((block, access, lo, hi))
-        if self.names is not None:
-            self.names.append(what)
-
-    def add_producer(self, stream: int) -> None:
-        """Order the launch after everything queued so far on ``stream``."""
-        if self.producers is None:
-            self.producers = []
-        if stream not in self.producers:
-            self.producers.append(stream)
-
-    def __bool__(self) -> bool:
-        return bool(self.blocks or self.untracked or self.producers)
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-
-class CopyUses(Uses):
-    """The buffers of a copy: blocks of another device need no peer access."""
-
-    __slots__ = ()
-    copy = True
 
 
 def single(block: Block | None, access: Access, what: str, copy: bool = False,
@@ -341,8 +266,8 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     (the Numba layer's switch that shows races); a checking driver is told
     about the accesses either way.
 
-    The three steps are written out here rather than called: this runs on every
-    tracked launch and copy.
+    The resource runs the work between its preflight and commit
+    (``MemoryResource.fenced``).
 
     Raises
     ------
@@ -357,23 +282,27 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
     if tracer is not None:
         return tracer.fenced(rt, stream, uses, label, strict, owner, work, args, tracking)
     blocks = uses.blocks
-    driver = rt.driver
     if not tracking:
-        return _unfenced(driver, stream, uses, label, work, args)
+        return _unfenced(rt.driver, stream, uses, label, work, args)
     if uses.untracked and strict:
         raise refuse_untracked(uses.untracked, PERMISSIVE_REMEDY)
     if rt.multi_device and blocks and _spans_devices(rt.device, blocks):
         return _fenced_across(rt, stream, uses, label, owner, work, args)
-    resource = rt.resource
-    if blocks:
-        resource.preflight(blocks, stream, owner)
+    if uses.producers or rt.driver.traces_accesses:
+        work, args = _in_order, (rt, stream, uses, label, work, args)  # type: ignore[assignment]
+    if not blocks:
+        return work(*args)
+    return rt.resource.fenced(blocks, stream, owner, work, args)  # type: ignore[no-any-return]
+
+
+def _in_order(rt: DeviceRuntime, stream: int, uses: Uses, label: str, work: Callable[..., T],
+              args: tuple[object, ...]) -> T:
+    """The work as the resource runs it between preflight and commit: after
+    the producer streams, and shown to a checking driver."""
     if uses.producers:
         _order_after(rt, stream, uses.producers)
     result = work(*args)
-    if driver.traces_accesses:
-        driver.trace_access(stream, access_list(uses), label, copy=uses.copy, site=_user_site())
-    if blocks:
-        resource.commit(blocks, stream, owner)
+    trace(rt, stream, uses, label)
     return result
 
 

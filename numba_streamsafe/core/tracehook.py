@@ -95,7 +95,7 @@ class TraceLog:
 # --------------------------------------------------------------------- the slot
 #: The recording :class:`~numba_streamsafe.diagnostics.tracing.Trace`, or None.
 active = None
-#: Whether launches keep their argument names (:class:`~numba_streamsafe.protocol.Uses`):
+#: Whether launches keep their argument names (:class:`~numba_streamsafe.core.uses.Uses`):
 #: while a trace records, and in a process that made a simulated driver (its
 #: race reports name the arguments).
 keep_names = False

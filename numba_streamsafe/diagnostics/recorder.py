@@ -14,6 +14,7 @@ from numba_streamsafe.core.access import Access, as_access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
 from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.core.uses import Uses
 from numba_streamsafe.resources.base import Use
 from numba_streamsafe.runtime import DeviceRuntime
 
@@ -42,7 +43,7 @@ class LaunchRecorder:
         rec.commit()         # record the launch into every block
 
     Registrations of one block merge with the access lattice
-    (:class:`~numba_streamsafe.protocol.Uses`), so ``read(b); write(b)`` is one
+    (:class:`~numba_streamsafe.core.uses.Uses`), so ``read(b); write(b)`` is one
     read-write use. Tracked kernels and copies run the same protocol
     (:func:`numba_streamsafe.protocol.fenced`).
 
@@ -68,7 +69,7 @@ class LaunchRecorder:
         if mode is None:
             mode = runtime.mode
         self.mode = mode if mode.__class__ is RecorderMode else RecorderMode(mode)
-        self._uses = protocol.Uses()
+        self._uses = Uses()
         self._phase = _Phase.RECORDING
 
     # ------------------------------------------------------------ registration

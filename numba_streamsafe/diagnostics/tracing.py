@@ -25,6 +25,7 @@ from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import BlockId
 from numba_streamsafe.core.errors import InvalidArgument, StreamMisuse
+from numba_streamsafe.core.uses import Uses
 from numba_streamsafe.diagnostics.trace_records import (  # noqa: F401
     EventRecord,
     MemoryEvent,
@@ -32,7 +33,7 @@ from numba_streamsafe.diagnostics.trace_records import (  # noqa: F401
     Wait,
     hazard_kind,
 )
-from numba_streamsafe.protocol import PERMISSIVE_REMEDY, Uses, commit, preflight
+from numba_streamsafe.protocol import PERMISSIVE_REMEDY, commit, preflight
 from numba_streamsafe.protocol import trace as _tell_driver
 
 if TYPE_CHECKING:

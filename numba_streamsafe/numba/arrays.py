@@ -22,6 +22,7 @@ import numpy as np
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.core.uses import CopyUses
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import (
     check_dtype,
@@ -34,7 +35,7 @@ from numba_streamsafe.numba.array_args import (
 from numba_streamsafe.numba.interop import dlpack as _dlpack  # noqa: F401 - gives the arrays __dlpack__
 from numba_streamsafe.numba.interop.boundaries import export_interface
 from numba_streamsafe.numba.scope import numba_call
-from numba_streamsafe.protocol import CopyUses, fenced, single
+from numba_streamsafe.protocol import fenced, single
 
 __all__ = ["device_array", "to_device", "copy_to_host", "copy", "memset", "block_of"]
 

@@ -52,11 +52,12 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import default_stream_handle
+from numba_streamsafe.core.uses import CopyUses
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.launch.kernel import TrackedKernel
 from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
-from numba_streamsafe.protocol import CopyUses, fenced
+from numba_streamsafe.protocol import fenced
 from numba_streamsafe.runtime import installed_runtime
 
 __all__ = ["install", "uninstall", "installed"]

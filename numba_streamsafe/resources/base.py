@@ -6,13 +6,15 @@ import abc
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block, check_block
 from numba_streamsafe.core.errors import StreamMisuse
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.tracking.marks import EventPool
+
+T = TypeVar("T")
 
 __all__ = ["DeferringAdaptor", "MemoryResource", "ResourceAdaptor", "ResourceStats", "Use"]
 
@@ -186,6 +188,16 @@ class MemoryResource(abc.ABC):
         """Record the uses of one launch on ``stream`` after it is queued, all
         against one mark of the stream (one event at most)."""
         raise self._refuse("commit")
+
+    def fenced(self, uses: Sequence[Use], stream: int, owner: Any, work: Callable[..., T],
+               args: tuple[Any, ...]) -> T:
+        """``work(*args)``, which queues one launch or copy on ``stream``, between
+        :meth:`preflight` and :meth:`commit` of ``uses``: nothing is queued
+        when the preflight raises, nothing committed when the work raises."""
+        self.preflight(uses, stream, owner)
+        result = work(*args)
+        self.commit(uses, stream, owner)
+        return result
 
     # A launch on another device that uses this resource's blocks (peer access,
     # copies between devices). ``key`` names the launch stream in this

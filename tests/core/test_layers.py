@@ -9,6 +9,9 @@ late import is still a dependency).
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "numba_streamsafe"
 LAYERS = {
     "core": 0, "core.errors": 0, "core.access": 0, "core.streams": 0, "core.modes": 0,
     "core.settings": 0, "core.tracehook": 0, "compiled": 0,
-    "_driver": 1, "core.blocks": 1,
+    "_driver": 1, "core.blocks": 1, "core.uses": 1,
     "resources": 2,
     "runtime": 3, "stream_registry": 3,
     "protocol": 4, "diagnostics": 4, "diagnostics.recorder": 4, "diagnostics.memstats": 4,
@@ -294,3 +297,23 @@ def test_only_the_driver_layer_talks_to_cuda():
             elif isinstance(node, ast.Attribute) and node.attr in ("CDLL", "cdll", "LoadLibrary"):
                 found.append(f"{name}:{node.lineno} opens a C library")
     assert found == [], "\n".join(found)
+
+
+WALK = Path(__file__).resolve().parents[2] / "scripts" / "launch_walk.py"
+
+
+@pytest.mark.parametrize("build", ["compiled", "source"])
+def test_a_launch_walks_down_the_rooms_once(build):
+    """Following a tracked launch's arguments (``scripts/launch_walk.py``, three
+    calls below ``TrackedKernel.run``, on the simulator) re-enters no module it
+    has left: the kernel decides and resolves its arguments once, and hands
+    them down (10 re-entries before the arguments were resolved once)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NUMBA_STREAMSAFE_DRIVER="sim")
+    if build == "source":
+        env["NUMBA_STREAMSAFE_PURE_PYTHON"] = "1"
+    out = subprocess.run([sys.executable, str(WALK), "--depth", "3", "--show"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    rooms = [line.strip() for line in out.splitlines() if line.startswith("   ")]
+    assert rooms[0] == "numba.launch.kernel" and "protocol" in rooms, out
+    assert len(rooms) == len(set(rooms)), f"a room entered twice:\n{out}"
+    assert out.rstrip().endswith("returns 0"), out

@@ -29,8 +29,9 @@ from numba_streamsafe import (
     StreamSafeError,
 )
 from numba_streamsafe._driver.sim import SimDriver, SimSystem
+from numba_streamsafe.core.uses import CopyUses, Uses
 from numba_streamsafe.diagnostics.recorder import LaunchRecorder
-from numba_streamsafe.protocol import CopyUses, Uses, fenced
+from numba_streamsafe.protocol import fenced
 from numba_streamsafe.resources.tracking.marks import ForeignMark
 from numba_streamsafe.runtime import (
     clear_runtimes,

@@ -60,8 +60,10 @@ def test_same_waits_and_events_as_the_python_path(gpu, kernels, fresh_runtime, m
         gpu.synchronize()
         fast0, c0 = launcher.launches(), _counts()
         if not use_hot:  # the Python path only: no state for the hot path
+            from numba_streamsafe.numba.launch.launch_plan import DirectLaunches
+
+            monkeypatch.setattr(DirectLaunches, "_remember", lambda *a, **kw: None)
             for k in (kernels.fill, kernels.copy):
-                monkeypatch.setattr(k, "_remember", lambda *a, **kw: None)
                 monkeypatch.setattr(k, "launch_state", None)
         _program(kernels, streams, xs)
         gpu.synchronize()
@@ -105,8 +107,10 @@ def test_a_trace_records_the_compiled_launches_as_the_python_path_does(
         _program(kernels, streams, xs)  # warm: the arrays' fields cached
         gpu.synchronize()
         if not use_hot:
+            from numba_streamsafe.numba.launch.launch_plan import DirectLaunches
+
+            monkeypatch.setattr(DirectLaunches, "_remember", lambda *a, **kw: None)
             for k in (kernels.fill, kernels.copy):
-                monkeypatch.setattr(k, "_remember", lambda *a, **kw: None)
                 monkeypatch.setattr(k, "launch_state", None)
         fast0 = launcher.launches()
         with nss.trace() as t:

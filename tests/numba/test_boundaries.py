@@ -102,7 +102,6 @@ def test_an_empty_view_is_launched_without_a_block(rt, streams):
     """Numba gives an empty array (an empty view too) a null pointer, which no
     block holds: it touches no bytes, so a tracked kernel takes it in strict mode."""
     a, _ = streams
-    from numba_streamsafe.numba.launch import kernel as kernel_module
 
     @tracked_kernel
     def size_of(x: nss.Read, out: Write):
@@ -113,6 +112,7 @@ def test_an_empty_view_is_launched_without_a_block(rt, streams):
         __cuda_array_interface__ = {"shape": (0,), "typestr": "<f8", "data": (0, False),
                                     "version": 3, "strides": None}
 
-    uses = kernel_module.Uses()
-    assert size_of._resolve(rt, uses, "x", Access.READ, Empty()) is False
-    assert not uses.untracked and not uses.blocks
+    out = nss.device_array(1, np.int64, stream=a)
+    _, uses, host = size_of._arguments(rt, (Empty(), out), a, strict=True, traced=False)
+    assert not host and not uses.untracked and not uses.producers
+    assert [use[1] for use in uses.blocks] == [Access.WRITE]  # out's only

@@ -495,8 +495,8 @@ def test_one_array_passed_twice_is_one_read_write_use(rt, streams):
             dst[i] = src[i + 1]
 
     x = nss.device_array(64, np.int64, stream=a)
-    uses, host = shift._uses(rt, (x, x))
-    assert not host
+    args, uses, host = shift._arguments(rt, (x, x), a, strict=True, traced=False)
+    assert not host and args == (x, x)
     block = nss.block_of(x)
     assert uses.blocks == [(block, Access.READ_WRITE, 0, block.nbytes)], \
         "merged by the access lattice"

@@ -44,10 +44,11 @@ import numpy as np
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
+from numba_streamsafe.core.uses import CopyUses
 from numba_streamsafe.numba import arrays, target
 from numba_streamsafe.numba.array_args import check_dtype, is_contiguous, is_tracking
 from numba_streamsafe.numba.interop import dlpack
-from numba_streamsafe.protocol import CopyUses, commit, fenced, preflight, single
+from numba_streamsafe.protocol import commit, fenced, preflight, single
 
 __all__ = ["from_dlpack", "from_cuda_array_interface", "import_array"]
 

@@ -1,47 +1,20 @@
 """Configured launches of a tracked kernel on the Python path:
 ``k[grid, block, stream, shmem]`` (:func:`slow_launch`, for what the compiled
-:class:`~.launcher.Launcher` hands back) and ``k.forall(n)``
-(:class:`ForAll`), and Numba's low-occupancy warning for direct launches."""
+:class:`~.launcher.Launcher` hands back) and ``k.forall(n)`` (:class:`ForAll`)."""
 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from numba_streamsafe.numba import target
-from numba_streamsafe.numba.accesses import access_check
-from numba_streamsafe.numba.launch import launch_plan, launcher
-from numba_streamsafe.numba.launch.policy import launch_policy
+from numba_streamsafe.numba.launch import launch_plan
 
 if TYPE_CHECKING:
     from numba_streamsafe.numba.launch.kernel import TrackedKernel
 
-__all__ = ["ForAll", "launch_state_for", "slow_launch", "warn_low_occupancy"]
-
-
-def _numba_warns_low_occupancy() -> bool:
-    """Whether Numba's settings ask for its low-occupancy warning."""
-    from numba.cuda.core import config as numba_config
-
-    return bool(getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
-                and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
-
-
-def warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
-    """Numba's low-occupancy warning for a direct launch: once per kernel and
-    grid, when Numba's settings ask for it (Numba warns once per configuration)."""
-    size = grid[0] * grid[1] * grid[2]
-    if size >= 128 or grid in kernel.warned_grids:
-        return
-    if _numba_warns_low_occupancy():
-        from numba.cuda.core.errors import NumbaPerformanceWarning
-
-        kernel.warned_grids.add(grid)
-        warnings.warn(NumbaPerformanceWarning(
-            f"Grid size {size} will likely result in GPU under-utilization due to low "
-            "occupancy."), stacklevel=access_check.user_stacklevel())
+__all__ = ["ForAll", "slow_launch"]
 
 
 def slow_launch(kernel: TrackedKernel, config: tuple[Any, ...], stream: Any,
@@ -95,20 +68,3 @@ class ForAll:
                 and type(self.sharedmem) is int):
             dims = self.kernel.check_config((ntasks + tpb - 1) // tpb, tpb, self.sharedmem)
         self.kernel.run(self.stream, args, dims, self._numba)
-
-
-def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | None:
-    """What the direct launch (:func:`~.launcher.launch`) reads for ``kernel``
-    on ``rt``, or None where it does not apply: a resource other than
-    :class:`AsyncResource`, or a driver that checks accesses or launches no
-    compiled code (the simulated one)."""
-    from numba_streamsafe.resources.async_resource import AsyncResource
-
-    if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
-            or not rt.driver.supports_direct_launch):
-        return None
-    no_warn = not (kernel.kind.warns and _numba_warns_low_occupancy())
-    accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
-    names = tuple(name for name, access in kernel.params if access is not None)
-    return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel.warned_grids,
-                                no_warn, kernel.__name__, names)

@@ -24,19 +24,15 @@ from numba_streamsafe.core.errors import (
 )
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
+from numba_streamsafe.core.uses import Uses
 from numba_streamsafe.numba import arrays, target
 from numba_streamsafe.numba.accesses import access_check
 from numba_streamsafe.numba.accesses.inference import infer_params
 from numba_streamsafe.numba.launch import launch_plan, launcher
-from numba_streamsafe.numba.launch.configured import (
-    ForAll,
-    launch_state_for,
-    slow_launch,
-    warn_low_occupancy,
-)
+from numba_streamsafe.numba.launch.configured import ForAll, slow_launch
 from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, numba_call, per_thread, stream_scope
-from numba_streamsafe.protocol import Uses, fenced
+from numba_streamsafe.protocol import fenced
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["tracked_kernel", "TrackedKernel", "KernelKind", "TRACKED", "PLAIN"]
@@ -241,11 +237,8 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     def _bind(self, dispatcher: Any) -> None:
         """Launch through Numba's ``dispatcher``, with empty launch caches."""
         self.dispatcher = dispatcher
-        #: Direct-launch plans of device 0 per tuple of argument types (or
-        #: UNSUPPORTED); those of other devices (a plan holds one device's
-        #: loaded function) in ``_device_plans``.
-        self._plans: dict[tuple[Any, ...], launch_plan.LaunchPlan | str] = {}
-        self._device_plans: dict[int, dict[tuple[Any, ...], launch_plan.LaunchPlan | str]] = {}
+        #: The direct launches' plans (per device and argument types).
+        self.direct = launch_plan.DirectLaunches()
         #: Grids Numba's low-occupancy warning was given for (direct launches).
         self.warned_grids: set[tuple[int, int, int]] = set()
         #: What the compiled launch path reads for this kernel on one runtime
@@ -314,71 +307,142 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         decl = ", ".join(f"{n}: {a.name if a else '-'}" for n, a in self.params)
         return f"<{self.kind.name} {self.__name__}({decl})>"
 
-    def _uses(self, rt: Any, args: tuple[Any, ...]) -> tuple[Uses, bool]:
-        """Resolve the arguments of one launch: their uses, and whether any is a
-        host array (which Numba transfers)."""
+    def _arguments(self, rt: Any, args: tuple[Any, ...], stream: Any, strict: bool,
+                   traced: bool) -> tuple[tuple[Any, ...], Uses, bool]:
+        """Resolve the arguments of one launch, once: every array an argument
+        passes (the arrays inside a tuple too, named ``name[i]``, each with the
+        tuple's access) to the block it lies in and the bytes it spans.
+
+        Returns
+        -------
+        (args, uses, host)
+            The arguments to launch (host arrays of parameters with an access
+            uploaded on ``stream``, for a kind that uploads), their uses (with
+            what the kernel really touches when ``traced``: a checking driver
+            is told the union of the declared and the inferred accesses, so an
+            undeclared write shows as a hazard), and whether a host array is
+            left for Numba to transfer.
+
+        Raises
+        ------
+        InvalidArgument, InvalidArgumentType, StreamMisuse
+            An argument the kind refuses (the wrong number of them, an array
+            with no access in strict mode, a non-array declared an array, a host
+            array declared written); nothing is queued.
+        """
         params = self.params
         if len(args) != len(params):
             raise InvalidArgument(
                 f"{self.__name__} takes {len(params)} arguments ({', '.join(n for n, _ in params)})"
                 f", got {len(args)}"
             )
+        if traced and self._inferred is None:
+            self._inferred = self._inferred_access()
+        uses, host, seen = self._resolve(rt, self._arrays_passed(args), strict, traced)
+        if host and self.kind.uploads_host:  # Read host arrays, uploaded on the launch stream
+            args = self._upload_host(args, stream)
+            uses, host, seen = self._resolve(rt, self._arrays_passed(args), strict, traced)
+        if seen:
+            self._tell_actual(uses, seen)
+        return args, uses, host
+
+    def _arrays_passed(self, args: tuple[Any, ...]) -> list[tuple[str, str, Access | None, Any]]:
+        """Every array ``args`` pass, in order, as ``(parameter, name, access,
+        array)``: the arrays inside a tuple argument too (namedtuples and nested
+        tuples), named ``name[i]``, with the tuple's access; other arguments as
+        they are. A plain kernel's parameter that held no array at the first
+        launch takes its inferred access; its tuples with no access are left out."""
+        kind = self.kind
+        every = self._every
+        flat: list[tuple[str, str, Access | None, Any]] = []
+        for (name, access), arg in zip(self.params, args, strict=True):
+            if access is None and not kind.declared:
+                access = every.get(name)
+            if not isinstance(arg, tuple):
+                flat.append((name, name, access, arg))
+                continue
+            if not kind.strict and access is None:
+                continue
+            pending: list[tuple[str, Any]] = [(name, iter(enumerate(arg)))]
+            while pending:
+                shown, members = pending[-1]
+                step = next(members, None)
+                if step is None:
+                    pending.pop()
+                    continue
+                i, member = step
+                if isinstance(member, tuple):
+                    pending.append((f"{shown}[{i}]", iter(enumerate(member))))
+                elif access_check.is_array(member):
+                    flat.append((name, f"{shown}[{i}]", access, member))
+        return flat
+
+    def _resolve(self, rt: Any, flat: list[tuple[str, str, Access | None, Any]], strict: bool,
+                 traced: bool) -> tuple[Uses, bool, list[tuple[str, Any, int, int]]]:
+        """The uses of the arrays passed (:meth:`_arrays_passed`), whether one is
+        a host array Numba transfers, and (``traced``) every array over a block
+        as ``(parameter, block, lo, hi)``; what the kind refuses raises."""
+        kind = self.kind
         uses = Uses()
+        seen: list[tuple[str, Any, int, int]] = []
         host = False
-        for (name, access), arg in zip(params, args, strict=True):
-            # Fast path: an array over one of our blocks (GPU). Everything
-            # else goes through the general resolution.
+        for param, shown, access, arg in flat:
             gpu_data = getattr(arg, "gpu_data", None)
             block = getattr(gpu_data, "_nss_block", None) if gpu_data is not None else None
-            if block is not None and access is not None:
-                uses.add(block, access, name, *target.array_span(block, arg))
+            if block is not None:  # an array over one of our blocks (GPU)
+                where, producer = target.DEVICE, None
+            else:
+                where, block, producer = target.resolve(rt, arg)
+            if where != target.DEVICE:
+                host = self._other(where, shown, access, arg, strict) or host
                 continue
-            host = self._resolve(rt, uses, name, access, arg) or host
-        return uses, host
-
-    def _resolve(self, rt: Any, uses: Uses, name: str, access: Access | None, arg: Any
-                 ) -> bool:
-        """Add the use of one argument that is not an array over one of our
-        blocks with a declared access; True if it is a host array. The arrays
-        inside a tuple (namedtuples and nested tuples too) are each used with
-        the tuple's access."""
-        if self.kind.strict:
-            return self._resolve_strict(rt, uses, name, access, arg)
-        return self._resolve_lenient(rt, uses, name, access, arg)
-
-    def _resolve_strict(self, rt: Any, uses: Uses, name: str, access: Access | None,
-                        arg: Any) -> bool:
-        """:meth:`_resolve` of a kind that refuses what it cannot order (as the
-        recorder mode says)."""
-        if isinstance(arg, tuple):
-            return self._resolve_tuple(rt, uses, name, access, arg)
-        kind, block, producer = target.resolve(rt, arg)
-        if kind == target.DEVICE and access is not None:
-            if block is None and getattr(arg, "size", None) == 0:
-                return False  # an empty array (a null pointer in Numba): no bytes to order
             if block is None:
-                if producer is not None:
-                    uses.add_producer(producer)
-                if not self.allow_foreign:
-                    uses.add(None, access, f"argument {name!r} of {self.__name__}")
-                return False
-            uses.add(block, access, name, *target.array_span(block, arg))
-            return False
-        if kind == target.OTHER:
+                self._untracked(uses, shown, access, arg, producer, strict)
+                continue
+            lo, hi = target.array_span(block, arg)
+            if traced:
+                seen.append((param, block, lo, hi))
             if access is not None:
+                uses.add(block, access, shown, lo, hi)
+            elif kind.strict and strict:
+                raise self._no_access(shown)
+        return uses, host, seen
+
+    def _untracked(self, uses: Uses, name: str, access: Access | None, arg: Any,
+                   producer: int | None, strict: bool) -> None:
+        """The use of a device array over memory no resource tracks: after its
+        producer stream, if it names one; untracked (refused in strict mode)
+        unless the kind takes foreign arrays; nothing for an empty array (a
+        null pointer in Numba: no bytes to order)."""
+        kind = self.kind
+        if access is None:
+            if kind.strict and strict:
+                raise self._no_access(name)
+            return
+        if kind.strict and getattr(arg, "size", None) == 0:
+            return
+        if producer is not None:
+            uses.add_producer(producer)
+        if kind.strict and not self.allow_foreign:
+            uses.add(None, access, f"argument {name!r} of {self.__name__}")
+
+    def _other(self, where: int, name: str, access: Access | None, arg: Any, strict: bool
+               ) -> bool:
+        """Whether an argument that is not a device array is a host array Numba
+        transfers (raises what the kind refuses: a non-array declared an array,
+        an array with no access in strict mode, a host array declared written)."""
+        kind = self.kind
+        if where == target.OTHER:
+            if access is not None and kind.strict:
                 raise self._not_an_array(name, access, arg)
             return False
+        if not kind.strict:
+            return True  # Numba transfers it, whatever the kernel does with it
         if access is None:
-            if self._strict(rt):
-                param = name.split("[", 1)[0]  # a tuple's array: its parameter's access
-                raise StreamMisuse(
-                    f"argument {name!r} of {self.__name__} is an array with no declared "
-                    f"access; annotate {param!r} (def {self.__name__}(..., {param}: Read | "
-                    "Write | ReadWrite, ...); the arrays of a tuple take its access) or pass "
-                    "access={...} to tracked_kernel"
-                )
+            if strict:
+                raise self._no_access(name)
             return False
-        if access & Access.WRITE:  # a host array
+        if access & Access.WRITE:
             raise InvalidArgument(
                 f"argument {name!r} of {self.__name__} is declared {access.name} but is "
                 "a host array; Numba would copy it back synchronously. Pass a device "
@@ -386,39 +450,33 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             )
         return True  # auto-transferred on the launch stream, freed there
 
-    def _resolve_lenient(self, rt: Any, uses: Uses, name: str, access: Access | None,
-                         arg: Any) -> bool:
-        """:meth:`_resolve` of a kind that refuses nothing: the argument is
-        ordered where it can be (host arrays are left to Numba's transfers, on
-        the launch stream); a parameter that held no array at the first launch
-        takes its inferred access."""
-        if isinstance(arg, tuple):
-            access = access if access is not None else self._every.get(name)
-            if access is None:
-                return False
-            return self._resolve_tuple(rt, uses, name, access, arg)
-        kind, block, producer = target.resolve(rt, arg)
-        if kind != target.DEVICE:
-            return kind == target.HOST
-        access = access if access is not None else self._every.get(name)
-        if access is None:
-            return False
-        if block is None:
-            if producer is not None:
-                uses.add_producer(producer)
-            return False
-        uses.add(block, access, name, *target.array_span(block, arg))
-        return False
+    def _tell_actual(self, uses: Uses, seen: list[tuple[str, Any, int, int]]) -> None:
+        """For a checking driver: the spans of ``uses`` with the union of the
+        declared and the inferred accesses (``seen``: every array over a block,
+        with its parameter)."""
+        inferred = self._inferred or {}
+        actual = {(b.ptr + lo, hi - lo): a for b, a, lo, hi in uses.blocks}
+        more = False
+        for param, block, lo, hi in seen:
+            extra = inferred.get(param)
+            if extra is None:
+                continue
+            key = (block.ptr + lo, hi - lo)
+            now = actual.get(key)
+            if now is None or now | extra != now:
+                actual[key] = extra if now is None else Access(now | extra)
+                more = True
+        if more:
+            uses.actual = [(p, n, Access(a)) for (p, n), a in actual.items()]
 
-    def _resolve_tuple(self, rt: Any, uses: Uses, name: str, access: Access | None,
-                       arg: tuple[Any, ...]) -> bool:
-        """The uses of the arrays inside a tuple argument, each with the tuple's
-        access and named ``name[i]`` (other members are passed as they are)."""
-        host = False
-        for i, member in enumerate(arg):
-            if isinstance(member, tuple) or access_check.is_array(member):
-                host = self._resolve(rt, uses, f"{name}[{i}]", access, member) or host
-        return host
+    def _no_access(self, name: str) -> StreamMisuse:
+        param = name.split("[", 1)[0]  # a tuple's array: its parameter's access
+        return StreamMisuse(
+            f"argument {name!r} of {self.__name__} is an array with no declared "
+            f"access; annotate {param!r} (def {self.__name__}(..., {param}: Read | "
+            "Write | ReadWrite, ...); the arrays of a tuple take its access) or pass "
+            "access={...} to tracked_kernel"
+        )
 
     def _not_an_array(self, name: str, access: Access, arg: Any) -> InvalidArgumentType:
         declared = _ACCESS_NAMES[access]
@@ -457,69 +515,22 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         if len(args) == len(self.params):
             self._access_ready = True
 
-    def _upload_host(self, args: tuple[Any, ...], stream: Any) -> tuple[tuple[Any, ...], bool]:
-        """Each host (NumPy) argument of a parameter declared (or inferred)
-        Read, copied to a new device array on the launch ``stream``: a tracked
-        copy, so it works on any stream (Numba's own transfer does not), and
-        the copy's block is freed in stream order once the launch is done
-        with it. Host arguments without an access, and all of them for a kind
-        that does not upload, are left to Numba."""
-        if not self.kind.uploads_host:
-            return args, False
+    def _upload_host(self, args: tuple[Any, ...], stream: Any) -> tuple[Any, ...]:
+        """``args`` with each host (NumPy) argument of a parameter declared (or
+        inferred) Read copied to a new device array on the launch ``stream``: a
+        tracked copy, so it works on any stream (Numba's own transfer does
+        not), and the copy's block is freed in stream order once the launch is
+        done with it (a host argument declared written was refused before).
+        Host arguments without an access are left as they are."""
         out = list(args)
-        uploaded = False
         for i, ((name, access), arg) in enumerate(zip(self.params, args, strict=True)):
             if access is not None and isinstance(arg, np.ndarray):
-                out[i] = arrays.to_device(arg, stream=stream,
-                                          tag=f"{name} of {self.__name__}")
-                uploaded = True
-        return tuple(out), uploaded
+                out[i] = arrays.to_device(arg, stream=stream, tag=f"{name} of {self.__name__}")
+        return tuple(out)
 
-    def _tell_actual(self, rt: Any, uses: Uses, args: tuple[Any, ...]) -> None:
-        """For a checking driver: the spans with the union of the declared and
-        the inferred accesses, so an undeclared write shows as a hazard."""
-        if self._inferred is None:
-            self._inferred = access_check.inferred(self.py_func)
-        actual = {(b.ptr + lo, hi - lo): a for b, a, lo, hi in uses.blocks}
-        more = False
-        for (name, _), arg in zip(self.params, args, strict=False):
-            extra = self._inferred.get(name)
-            if extra is None:
-                continue
-            for member in access_check.arrays_in(arg):
-                kind, block, _ = target.resolve(rt, member)
-                if kind != target.DEVICE or block is None:
-                    continue
-                lo, hi = target.array_span(block, member)
-                key = (block.ptr + lo, hi - lo)
-                now = actual.get(key)
-                if now is None or now | extra != now:
-                    actual[key] = extra if now is None else Access(now | extra)
-                    more = True
-        if more:
-            uses.actual = [(p, n, Access(a)) for (p, n), a in actual.items()]
-
-    def _strict(self, rt: Any) -> bool:
-        return (self.mode or rt.mode) is RecorderMode.STRICT
-
-    def _plan(self, rt: Any, argtypes: tuple[Any, ...]) -> launch_plan.LaunchPlan | None:
-        """The direct-launch plan for arguments of ``argtypes``, or None (Numba
-        launches)."""
-        device = rt.device
-        plans = self._plans if device == 0 else self._device_plans.setdefault(device, {})
-        plan = plans.get(argtypes)
-        if plan is None:
-            plan = launch_plan.build_plan(self.dispatcher, argtypes)
-            if plan is None:  # not compiled yet: Numba compiles it on this launch
-                return None
-            plans[argtypes] = plan
-        if plan is launch_plan.UNSUPPORTED:
-            return None
-        assert isinstance(plan, launch_plan.LaunchPlan)
-        if not plan.current(device):  # another device's function, or unloaded (reset)
-            del plans[argtypes]
-            return None
-        return plan
+    def _inferred_access(self) -> dict[str, Access | None]:
+        """The access the kernel's IR shows per parameter (for a checking driver)."""
+        return access_check.inferred(self.py_func)
 
     def run(self, stream: Any, args: tuple[Any, ...],
             dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
@@ -550,25 +561,28 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
     def _launch(self, stream: Any, args: tuple[Any, ...],
                 dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
                 numba_launch: Callable[[], Callable[..., Any]]) -> None:
-        """:meth:`run` once the arguments are the parameters'."""
+        """:meth:`run` once the arguments are the parameters'. The kernel decides
+        first (its accesses at the first launch, strictness, whether the launch
+        is fenced) and resolves the arguments once (:meth:`_arguments`); the
+        launch stream's handle comes next, and all of it is handed down: to the
+        direct launch (:class:`~.launch_plan.DirectLaunches`) or, where that
+        does not apply, to Numba's launch, fenced by the protocol."""
         if not self._access_ready:
             self._prepare_access(args)
         rt = RUNTIMES.sole
         if rt is None:  # several devices (or none yet): the current one's
             rt = target.launch_runtime()
-        uses, host = self._uses(rt, args)
-        if host:  # Read host arrays: uploaded here, on the launch stream
-            args, uploaded = self._upload_host(args, stream)
-            if uploaded:
-                uses, host = self._uses(rt, args)
-        if rt.driver.traces_accesses:  # the simulated driver checks what the kernel really does
-            self._tell_actual(rt, uses, args)
-        handle, owner = rt.streams.ref(stream)
-        strict = self._strict(rt)
+        strict = (self.mode or rt.mode) is RecorderMode.STRICT
+        args, uses, host = self._arguments(rt, args, stream, strict, rt.driver.traces_accesses)
         policy = launch_policy(rt)
-        tracking = self._tracking(policy)
+        if self.kind.transparent:  # fenced only while the thread's transparent mode fences
+            tracking = bool(policy.tracking and self._fence and per_thread.transparent == FENCE)
+        else:
+            tracking = policy.tracking
+        handle, owner = rt.streams.ref(stream)
         if (dims is not None and not host and policy.direct_launch
-                and self._direct(rt, args, uses, dims, handle, owner, strict, tracking)):
+                and self.direct.launch(self, rt, args, uses, dims, handle, owner, strict,
+                                       tracking)):
             return
         # Numba's launch path: the copies and launches Numba makes inside it
         # (auto-transfers, a forall's specialised launch) are this launch's.
@@ -581,85 +595,12 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             fenced(rt, handle, uses, self.__name__, strict, owner, numba_call, launch, *args,
                    tracking=tracking)
 
-    def _direct(self, rt: Any, args: tuple[Any, ...], uses: Uses,
-                dims: tuple[tuple[int, int, int], tuple[int, int, int], int], handle: int,
-                owner: Any, strict: bool, tracking: bool) -> bool:
-        """The launch as one ``cuLaunchKernel`` of the overload's plan, fenced;
-        False (nothing queued) when no plan applies or a value does not fit
-        its parameter."""
-        argtypes = launch_plan.argtypes_of(args)
-        if argtypes is None:
-            return False
-        plan = self._plan(rt, argtypes)
-        if plan is None:
-            return False
-        params = plan.pack(args)
-        if params is None:
-            return False
-        grid, block, shmem = dims
-        if grid[0] * grid[1] * grid[2] < 128 and self.kind.warns:
-            warn_low_occupancy(self, grid)
-        fenced(rt, handle, uses, self.__name__, strict, owner, rt.driver.launch_kernel,
-               plan.function, grid, block, shmem, handle, params, tracking=tracking)
-        if rt.capture is not None or (tracking and not uses.untracked
-                                      and not uses.producers):
-            self._after_direct(rt, plan, args, argtypes, handle, owner)
-        return True
-
-    def _tracking(self, policy: Any) -> bool:
-        """Whether this launch is fenced (else only shown to a checking driver)."""
-        if self.kind.transparent:
-            return bool(policy.tracking and self._fence and per_thread.transparent == FENCE)
-        return policy.tracking  # type: ignore[no-any-return]
-
     def configure(self, config: tuple[Any, ...]) -> Any:
         """Numba's configured launch of the dispatcher (``dispatcher[config]``,
         or Numba's own unhooked one for a kernel transparent mode made)."""
         if self._numba_configure is not None:
             return self._numba_configure(self.dispatcher, config)
         return self.dispatcher[config]
-
-    # ------------------------------------------------------ the direct launch
-    def _after_direct(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...],
-                      argtypes: tuple[Any, ...], handle: int, owner: Any) -> None:
-        """After a direct launch on the Python path that a graph may have captured
-        or the direct launch may take next (:meth:`_remember`)."""
-        capture = rt.capture
-        if capture is not None:
-            # Captured: the graph holds the arrays, which the packed parameters
-            # name only by address (numba_streamsafe.graphs).
-            capture.keep(handle, args)
-            return
-        self._remember(rt, plan, args, argtypes, handle, owner)
-
-    def _remember(self, rt: Any, plan: launch_plan.LaunchPlan, args: tuple[Any, ...],
-                  argtypes: tuple[Any, ...], handle: int, owner: Any) -> None:
-        """After a direct launch on the Python path: let the direct launch
-        (:func:`numba_streamsafe.numba.launch.launcher.launch`, either build) take
-        the next launches like it. It needs this kernel's state on ``rt``
-        (:func:`~.configured.launch_state_for`), the plan under its argument types, each
-        array's launch fields cached on the array and the stream's handle
-        cached on the stream object."""
-        state = self.launch_state
-        if state is None or state.rt is not rt:
-            state = self.launch_state = launch_state_for(self, rt)
-            if state is None:
-                return
-        # Python scalars are matched by their type, arrays by their Numba type.
-        keys = tuple(type(a) if type(a) in launch_plan.PY_SCALARS else t
-                     for a, t in zip(args, argtypes, strict=True))
-        state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan.cache,
-                                     plan.cufunc, rt.device))
-        for (_, access), arg, ty in zip(self.params, args, argtypes, strict=True):
-            if access is not None:
-                launch_plan.cached_fields(arg, ty)
-        if owner is not None:
-            cached = getattr(owner, "_nss_stream", None)
-            if cached is None or cached[0] is not rt:
-                try:
-                    owner._nss_stream = (rt, handle)
-                except AttributeError:  # a stream object that takes no attributes
-                    pass
 
 
 def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> Any:

@@ -22,18 +22,27 @@ launch, so behaviour never depends on which path ran.
 from __future__ import annotations
 
 import struct
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba.cuda import types as _numba_types
 
 from numba_streamsafe._driver.limits import normalize_dims
+from numba_streamsafe.core.uses import Uses
 from numba_streamsafe.numba import target
+from numba_streamsafe.numba.accesses import access_check
 from numba_streamsafe.numba.launch import launcher, packing
+from numba_streamsafe.numba.launch.policy import launch_policy
+from numba_streamsafe.protocol import fenced
+
+if TYPE_CHECKING:
+    from numba_streamsafe.numba.launch.kernel import TrackedKernel
 
 types: Any = _numba_types  # Numba's type objects (untyped for checkers)
 
-__all__ = ["PY_SCALARS", "LaunchPlan", "argtypes_of", "build_plan", "param_slots", "normalize_dims",
+__all__ = ["PY_SCALARS", "LaunchPlan", "DirectLaunches", "argtypes_of", "build_plan",
+           "param_slots", "normalize_dims", "launch_state_for", "warn_low_occupancy",
            "UNSUPPORTED"]
 
 _ARRAY = 0
@@ -274,3 +283,142 @@ def build_plan(dispatcher: Any, argtypes: tuple[Any, ...]) -> LaunchPlan | str |
     if slots is None:
         return UNSUPPORTED
     return LaunchPlan(kernel, declared)
+
+
+class DirectLaunches:
+    """One kernel's direct launches on the Python path: its plans per device
+    and tuple of argument types, and, after a launch, what the compiled launch
+    (:func:`numba_streamsafe.numba.launch.launcher.launch`, either build) needs
+    to take the next launches like it.
+
+    A :class:`~numba_streamsafe.numba.launch.kernel.TrackedKernel` holds one
+    (``kernel.direct``) and hands it each launch's resolved arguments.
+    """
+
+    __slots__ = ("_plans",)
+
+    def __init__(self) -> None:
+        #: device -> argument types -> plan (or UNSUPPORTED); a plan holds one
+        #: device's loaded function.
+        self._plans: dict[int, dict[tuple[Any, ...], LaunchPlan | str]] = {}
+
+    def plan(self, dispatcher: Any, device: int, argtypes: tuple[Any, ...]) -> LaunchPlan | None:
+        """The plan of ``dispatcher``'s overload for ``argtypes`` on ``device``,
+        or None (Numba launches: not compiled yet, not covered, or unloaded)."""
+        plans = self._plans.get(device)
+        if plans is None:
+            plans = self._plans[device] = {}
+        plan = plans.get(argtypes)
+        if plan is None:
+            plan = build_plan(dispatcher, argtypes)
+            if plan is None:  # not compiled yet: Numba compiles it on this launch
+                return None
+            plans[argtypes] = plan
+        if plan is UNSUPPORTED:
+            return None
+        assert isinstance(plan, LaunchPlan)
+        if not plan.current(device):  # another device's function, or unloaded (reset)
+            del plans[argtypes]
+            return None
+        return plan
+
+    def launch(self, kernel: TrackedKernel, rt: Any, args: tuple[Any, ...], uses: Uses,
+               dims: tuple[tuple[int, int, int], tuple[int, int, int], int], handle: int,
+               owner: Any, strict: bool, tracking: bool) -> bool:
+        """``kernel``'s launch as one ``cuLaunchKernel`` of the overload's plan,
+        fenced with ``uses``; False (nothing queued) when no plan applies or a
+        value does not fit its parameter."""
+        argtypes = argtypes_of(args)
+        if argtypes is None:
+            return False
+        plan = self.plan(kernel.dispatcher, rt.device, argtypes)
+        if plan is None:
+            return False
+        capture = rt.capture
+        # The next launches like it go to the compiled launch, unless a graph
+        # captures this one or it is ordered after foreign streams.
+        remember = capture is None and tracking and not uses.untracked and not uses.producers
+        if remember:
+            self._remember(kernel, rt, plan, args, argtypes, handle, owner)
+        params = plan.pack(args)
+        if params is None:
+            return False
+        grid, block, shmem = dims
+        if grid[0] * grid[1] * grid[2] < 128 and kernel.kind.warns:
+            warn_low_occupancy(kernel, grid)
+        fenced(rt, handle, uses, kernel.__name__, strict, owner, rt.driver.launch_kernel,
+               plan.function, grid, block, shmem, handle, params, tracking=tracking)
+        if capture is not None:
+            # Captured: the graph holds the arrays, which the packed parameters
+            # name only by address (numba_streamsafe.graphs).
+            capture.keep(handle, args)
+        return True
+
+    def _remember(self, kernel: TrackedKernel, rt: Any, plan: LaunchPlan,
+                  args: tuple[Any, ...], argtypes: tuple[Any, ...], handle: int,
+                  owner: Any) -> None:
+        """Let the compiled launch take the next launches like this one: the
+        kernel's state on ``rt`` (:func:`launch_state_for`), the plan under its
+        argument types, each array's launch fields cached on the array (which
+        :meth:`LaunchPlan.pack` then reads) and the stream's handle cached on
+        the stream object."""
+        state = kernel.launch_state
+        if state is None or state.rt is not rt:
+            state = kernel.launch_state = launch_state_for(kernel, rt)
+            if state is None:
+                return
+        # Python scalars are matched by their type, arrays by their Numba type.
+        keys = tuple(type(a) if type(a) in PY_SCALARS else t
+                     for a, t in zip(args, argtypes, strict=True))
+        state.add_plan(launcher.Plan(keys, plan.function, plan.codes, plan.cache,
+                                     plan.cufunc, rt.device))
+        for (_, access), arg, ty in zip(kernel.params, args, argtypes, strict=True):
+            if access is not None:
+                cached_fields(arg, ty)
+        if owner is not None:
+            cached = getattr(owner, "_nss_stream", None)
+            if cached is None or cached[0] is not rt:
+                try:
+                    owner._nss_stream = (rt, handle)
+                except AttributeError:  # a stream object that takes no attributes
+                    pass
+
+
+def _numba_warns_low_occupancy() -> bool:
+    """Whether Numba's settings ask for its low-occupancy warning."""
+    from numba.cuda.core import config as numba_config
+
+    return bool(getattr(numba_config, "CUDA_LOW_OCCUPANCY_WARNINGS", False)
+                and not getattr(numba_config, "DISABLE_PERFORMANCE_WARNINGS", False))
+
+
+def warn_low_occupancy(kernel: TrackedKernel, grid: tuple[int, int, int]) -> None:
+    """Numba's low-occupancy warning for a direct launch: once per kernel and
+    grid, when Numba's settings ask for it (Numba warns once per configuration)."""
+    size = grid[0] * grid[1] * grid[2]
+    if size >= 128 or grid in kernel.warned_grids:
+        return
+    if _numba_warns_low_occupancy():
+        from numba.cuda.core.errors import NumbaPerformanceWarning
+
+        kernel.warned_grids.add(grid)
+        warnings.warn(NumbaPerformanceWarning(
+            f"Grid size {size} will likely result in GPU under-utilization due to low "
+            "occupancy."), stacklevel=access_check.user_stacklevel())
+
+
+def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | None:
+    """What the direct launch (:func:`~.launcher.launch`) reads for ``kernel``
+    on ``rt``, or None where it does not apply: a resource other than
+    :class:`AsyncResource`, or a driver that checks accesses or launches no
+    compiled code (the simulated one)."""
+    from numba_streamsafe.resources.async_resource import AsyncResource
+
+    if (type(rt.resource) is not AsyncResource or rt.driver.traces_accesses
+            or not rt.driver.supports_direct_launch):
+        return None
+    no_warn = not (kernel.kind.warns and _numba_warns_low_occupancy())
+    accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
+    names = tuple(name for name, access in kernel.params if access is not None)
+    return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel.warned_grids,
+                                no_warn, kernel.__name__, names)

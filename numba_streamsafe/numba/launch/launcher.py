@@ -397,7 +397,7 @@ def _uses_of(arrays: list, names: tuple) -> tuple:
     """The launch's uses as a trace keeps them, flat: ``name, access, ptr,
     generation, device, lo, hi`` per span of a block, in argument order; the
     accesses of one span joined and its names joined with ``+``, as
-    :class:`~numba_streamsafe.protocol.Uses` joins them."""
+    :class:`~numba_streamsafe.core.uses.Uses` joins them."""
     out: list = []
     f: ArgFields
     i: cython.Py_ssize_t
