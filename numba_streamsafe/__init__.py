@@ -84,6 +84,15 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.e
     # module routes Numba's calls and turns transparent mode on.
     import numba_streamsafe.numba.emm  # noqa: F401
 
+#: Check mode (``NUMBA_STREAMSAFE_MODE=check``): the races of the whole process
+#: are reported (raised at the first, or summarised at exit), and the program's
+#: own ordering made through Numba is followed from the Numba layer's first use.
+_CHECK = os.environ.get("NUMBA_STREAMSAFE_MODE", "").strip().lower() == "check"
+if _CHECK:
+    from numba_streamsafe.diagnostics.races import start_check_mode
+
+    start_check_mode()
+
 _LAZY = {
     "tracked_kernel": "numba_streamsafe.numba.launch.kernel",
     "TrackedKernel": "numba_streamsafe.numba.launch.kernel",
@@ -164,5 +173,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'numba_streamsafe' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if _CHECK and module.startswith("numba_streamsafe.numba."):
+        # Numba's events and synchronises are followed, plugin selected or not.
+        importlib.import_module("numba_streamsafe.numba.transparent").install()
     globals()[name] = value
     return value

@@ -23,6 +23,7 @@ from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import StreamRef, default_stream_handle
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
+    AsyncOptions,
     AsyncResource,
     DirectResource,
     MemoryResource,
@@ -73,6 +74,10 @@ def default_driver(device: int = 0) -> Driver:
         return SimDriver(device, system=system)
     from numba_streamsafe._driver.cuda import CudaDriver
 
+    if settings().mode == "check":  # the program as written, its ordering mirrored
+        from numba_streamsafe._driver.mirror import CheckingDriver
+
+        return CheckingDriver(CudaDriver(device))  # type: ignore[return-value]
     return CudaDriver(device)
 
 
@@ -531,13 +536,15 @@ def default_stack(driver: Driver) -> MemoryResource:
             raise InvalidArgument(
                 "NUMBA_STREAMSAFE_IPC=1 allocates with cuMemAlloc (what CUDA IPC exports) and "
                 "takes no upstream, but NUMBA_STREAMSAFE_UPSTREAM=rmm: unset one of them")
-        if driver.traces_accesses:
+        if config.driver == "sim":
             raise InvalidArgument(
                 "NUMBA_STREAMSAFE_UPSTREAM=rmm needs a GPU: the simulated driver (Numba's CUDA "
                 "simulator) allocates from its own pool; unset the variable there")
         upstream = rmm_upstream(driver.device)
+    # Check mode frees every block at once, on its stream: the checker sees each free.
     return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL,
-                         ipc=config.ipc, upstream=upstream)
+                         ipc=config.ipc, upstream=upstream,
+                         reuse_bytes=0 if config.mode == "check" else AsyncOptions.reuse_bytes)
 
 
 _warned_direct = False

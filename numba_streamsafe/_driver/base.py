@@ -37,6 +37,10 @@ class Driver(Protocol):
     supports_direct_launch: bool
     #: Handles of streams this driver destroyed and has not handed out again.
     destroyed_streams: set[int]
+    #: True when the driver follows the program's own ordering, made outside
+    #: the driver (Numba's events and synchronises: the ``program_*`` calls of
+    #: :class:`~numba_streamsafe._driver.mirror.CheckingDriver`).
+    observes_program: bool
 
     def create_stream(self, blocking: bool = False) -> int:
         """Create a stream and return its handle (``cuStreamCreate``): non-blocking,
@@ -97,6 +101,11 @@ class Driver(Protocol):
         ...
 
     def stream_synchronize(self, stream: int) -> None: ...
+
+    def stream_blocking(self, stream: int) -> bool:
+        """Whether ``stream`` (a stream of the device, made by anyone) and the
+        legacy default stream wait for each other's work (``cuStreamGetFlags``)."""
+        ...
 
     def stream_query(self, stream: int) -> bool:
         """True when all work queued on ``stream`` has completed (``cuStreamQuery``)."""

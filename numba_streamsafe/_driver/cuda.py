@@ -88,6 +88,7 @@ class CudaDriver:
 
     traces_accesses = False
     supports_direct_launch = True
+    observes_program = False
     #: Devices whose driver was built in this process.
     _devices: set[int] = set()
     #: True once a second device's context is in use: context-dependent calls
@@ -445,6 +446,12 @@ class CudaDriver:
         if stream in self.destroyed_streams:
             raise self._destroyed("cuStreamSynchronize", stream)
         self._call("cuStreamSynchronize", self._drv.cuStreamSynchronize, stream)
+
+    def stream_blocking(self, stream: int) -> bool:
+        if 0 <= stream <= MAX_DEFAULT_STREAM:
+            return stream != 2  # the legacy stream; the per-thread one waits for none
+        flags = self._call("cuStreamGetFlags", self._drv.cuStreamGetFlags, stream)
+        return not int(flags) & int(self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
     def stream_query(self, stream: int) -> bool:
         if stream in self.destroyed_streams:

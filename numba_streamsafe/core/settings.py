@@ -31,6 +31,15 @@ variable                                  meaning
                                           allocations that CUDA IPC can export, tracked
                                           as any block and freed with ``cuMemFree`` after
                                           their uses; ``get_ipc_handle`` works
+``NUMBA_STREAMSAFE_MODE``                 ``order`` (default): launches, copies and frees
+                                          are ordered; ``check``: the program runs as
+                                          written (no wait queued, no free delayed) and
+                                          its races are reported, on a GPU as on the
+                                          simulator
+``NUMBA_STREAMSAFE_CHECK_REPORT``         in check mode, ``raise`` (default): the launch
+                                          or copy that makes the first race raises
+                                          ``RaceDetected``; ``exit``: every race is
+                                          collected and summarised when the process exits
 ========================================  ===============================================
 """
 
@@ -69,6 +78,8 @@ class Settings:
     access: str = "declared"
     ipc: bool = False
     transparent: bool = True
+    mode: str = "order"
+    check_report: str = "raise"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -94,6 +105,8 @@ class Settings:
             ipc=os.environ.get("NUMBA_STREAMSAFE_IPC", "0").strip().lower() not in _OFF,
             transparent=os.environ.get("NUMBA_STREAMSAFE_TRANSPARENT", "1").strip().lower()
             not in _OFF,
+            mode=_choice("NUMBA_STREAMSAFE_MODE", "order", ("order", "check")),
+            check_report=_choice("NUMBA_STREAMSAFE_CHECK_REPORT", "raise", ("raise", "exit")),
         )
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ from numba_streamsafe.core.errors import RaceDetected
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.runtime import installed_devices, installed_runtime
 
-__all__ = ["RaceCheck", "race_check", "hazards"]
+__all__ = ["RaceCheck", "race_check", "hazards", "start_check_mode"]
 
 
 def _systems() -> list[sim.SimSystem]:
@@ -129,3 +131,51 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
             check.collect(system)
     if not failed and stop_at_first and check.hazards:
         raise RaceDetected(check.hazards[0])
+
+
+#: The process's check-mode watcher (``NUMBA_STREAMSAFE_MODE=check``), once started.
+_check_mode: RaceCheck | None = None
+
+
+def start_check_mode() -> RaceCheck | None:
+    """Watch the whole process for races when ``NUMBA_STREAMSAFE_MODE=check``
+    (idempotent; None in ordering mode).
+
+    With ``NUMBA_STREAMSAFE_CHECK_REPORT=raise`` (the default) the launch or
+    copy that makes the first race raises
+    :class:`~numba_streamsafe.core.errors.RaceDetected` (a race found at a free,
+    at that free); with ``exit`` every race is collected and a summary is
+    written to standard error when the process exits.
+
+    Returns
+    -------
+    RaceCheck or None
+        The process's check, whose ``hazards`` grow as races are found.
+    """
+    global _check_mode
+    config = settings()
+    if config.mode != "check":
+        return None
+    with _start_lock:
+        if _check_mode is None:
+            _check_mode = RaceCheck(stop_at_first=config.check_report == "raise")
+            sim.watchers.append(_check_mode)
+            if config.check_report == "exit":
+                atexit.register(_summary, _check_mode)
+    return _check_mode
+
+
+_start_lock = threading.Lock()
+
+
+def _summary(check: RaceCheck) -> None:
+    """Write the races ``check`` collected to standard error."""
+    for system in _systems():
+        check.collect(system)
+    found = check.hazards
+    if not found:
+        print("numba_streamsafe check mode: no race found", file=sys.stderr)
+        return
+    lines = "\n".join(f"  {i + 1}. {h}" for i, h in enumerate(found))
+    print(f"numba_streamsafe check mode: {len(found)} race(s) found:\n{lines}",
+          file=sys.stderr)

@@ -201,8 +201,12 @@ def _uses(pairs: tuple[tuple[Any, Access, str], ...], size: int | None) -> _Numb
     return uses
 
 
-def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, read_src: bool
-               ) -> Callable[..., Any]:
+def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, read_src: bool,
+               host_waits: str | None = None) -> Callable[..., Any]:
+    """A hook of one of Numba's copy or fill functions. ``host_waits``: on
+    the default stream the call is synchronous, and the host waits for the
+    stream's earlier work (``"before"``: a copy from the host) or for the copy
+    itself (``"after"``: a copy to the host), which a checking driver is told."""
     # Numba calls these with keywords too: the parameters keep Numba's names.
     def copy(dst: Any, src: Any, size: int, stream: Any = 0) -> Any:
         pairs = []
@@ -210,14 +214,27 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
             pairs.append((dst, Access.WRITE, "dst"))
         if read_src:
             pairs.append((src, Access.READ, "src"))
+        sync = host_waits if not stream else None
+        if sync == "before":
+            _host_waited_default()
         uses = _uses(tuple(pairs), size) if size else None
         if uses is None:
-            return original(dst, src, size, stream)
-        return _fence_numba(label, stream, uses, original, dst, src, size, stream)
+            result = original(dst, src, size, stream)
+        else:
+            result = _fence_numba(label, stream, uses, original, dst, src, size, stream)
+        if sync == "after":
+            _host_waited_default()
+        return result
 
     copy.__name__ = original.__name__
     copy.__doc__ = original.__doc__
     return copy
+
+
+def _host_waited_default() -> None:
+    """A synchronous copy on the default stream: the host waits for the
+    default stream (a checking driver is told)."""
+    _observed(lambda driver: driver.program_stream_synchronize(default_stream_handle()))
 
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -302,19 +319,21 @@ def _install_gpu() -> None:
     _replace(_LaunchConfiguration, "__init__", _config_init_hook)
     _replace(_LaunchConfiguration, "__call__", _config_call_hook)
     _replace(_LaunchConfiguration, "__getstate__", _config_getstate_hook)
-    for name, label, write_dst, read_src in (
-            ("host_to_device", "copy to device (Numba)", True, False),
-            ("device_to_host", "copy to host (Numba)", False, True),
-            ("device_to_device", "device copy (Numba)", True, True),
-            ("device_memset", "memset (Numba)", True, False)):
-        _replace(numba_driver, name, functools.partial(_copy_hook, label=label,
-                                                       write_dst=write_dst, read_src=read_src))
+    for name, label, write_dst, read_src, host_waits in (
+            ("host_to_device", "copy to device (Numba)", True, False, "before"),
+            ("device_to_host", "copy to host (Numba)", False, True, "after"),
+            ("device_to_device", "device copy (Numba)", True, True, None),
+            ("device_memset", "memset (Numba)", True, False, None)):
+        _replace(numba_driver, name, functools.partial(
+            _copy_hook, label=label, write_dst=write_dst, read_src=read_src,
+            host_waits=host_waits))
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
     # The program's own ordering (its events, stream and device synchronises):
     # the waits it satisfies are skipped.
     _replace(numba_driver.Event, "record", _gpu_event_record)
     _replace(numba_driver.Event, "wait", _gpu_event_wait)
     _replace(numba_driver.Event, "synchronize", _gpu_event_synchronize)
+    _replace(numba_driver.Event, "query", _gpu_event_query)
     _replace(numba_driver.Stream, "synchronize", _gpu_stream_synchronize)
     _replace(numba_driver.Context, "synchronize", _gpu_context_synchronize)
 
@@ -322,7 +341,10 @@ def _install_gpu() -> None:
 def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
     def record(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        _record(rt, self, _stream_ref(rt, stream)[0], lambda: original(self, stream))
+        handle = _stream_ref(rt, stream)[0]
+        _record(rt, self, handle, lambda: original(self, stream))
+        if rt.driver.observes_program:
+            _driver(rt).program_event_record(self.handle, handle)
     record.__doc__ = original.__doc__
     return record
 
@@ -330,7 +352,10 @@ def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        _wait(rt, self, _stream_ref(rt, stream), lambda: original(self, stream))
+        ref = _stream_ref(rt, stream)
+        _wait(rt, self, ref, lambda: original(self, stream))
+        if rt.driver.observes_program:
+            _driver(rt).program_stream_wait(ref[0], self.handle)
     wait.__doc__ = original.__doc__
     return wait
 
@@ -338,14 +363,28 @@ def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
         _event_completed(self, lambda: original(self))
+        _observed(lambda driver: driver.program_event_synchronize(self.handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
+
+
+def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
+    def query(self: Any) -> bool:
+        done = original(self)
+        if done:  # the host saw it complete: ordered after it
+            _observed(lambda driver: driver.program_event_synchronize(self.handle))
+        return done  # type: ignore[no-any-return]
+    query.__doc__ = original.__doc__
+    return query
 
 
 def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
-        _synchronised(rt, _stream_ref(rt, self)[0], lambda: original(self))
+        handle = _stream_ref(rt, self)[0]
+        _synchronised(rt, handle, lambda: original(self))
+        if rt.driver.observes_program:
+            _driver(rt).program_stream_synchronize(handle)
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -354,10 +393,26 @@ def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]
     def synchronize(self: Any) -> None:
         # cuCtxSynchronize waits for the calling thread's current context,
         # whichever context object it is called on.
-        _device_synchronised(installed_runtime(target.current_device()),
-                             lambda: original(self))
+        rt = installed_runtime(target.current_device())
+        _device_synchronised(rt, lambda: original(self))
+        if rt is not None and rt.driver.observes_program:
+            _driver(rt).program_synchronize()
     synchronize.__doc__ = original.__doc__
     return synchronize
+
+
+def _driver(rt: Any) -> Any:
+    """``rt``'s driver, as one that follows the program's ordering."""
+    return rt.driver
+
+
+def _observed(tell: Callable[[Any], None]) -> None:
+    """Tell the current device's driver what the program did, when it follows
+    the program's ordering (check mode's
+    :class:`~numba_streamsafe._driver.mirror.CheckingDriver`)."""
+    rt = installed_runtime(target.current_device())
+    if rt is not None and rt.driver.observes_program:
+        tell(rt.driver)
 
 
 # ---------------------------------------------------------------- simulator

@@ -31,7 +31,8 @@ class LaunchPolicy:
     tracking : bool
         When False, tracked kernels and copies launch without waits or marks,
         as plain Numba would (to show races; see :func:`numba_streamsafe.tracking`).
-        A runtime whose stack cannot track (``DirectResource``) starts with it off.
+        A runtime whose stack cannot track (``DirectResource``), and every
+        runtime in check mode (``NUMBA_STREAMSAFE_MODE=check``), starts with it off.
     direct_launch : bool
         When True, tracked kernels launch covered overloads with one
         ``cuLaunchKernel`` (:mod:`numba_streamsafe.numba.launch.launch_plan`) instead of
@@ -41,7 +42,8 @@ class LaunchPolicy:
     """
 
     def __init__(self, rt: Any) -> None:
-        self.tracking = rt.resource.supports_tracking()
+        # Check mode runs the program as written: nothing is ordered.
+        self.tracking = rt.resource.supports_tracking() and settings().mode != "check"
         self.direct_launch = rt.driver.supports_direct_launch and settings().direct_launch
 
     def __repr__(self) -> str:

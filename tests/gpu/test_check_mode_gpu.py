@@ -1,0 +1,81 @@
+"""Check mode on a GPU (``NUMBA_STREAMSAFE_MODE=check``): the races of
+``check_program.py`` are reported with the line of the racing call, for
+plain Numba kernels and copies (plugin selected) and for tracked kernels and
+copies; the programs that order themselves (events, an event query, stream,
+event and device synchronises, a synchronous copy, the legacy default stream)
+are not; and the library queues no wait of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PROGRAM = HERE / "check_program.py"
+
+RACES = {"raw": "read-after-write", "war": "write-after-read", "waw": "write-after-write",
+         "free_after_use": "write-after-read", "copy_after_write": "read-after-write"}
+ORDERED = ("event", "event_synchronize", "event_query", "stream_synchronize",
+           "device_synchronize", "synchronous_copy", "legacy_stream")
+
+
+def _line_of(case: str, marker: str) -> str:
+    """The line of ``check_program.py`` in ``case``'s body that holds ``marker``."""
+    lines = PROGRAM.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {case}("))
+    for i in range(start + 1, len(lines)):
+        if marker in lines[i]:
+            return str(i + 1)
+    raise AssertionError(f"{marker!r} not in {case}")
+
+
+#: The call of each race whose access the report names as the second one.
+MARKERS = {"raw": "reads x: not after", "war": "writes x: not after",
+           "waw": "writes x: not after", "free_after_use": "reads x on b",
+           "copy_after_write": "reads x on b"}
+
+
+@pytest.mark.parametrize("kind", ["plain", "tracked"])
+def test_check_mode_reports_every_race_and_no_ordered_program(gpu, child_env, race_report,
+                                                               kind):
+    env = {"NUMBA_STREAMSAFE_MODE": "check", "NUMBA_STREAMSAFE_CHECK_REPORT": "exit"}
+    if kind == "plain":
+        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), kind], cwd=ROOT,
+                          env=child_env(**env), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    rows = {line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines()
+            if line.startswith("CASE ")}
+    assert set(rows) == set(RACES) | set(ORDERED), proc.stdout
+    for case, kinds in RACES.items():
+        found, lines = rows[case]
+        race_report(f"check-mode {kind} {case}: {found} at check_program.py:{lines}")
+        assert kinds in found.split(","), (case, rows[case], proc.stderr[-3000:])
+        assert _line_of(case, MARKERS[case]) in lines.split(","), (case, rows[case])
+    for case in ORDERED:
+        race_report(f"check-mode {kind} {case}: {rows[case][0]}")
+        assert rows[case] == ["-", "-"], (case, rows[case], proc.stderr[-3000:])
+    waits = [line for line in proc.stdout.splitlines() if line.startswith("WAITS ")]
+    assert waits == ["WAITS 0"], proc.stdout
+    # The summary at exit lists the races (and only they were found).
+    assert "race(s) found" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_ordering_mode_reports_nothing_and_orders_the_races(gpu, child_env):
+    """The negative control: the same program in ordering mode (the default)
+    queues waits for the racing pairs and reports nothing (no checker runs)."""
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), "tracked"],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith("CASE ")]
+    assert rows and all(row[2:] == ["-", "-"] for row in rows), proc.stdout
+    waits = int(next(line for line in proc.stdout.splitlines()
+                      if line.startswith("WAITS ")).split()[1])
+    assert waits > 0

@@ -1,0 +1,231 @@
+"""Check mode (``NUMBA_STREAMSAFE_MODE=check``) on the simulator: the program
+runs as written (no wait queued, no free delayed) over a
+:class:`~numba_streamsafe._driver.mirror.CheckingDriver`, whose model reports
+each unordered pair of conflicting accesses; the program's own ordering
+(events, synchronises, the legacy default stream) is followed.
+
+The "real" driver here is a simulated one; the model is the checking
+driver's own. Each race is shown once unordered (reported, with this file's
+line) and once ordered by the program (nothing reported).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+from numba import cuda
+
+import numba_streamsafe as nss
+from numba_streamsafe import Read, Write, tracked_kernel
+from numba_streamsafe._driver.mirror import CheckingDriver
+from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.core.settings import reload_settings
+from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
+from numba_streamsafe.resources import AsyncResource
+from numba_streamsafe.runtime import DeviceRuntime, set_runtime
+
+N = 64
+HERE = os.path.basename(__file__)
+
+
+@cuda.jit
+def fill(out, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
+
+
+@cuda.jit
+def copy(src, dst):
+    i = cuda.grid(1)
+    if i < src.size:
+        dst[i] = src[i]
+
+
+@tracked_kernel
+def tracked_fill(out: Write, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
+
+
+@tracked_kernel
+def tracked_copy(src: Read, dst: Write):
+    i = cuda.grid(1)
+    if i < src.size:
+        dst[i] = src[i]
+
+
+@pytest.fixture
+def checked(rt, monkeypatch):
+    """Device 0's runtime in check mode: a checking driver over a simulated
+    one, with the plugin selected (plain Numba's work is seen)."""
+    monkeypatch.setenv("NUMBA_STREAMSAFE_MODE", "check")
+    reload_settings()
+    real = SimDriver()
+    driver = CheckingDriver(real)
+    runtime = DeviceRuntime(AsyncResource(driver, reuse_bytes=0))
+    old = set_runtime(runtime, 0)
+    sim_plugin.install()
+    try:
+        yield runtime
+    finally:
+        sim_plugin.uninstall()
+        gc.collect()
+        set_runtime(old, 0)
+        monkeypatch.delenv("NUMBA_STREAMSAFE_MODE")
+        reload_settings()
+
+
+def _found(rt):
+    return list(rt.driver.hazards)
+
+
+def _program(kind, order):
+    """A producer on stream a, a consumer of its output on stream b, ordered
+    by ``order(a, b)`` (None: not at all). ``kind``: plain or tracked kernels."""
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(N, np.float32, stream=a)
+    y = cuda.device_array(N, np.float32, stream=b)
+    if kind == "plain":
+        fill[1, N, a](x, 1.0)
+    else:
+        tracked_fill[1, N, a](x, 1.0)
+    if order is not None:
+        order(a, b)
+    if kind == "plain":
+        copy[1, N, b](x, y)  # the consumer's line
+    else:
+        tracked_copy[1, N, b](x, y)  # the consumer's line
+    return a, b, x, y
+
+
+def _event(a, b):
+    done = cuda.event()
+    done.record(a)
+    done.wait(b)
+
+
+def _stream_sync(a, b):
+    a.synchronize()
+
+
+def _device_sync(a, b):
+    cuda.synchronize()
+
+
+def _event_sync(a, b):
+    done = cuda.event()
+    done.record(a)
+    done.synchronize()
+
+
+@pytest.mark.parametrize("kind", ["plain", "tracked"])
+def test_an_unordered_consumer_is_reported_and_nothing_is_ordered(checked, kind):
+    _program(kind, None)
+    found = _found(checked)
+    assert [h.kind for h in found] == ["read-after-write"], found
+    text = str(found[0])
+    assert "copy" in text and "src" in text and f"{HERE}:" in text, text
+    # The program ran as written: the library queued no wait and recorded no event.
+    assert checked.driver.real.calls["cuStreamWaitEvent"] == 0
+    assert checked.driver.real.calls["cuEventRecord"] == 0
+    assert nss.memory_stats()["waits_inserted"] == 0
+
+
+@pytest.mark.parametrize("kind", ["plain", "tracked"])
+@pytest.mark.parametrize("order", [_event, _stream_sync, _device_sync, _event_sync],
+                         ids=["event", "stream-sync", "device-sync", "event-sync"])
+def test_a_program_that_orders_itself_is_not_reported(checked, kind, order):
+    _program(kind, order)
+    assert _found(checked) == []
+
+
+def test_a_free_while_another_stream_reads_is_reported(checked):
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(N, np.float32, stream=a)
+    y = cuda.device_array(N, np.float32, stream=b)
+    fill[1, N, a](x, 1.0)
+    a.synchronize()
+    copy[1, N, b](x, y)   # reads x on b
+    del x                 # freed on a at once, while b may still read it
+    gc.collect()
+    checked.flush()       # Numba's finalizer queued the free: it is made now
+    found = _found(checked)
+    assert [h.kind for h in found] == ["write-after-read"], found
+    assert "cuMemFreeAsync" in str(found[0]) and "copy" in str(found[0])
+
+
+def test_a_free_after_the_reader_is_waited_for_is_not_reported(checked):
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(N, np.float32, stream=a)
+    y = cuda.device_array(N, np.float32, stream=b)
+    fill[1, N, a](x, 1.0)
+    a.synchronize()
+    copy[1, N, b](x, y)
+    b.synchronize()
+    del x
+    gc.collect()
+    checked.flush()
+    assert _found(checked) == []
+
+
+def test_a_copy_after_an_unordered_write_is_reported(checked):
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(N, np.float32, stream=a)
+    fill[1, N, a](x, 2.0)
+    x.copy_to_host(stream=b)  # the copy reads x on b: not ordered after the fill
+    found = _found(checked)
+    assert [h.kind for h in found] == ["read-after-write"], found
+    assert "copy to host" in str(found[0])
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["sync-copy", "async-copy"])
+def test_a_synchronous_copy_orders_the_host(checked, synchronous):
+    """A copy to the host on the default stream is synchronous: the host waits
+    for it, so work queued afterwards on a non-blocking stream is ordered after
+    its read. The same copy queued asynchronously is not (the negative control)."""
+    a = cuda.stream()
+    free_running = checked.driver.create_stream(blocking=False)
+    x = nss.device_array(N, np.float32, stream=a)
+    tracked_fill[1, N, a](x, 3.0)
+    a.synchronize()
+    if synchronous:
+        host = x.copy_to_host()              # the default stream; the host waits
+    else:
+        host = x.copy_to_host(stream=a)      # queued on a; the host goes on
+    tracked_fill[1, N, free_running](x, 4.0)  # overwrites what the copy reads
+    found = _found(checked)
+    if synchronous:
+        assert found == [] and host[0] == 3.0
+    else:
+        assert [h.kind for h in found] == ["write-after-read"], found
+
+
+def test_the_legacy_default_stream_orders_blocking_streams(checked):
+    """Numba's streams are blocking: work on the legacy default stream waits for
+    their earlier work, and they wait for its work (no report); a non-blocking
+    stream is ordered by nothing (the negative control)."""
+    a = cuda.stream()
+    x = cuda.device_array(N, np.float32, stream=a)
+    y = cuda.device_array(N, np.float32)
+    fill[1, N, a](x, 1.0)
+    copy[1, N, 0](x, y)               # the legacy default stream
+    a2 = cuda.stream()
+    copy[1, N, a2](y, x)              # after the legacy stream's copy
+    assert _found(checked) == []
+    driver = checked.driver
+    free_running = driver.create_stream(blocking=False)
+    z = nss.device_array(N, np.float32, stream=free_running)
+    tracked_fill[1, N, free_running](z, 1.0)
+    tracked_copy[1, N, 0](z, x)       # not ordered after the non-blocking stream
+    assert [h.kind for h in _found(checked)] == ["read-after-write"]
+
+
+def test_race_check_raises_at_the_racing_launch(checked):
+    with pytest.raises(nss.RaceDetected, match="read-after-write"):
+        with nss.race_check():
+            _program("plain", None)
