@@ -57,8 +57,16 @@ def tracked_copy(src: Read, dst: Write):
 
 
 def arrays(plain, *streams):
-    make = cuda.device_array if plain else nss.device_array
-    return [make(N, np.float32, stream=s) for s in streams]
+    """One array per stream, allocated on it. Numba's allocations under the
+    plugin come from the current stream scope (a Numba array's own stream
+    stays the default one, so its copy_to_host() is synchronous)."""
+    if not plain:
+        return [nss.device_array(N, np.float32, stream=s) for s in streams]
+    out = []
+    for s in streams:
+        with nss.stream_scope(s):
+            out.append(cuda.device_array(N, np.float32))
+    return out
 
 
 # ------------------------------------------------------------------- races
