@@ -12,9 +12,10 @@ real addresses:
   PyTorch made) is adopted with its real flags, so the legacy default stream
   orders it when it is blocking, as CUDA does;
 * events: created, recorded, waited for, synchronised, queried complete;
-* memory: each allocation is a write on its stream, each free a write of all
-  of it on its stream (so a free while another stream still uses the memory
-  is a hazard) after which any use is a use after free;
+* memory: each allocation is ready for every stream (a write by the host, as
+  Numba's own ``cuMemAlloc`` makes it), each free a write of all of it on its
+  stream (so a free while another stream still uses the memory is a hazard)
+  after which any use is a use after free;
 * the work itself: every kernel and copy the library sees (tracked kernels,
   and in transparent mode Numba's plain launches, copies and fills) is told
   with :meth:`trace_access`, as on the simulator, with the user's line.
@@ -170,7 +171,10 @@ class CheckingDriver:
     # -------------------------------------------------------------- memory
     def alloc_async(self, nbytes: int, stream: int) -> int:
         ptr: int = self.real.alloc_async(nbytes, stream)
-        self.model.mirror_alloc(ptr, nbytes, self._stream(stream), "cuMemAllocAsync")
+        # Ready for every stream, as Numba's own allocator (cuMemAlloc) makes
+        # it: a program written for it uses new memory on any stream, and that
+        # the library's pool allocates in stream order is not the program's race.
+        self.model.mirror_alloc(ptr, nbytes, None, "cuMemAllocAsync")
         return ptr
 
     def alloc(self, nbytes: int) -> int:

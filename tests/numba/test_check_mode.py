@@ -229,3 +229,16 @@ def test_race_check_raises_at_the_racing_launch(checked):
     with pytest.raises(nss.RaceDetected, match="read-after-write"):
         with nss.race_check():
             _program("plain", None)
+
+
+def test_new_memory_is_ready_for_every_stream(checked):
+    """An allocation is ready for every stream, as Numba's own allocator makes
+    it: first use on a non-blocking stream, not ordered after the allocating
+    stream, is not the program's race (numba-cuda's event test does this with
+    a cuda.core stream). A use of the same memory by two unordered streams is."""
+    free_running = checked.driver.create_stream(blocking=False)
+    z = nss.device_array(N, np.float32, stream=0)
+    tracked_fill[1, N, free_running](z, 1.0)
+    assert _found(checked) == []
+    tracked_fill[1, N, 0](z, 2.0)
+    assert [h.kind for h in _found(checked)] == ["write-after-write"]
