@@ -86,9 +86,10 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     kernel or copy, the argument, the stream and the ``file:line`` of the
     call in your code.
 
-    Runs the checks only where the simulated driver is in use (Numba's CUDA
-    simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``); on a GPU it warns that
-    nothing is checked.
+    Runs the checks where the simulated driver is in use (Numba's CUDA
+    simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``) and, on a GPU, in check mode
+    (``NUMBA_STREAMSAFE_MODE=check``, whose checking driver mirrors the program
+    into the same model); elsewhere on a GPU it warns that nothing is checked.
 
     Parameters
     ----------
@@ -114,10 +115,12 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     ...     consume[grid, block, b](x, y)            # raises RaceDetected if unordered
     """
     check = RaceCheck(stop_at_first)
-    if not _systems() and settings().driver != "sim":
+    config = settings()
+    if not _systems() and config.driver != "sim" and config.mode != "check":
         warnings.warn("race_check(): no runtime uses the simulated driver, so nothing is "
                       "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
-                      "find races on the CPU", RuntimeWarning, stacklevel=3)
+                      "find races on the CPU, or set NUMBA_STREAMSAFE_MODE=check to find "
+                      "them on a GPU", RuntimeWarning, stacklevel=3)
     sim.watchers.append(check)
     failed = False
     try:
