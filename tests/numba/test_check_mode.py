@@ -19,44 +19,16 @@ import pytest
 from numba import cuda
 
 import numba_streamsafe as nss
-from numba_streamsafe import Read, Write, tracked_kernel
 from numba_streamsafe._driver.mirror import CheckingDriver
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.settings import reload_settings
 from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime, set_runtime
+from tests.helpers.sim_kernels import copy, fill, tracked_copy, tracked_fill
 
 N = 64
 HERE = os.path.basename(__file__)
-
-
-@cuda.jit
-def fill(out, value):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = value
-
-
-@cuda.jit
-def copy(src, dst):
-    i = cuda.grid(1)
-    if i < src.size:
-        dst[i] = src[i]
-
-
-@tracked_kernel
-def tracked_fill(out: Write, value):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = value
-
-
-@tracked_kernel
-def tracked_copy(src: Read, dst: Write):
-    i = cuda.grid(1)
-    if i < src.size:
-        dst[i] = src[i]
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numba_streamsafe as nss
-from numba_streamsafe import Read, Write, tracked_kernel
 from numba_streamsafe.numba import emm, sim_plugin, transparent  # noqa: F401 - emm: companion
+from tests.helpers.sim_kernels import copy, fill, tracked_fill
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 64
@@ -30,38 +30,10 @@ HERE = os.path.basename(__file__)
 
 
 @cuda.jit
-def fill(out, value):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = value
-
-
-@cuda.jit
-def copy(src, dst):
-    i = cuda.grid(1)
-    if i < src.size:
-        dst[i] = src[i]
-
-
-@cuda.jit
 def add_one(x):
     i = cuda.grid(1)
     if i < x.size:
         x[i] += 1
-
-
-@tracked_kernel
-def tracked_fill(out: Write, value):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = value
-
-
-@tracked_kernel
-def tracked_copy(src: Read, dst: Write):
-    i = cuda.grid(1)
-    if i < src.size:
-        dst[i] = src[i]
 
 
 @pytest.fixture
