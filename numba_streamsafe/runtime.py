@@ -77,7 +77,10 @@ def default_driver(device: int = 0) -> Driver:
     if settings().mode == "check":  # the program as written, its ordering mirrored
         from numba_streamsafe._driver.mirror import CheckingDriver
 
-        return CheckingDriver(CudaDriver(device))  # type: ignore[return-value]
+        # The devices of a process share one model (their memory, events, host).
+        shared = next((rt.driver.system for rt in RUNTIMES.runtimes()
+                       if isinstance(rt.driver, CheckingDriver)), None)
+        return CheckingDriver(CudaDriver(device), system=shared)  # type: ignore[return-value]
     return CudaDriver(device)
 
 
@@ -531,6 +534,10 @@ def default_stack(driver: Driver) -> MemoryResource:
         _warn_direct()
         return DirectResource(driver)
     upstream = None
+    if config.upstream == "rmm" and config.mode == "check":
+        raise InvalidArgument(
+            "NUMBA_STREAMSAFE_MODE=check follows the memory the device's pool hands out, not "
+            "RMM's (NUMBA_STREAMSAFE_UPSTREAM=rmm): unset one of them")
     if config.upstream == "rmm":
         if config.ipc:
             raise InvalidArgument(

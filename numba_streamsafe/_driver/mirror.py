@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from numba_streamsafe._driver.sim import LEGACY_STREAM, Hazard, SimDriver
+from numba_streamsafe._driver.sim import LEGACY_STREAM, Hazard, SimDriver, SimSystem
 
 __all__ = ["CheckingDriver", "event_key"]
 
@@ -60,16 +60,20 @@ class CheckingDriver:
     model : SimDriver, optional
         The model to mirror into; one of its own (``backing=False``, handles
         never recycled: the real driver hands them out) when omitted.
+    system : SimSystem, optional
+        The system that model joins: one happens-before model across the
+        devices of a process (their memory, events and host clock).
     """
 
     traces_accesses = True
     observes_program = True
 
-    def __init__(self, real: Any, model: SimDriver | None = None) -> None:
+    def __init__(self, real: Any, model: SimDriver | None = None, *,
+                 system: SimSystem | None = None) -> None:
         self.real = real
         self.device: int = real.device
         self.model = model if model is not None else SimDriver(
-            real.device, backing=False, recycle_streams=False)
+            real.device, backing=False, recycle_streams=False, system=system)
         #: The model's system: its hazards, and what :func:`race_check` watches.
         self.system = self.model.system
         self.supports_direct_launch: bool = real.supports_direct_launch
@@ -88,9 +92,8 @@ class CheckingDriver:
         """The model's handle of the real ``stream``, adopted on first sight."""
         if stream == _CU_STREAM_LEGACY:
             return LEGACY_STREAM
-        model = self.model
-        if not model.knows_stream(stream):
-            model.adopt_stream(stream, self.real.stream_blocking(stream))
+        if stream > 2:  # the flags asked each time: a handle may name a new stream now
+            self.model.adopt_stream(stream, self.real.stream_blocking(stream))
         return stream
 
     def _event(self, event: Any) -> int:

@@ -559,21 +559,28 @@ class SimDriver:
     def _enqueue(self, stream: int, label: str, call: str) -> Op:
         if self.captures:
             self.captures.refuse_outside(stream, call)
+        s = self._joined(stream, call)
+        clock = s.clock
+        serial = s.serial
+        seq = clock.get(serial, 0) + 1
+        clock[serial] = seq
+        return Op(serial, seq, label, stream)
+
+    def _joined(self, stream: int, call: str) -> SimStream:
+        """``stream``, its clock joined with what an operation queued on it now
+        is ordered after: the host's past, and (CUDA's implicit
+        synchronisation) the blocking streams' earlier work for the legacy
+        default stream, the legacy stream's for a blocking stream."""
         s = self._stream(stream, call)
         clock = s.clock
         join_clocks(clock, self._host_clock)
-        # The legacy default stream and the blocking streams wait for each
-        # other's earlier work (CUDA's implicit synchronisation).
         if stream == LEGACY_STREAM:
             for other in self._streams.values():
                 if other.blocking:
                     join_clocks(clock, other.clock)
         elif s.blocking:
             join_clocks(clock, self._streams[LEGACY_STREAM].clock)
-        serial = s.serial
-        seq = clock.get(serial, 0) + 1
-        clock[serial] = seq
-        return Op(serial, seq, label, stream)
+        return s
 
     def _host_op(self, label: str) -> Op:
         seq = self._host_clock.get(HOST, 0) + 1
@@ -592,8 +599,9 @@ class SimDriver:
             self._enter("cuStreamSynchronize")
             if self.captures:
                 self.captures.refuse_outside(stream, "cuStreamSynchronize")
-            s = self._stream(stream, "cuStreamSynchronize")
-            self._join_host(s.clock)
+            # A synchronise of the legacy stream (or of a blocking one) waits
+            # for what an operation queued there now would wait for.
+            self._join_host(self._joined(stream, "cuStreamSynchronize").clock)
 
     def stream_blocking(self, stream: int) -> bool:
         with self._lock:
@@ -668,8 +676,8 @@ class SimDriver:
                                   f"device {self.device}")
             if self.captures:
                 self.captures.refuse_outside(stream, "cuEventRecord")
-            s = self._stream(stream, "cuEventRecord")
-            self._events[event] = dict(s.clock)
+            # A record is an operation of the stream: ordered as work queued there now.
+            self._events[event] = dict(self._joined(stream, "cuEventRecord").clock)
 
     def event_query(self, event: int) -> bool:
         with self._lock:
@@ -721,9 +729,13 @@ class SimDriver:
     def adopt_stream(self, handle: int, blocking: bool) -> None:
         """Know the real stream ``handle`` (``blocking``: it and the legacy
         default stream wait for each other's work), ordered after nothing
-        queued so far but what the host has waited for; nothing when known."""
+        queued so far but what the host has waited for; a known one takes
+        ``blocking`` (CUDA may give a destroyed stream's handle to a new one)."""
         with self._lock:
-            if handle in self._streams:
+            known = self._streams.get(handle)
+            if known is not None:
+                # A handle CUDA gave to a new stream: its flags are the new one's.
+                known.blocking = blocking
                 return
             stream = SimStream(handle, next(self._serials), blocking)
             self._streams[handle] = stream

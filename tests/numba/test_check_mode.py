@@ -214,3 +214,24 @@ def test_new_memory_is_ready_for_every_stream(checked):
     assert _found(checked) == []
     tracked_fill[1, N, 0](z, 2.0)
     assert [h.kind for h in _found(checked)] == ["write-after-write"]
+
+
+@pytest.mark.parametrize("recorded_on", ["legacy", "non-blocking"])
+def test_an_event_recorded_on_the_legacy_stream_covers_the_blocking_streams(checked,
+                                                                            recorded_on):
+    """Recording an event is an operation of its stream: on the legacy default
+    stream it comes after the blocking streams' earlier work, so a non-blocking
+    stream that waits for it is ordered after a blocking stream's write. Recorded
+    on another non-blocking stream it covers nothing (the negative control)."""
+    blocking = cuda.stream()
+    free_running = checked.driver.create_stream(blocking=False)
+    other = checked.driver.create_stream(blocking=False)
+    x = nss.device_array(N, np.float32, stream=blocking)
+    y = nss.device_array(N, np.float32, stream=free_running)
+    tracked_fill[1, N, blocking](x, 1.0)
+    done = cuda.event()
+    done.record(0 if recorded_on == "legacy" else other)
+    done.wait(free_running)
+    tracked_copy[1, N, free_running](x, y)
+    found = [h.kind for h in _found(checked)]
+    assert found == ([] if recorded_on == "legacy" else ["read-after-write"]), found
