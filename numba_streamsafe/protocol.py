@@ -283,7 +283,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         return tracer.fenced(rt, stream, uses, label, strict, owner, work, args, tracking)
     blocks = uses.blocks
     if not tracking:
-        return _unfenced(rt.driver, stream, uses, label, work, args)
+        return _unfenced(rt, stream, uses, label, work, args)
     if uses.untracked and strict:
         raise refuse_untracked(uses.untracked, PERMISSIVE_REMEDY)
     if rt.multi_device and blocks and _spans_devices(rt.device, blocks):
@@ -306,12 +306,11 @@ def _in_order(rt: DeviceRuntime, stream: int, uses: Uses, label: str, work: Call
     return result
 
 
-def _unfenced(driver: Any, stream: int, uses: Uses, label: str, work: Callable[..., T],
+def _unfenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, work: Callable[..., T],
               args: tuple[object, ...]) -> T:
     """The work with the ordering switched off; a checking driver still sees it."""
     result = work(*args)
-    if driver.traces_accesses:
-        driver.trace_access(stream, access_list(uses), label, copy=uses.copy, site=_user_site())
+    trace(rt, stream, uses, label)
     return result
 
 

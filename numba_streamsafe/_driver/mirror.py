@@ -51,29 +51,25 @@ def event_key(event: Any) -> int:
 
 class CheckingDriver:
     """A driver that runs every call on ``real`` and mirrors what orders work
-    into a model (``model``, a :class:`SimDriver` without bytes).
+    into a model of its own (``model``, a :class:`SimDriver` without bytes).
 
     Parameters
     ----------
     real : Driver
         The driver that runs the program (:class:`~._driver.cuda.CudaDriver`).
-    model : SimDriver, optional
-        The model to mirror into; one of its own (``backing=False``, handles
-        never recycled: the real driver hands them out) when omitted.
     system : SimSystem, optional
-        The system that model joins: one happens-before model across the
+        The system the model joins: one happens-before model across the
         devices of a process (their memory, events and host clock).
     """
 
     traces_accesses = True
     observes_program = True
 
-    def __init__(self, real: Any, model: SimDriver | None = None, *,
-                 system: SimSystem | None = None) -> None:
+    def __init__(self, real: Any, *, system: SimSystem | None = None) -> None:
         self.real = real
         self.device: int = real.device
-        self.model = model if model is not None else SimDriver(
-            real.device, backing=False, recycle_streams=False, system=system)
+        #: The model: no bytes, handles never recycled (the real driver hands them out).
+        self.model = SimDriver(real.device, backing=False, recycle_streams=False, system=system)
         #: The model's system: its hazards, and what :func:`race_check` watches.
         self.system = self.model.system
         self.supports_direct_launch: bool = real.supports_direct_launch
@@ -89,10 +85,11 @@ class CheckingDriver:
 
     # ----------------------------------------------------------- the model
     def _stream(self, stream: int) -> int:
-        """The model's handle of the real ``stream``, adopted on first sight."""
+        """The model's handle of the real ``stream``, adopted with its real
+        flags (read each time: CUDA gives a destroyed stream's handle to new ones)."""
         if stream == _CU_STREAM_LEGACY:
             return LEGACY_STREAM
-        if stream > 2:  # the flags asked each time: a handle may name a new stream now
+        if stream > 2:
             self.model.adopt_stream(stream, self.real.stream_blocking(stream))
         return stream
 
@@ -129,17 +126,17 @@ class CheckingDriver:
 
     def stream_synchronize(self, stream: int) -> None:
         self.real.stream_synchronize(stream)
-        self.model.stream_synchronize(self._stream(stream))
+        self.program_stream_synchronize(stream)
 
     def stream_query(self, stream: int) -> bool:
         idle: bool = self.real.stream_query(stream)
         if idle:  # the host saw it idle: ordered after its work
-            self.model.stream_synchronize(self._stream(stream))
+            self.program_stream_synchronize(stream)
         return idle
 
     def synchronize(self) -> None:
         self.real.synchronize()
-        self.model.synchronize()
+        self.program_synchronize()
 
     # -------------------------------------------------------------- events
     def event_create(self) -> Any:
@@ -155,20 +152,20 @@ class CheckingDriver:
 
     def event_record(self, event: Any, stream: int) -> None:
         self.real.event_record(event, stream)
-        self.model.event_record(self._event(event), self._stream(stream))
+        self.program_event_record(event, stream)
 
     def stream_wait_event(self, stream: int, event: Any) -> None:
         self.real.stream_wait_event(stream, event)
-        self.model.stream_wait_event(self._stream(stream), self._event(event))
+        self.program_stream_wait(stream, event)
 
     def event_synchronize(self, event: Any) -> None:
         self.real.event_synchronize(event)
-        self.model.event_synchronize(self._event(event))
+        self.program_event_synchronize(event)
 
     def event_query(self, event: Any) -> bool:
         done: bool = self.real.event_query(event)
-        if done:
-            self.model.event_synchronize(self._event(event))
+        if done:  # the host saw it complete: ordered after it
+            self.program_event_synchronize(event)
         return done
 
     # -------------------------------------------------------------- memory
@@ -177,12 +174,12 @@ class CheckingDriver:
         # Ready for every stream, as Numba's own allocator (cuMemAlloc) makes
         # it: a program written for it uses new memory on any stream, and that
         # the library's pool allocates in stream order is not the program's race.
-        self.model.mirror_alloc(ptr, nbytes, None, "cuMemAllocAsync")
+        self.model.mirror_alloc(ptr, nbytes, "cuMemAllocAsync")
         return ptr
 
     def alloc(self, nbytes: int) -> int:
         ptr: int = self.real.alloc(nbytes)
-        self.model.mirror_alloc(ptr, nbytes, None, "cuMemAlloc")
+        self.model.mirror_alloc(ptr, nbytes, "cuMemAlloc")
         return ptr
 
     def free_async(self, ptr: int, stream: int) -> None:
@@ -193,7 +190,8 @@ class CheckingDriver:
         self.real.free(ptr)
         self.model.mirror_free(ptr, None, "cuMemFree")
 
-    # ------------------------------------- the program's own ordering (Numba's)
+    # ------------------------ the ordering made (by the program through Numba,
+    # or through this driver's own calls above): the model's half of each
     def program_event_record(self, event: Any, stream: int) -> None:
         """The program recorded ``event`` on ``stream`` (the call is made)."""
         self.model.event_record(self._event(event), self._stream(stream))

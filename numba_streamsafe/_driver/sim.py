@@ -751,17 +751,17 @@ class SimDriver:
                 self.system.event_devices[handle] = self.device
                 self.events_created += 1
 
-    def mirror_alloc(self, ptr: int, nbytes: int, stream: int | None, label: str) -> None:
-        """Memory the real driver handed out at ``ptr``, written by its
-        allocation ``label`` on ``stream`` (None: by the host). A chunk the
-        model still holds there (whose free it did not see) is forgotten first."""
+    def mirror_alloc(self, ptr: int, nbytes: int, label: str) -> None:
+        """Memory the real driver handed out at ``ptr`` by ``label``, written by
+        the host: ready for every stream, as ``cuMemAlloc`` makes it. A chunk
+        the model still holds there (whose free it did not see) is forgotten
+        first."""
         with self._lock:
             stale = self.memory.external(ptr)
             if stale is not None:
                 self.memory.release(stale)
             chunk = self.memory.add_external(ptr, nbytes)
-            op = self._host_op(label) if stream is None else self._enqueue(stream, label, label)
-            self.checker.check(chunk, ptr, nbytes, Access.WRITE, op)
+            self.checker.check(chunk, ptr, nbytes, Access.WRITE, self._host_op(label))
 
     def mirror_free(self, ptr: int, stream: int | None, label: str) -> None:
         """The real free ``label`` of the memory at ``ptr`` on ``stream`` (None:

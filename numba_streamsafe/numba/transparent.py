@@ -343,8 +343,7 @@ def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = target.launch_runtime()
         handle = _stream_ref(rt, stream)[0]
         _record(rt, self, handle, lambda: original(self, stream))
-        if rt.driver.observes_program:
-            _driver(rt).program_event_record(self.handle, handle)
+        _tell(rt, lambda driver: driver.program_event_record(self.handle, handle))
     record.__doc__ = original.__doc__
     return record
 
@@ -354,8 +353,7 @@ def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = target.launch_runtime()
         ref = _stream_ref(rt, stream)
         _wait(rt, self, ref, lambda: original(self, stream))
-        if rt.driver.observes_program:
-            _driver(rt).program_stream_wait(ref[0], self.handle)
+        _tell(rt, lambda driver: driver.program_stream_wait(ref[0], self.handle))
     wait.__doc__ = original.__doc__
     return wait
 
@@ -383,8 +381,7 @@ def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = target.launch_runtime()
         handle = _stream_ref(rt, self)[0]
         _synchronised(rt, handle, lambda: original(self))
-        if rt.driver.observes_program:
-            _driver(rt).program_stream_synchronize(handle)
+        _tell(rt, lambda driver: driver.program_stream_synchronize(handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -395,24 +392,22 @@ def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]
         # whichever context object it is called on.
         rt = installed_runtime(target.current_device())
         _device_synchronised(rt, lambda: original(self))
-        if rt is not None and rt.driver.observes_program:
-            _driver(rt).program_synchronize()
+        _tell(rt, lambda driver: driver.program_synchronize())
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
-def _driver(rt: Any) -> Any:
-    """``rt``'s driver, as one that follows the program's ordering."""
-    return rt.driver
+def _tell(rt: Any | None, tell: Callable[[Any], None]) -> None:
+    """Tell ``rt``'s driver what the program did, when it follows the
+    program's ordering (check mode's
+    :class:`~numba_streamsafe._driver.mirror.CheckingDriver`)."""
+    if rt is not None and rt.driver.observes_program:
+        tell(rt.driver)
 
 
 def _observed(tell: Callable[[Any], None]) -> None:
-    """Tell the current device's driver what the program did, when it follows
-    the program's ordering (check mode's
-    :class:`~numba_streamsafe._driver.mirror.CheckingDriver`)."""
-    rt = installed_runtime(target.current_device())
-    if rt is not None and rt.driver.observes_program:
-        tell(rt.driver)
+    """:func:`_tell` the current device's runtime, if one is installed."""
+    _tell(installed_runtime(target.current_device()), tell)
 
 
 # ---------------------------------------------------------------- simulator

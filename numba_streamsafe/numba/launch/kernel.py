@@ -337,7 +337,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
                 f", got {len(args)}"
             )
         if traced and self._inferred is None:
-            self._inferred = self._inferred_access()
+            self._inferred = access_check.inferred(self.py_func)
         uses, host, seen = self._resolve(rt, self._arrays_passed(args), strict, traced)
         if host and self.kind.uploads_host:  # Read host arrays, uploaded on the launch stream
             args = self._upload_host(args, stream)
@@ -527,10 +527,6 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
             if access is not None and isinstance(arg, np.ndarray):
                 out[i] = arrays.to_device(arg, stream=stream, tag=f"{name} of {self.__name__}")
         return tuple(out)
-
-    def _inferred_access(self) -> dict[str, Access | None]:
-        """The access the kernel's IR shows per parameter (for a checking driver)."""
-        return access_check.inferred(self.py_func)
 
     def run(self, stream: Any, args: tuple[Any, ...],
             dims: tuple[tuple[int, int, int], tuple[int, int, int], int] | None,
