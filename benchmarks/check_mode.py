@@ -1,23 +1,26 @@
 """Cost of check mode against ordering mode, side by side in one process.
 
 Two runtimes of device 0 take turns, round by round: the ordering one (the
-process's own) and a check-mode one (its driver wrapped in a
-:class:`~numba_streamsafe._driver.mirror.CheckingDriver`, tracking off, every
-free at once), each installed for its rounds. Per round:
+process's own) and a check-mode one (an ``AsyncResource(check=True)`` over the
+same driver: no wait queued, no event recorded, every free at once). Per round:
 
-* ``launch``: a tracked launch writing one array and reading two, on one
-  stream and across two streams (every launch writes ``c`` on the other
-  stream: ordering mode waits, check mode reports the races it finds);
-* ``pipeline``: one run of ``examples/sort_join_pipeline.py``'s work (its
-  races in check mode are real: it relies on the library for its ordering).
+* ``launch``: a tracked launch writing one array and reading two, on one stream;
+* ``pipeline``: one run of the examples' sort -> join pipeline ordered by the
+  program itself with Numba events (``orderings.NumbaEvents``): check mode
+  must find no race in it, and ordering mode must queue none of its own waits
+  (the program's events satisfy them all);
+* ``example``: one run of ``examples/sort_join_pipeline.py``'s work as written,
+  which relies on the library for its cross-stream ordering: check mode
+  reports those races (real ones, for the program without the library).
 
-Prints check / order per figure (medians of per-round ratios) and writes
-``check_mode.json``.
+Prints check / order per figure (medians of per-round ratios), the races and
+the waits, and writes ``check_mode.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 
 import numpy as np
@@ -25,8 +28,6 @@ from _harness import SIMULATOR, cuda, device_name, ratio_of_medians, write_resul
 
 import numba_streamsafe as nss
 from numba_streamsafe import Read, Write, tracked_kernel
-from numba_streamsafe._driver.mirror import CheckingDriver
-from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.resources import AsyncResource
 
 
@@ -42,27 +43,43 @@ def main() -> dict:
     parser.add_argument("--rounds", type=int, default=2 if SIMULATOR else 7)
     parser.add_argument("--n", type=int, default=1 << 10 if SIMULATOR else 1 << 20)
     args = parser.parse_args()
+    import pipeline as pipeline_bench  # benchmarks/pipeline.py: one_run, prepare
     import sort_join_pipeline  # examples/, which _harness puts on the path
 
+    # Numba's events and synchronises are told to the runtimes (transparent mode's hooks).
+    importlib.import_module("numba_streamsafe.numba.transparent").install()
     order = nss.get_runtime()
-    check = nss.DeviceRuntime(AsyncResource(CheckingDriver(order.driver), reuse_bytes=0))
-    launch_policy(check).tracking = False
+    check = nss.DeviceRuntime(AsyncResource(order.driver, reuse_bytes=0, check=True))
     kernel = tracked_kernel(body, access={"a": Read, "b": Read, "c": Write})
-    s1, s2 = cuda.stream(), cuda.stream()
+    s1 = cuda.stream()
+    run_args = pipeline_bench.parse_args(["--n", str(args.n), "--rounds", "1"])
+    pipeline, build, batches, expected, streams = pipeline_bench.prepare(run_args)
     per: dict[str, list[float]] = {}
+    waits = {"queued": 0, "skipped": 0}
 
-    def launches(streams: list, n: int) -> float:
+    def launches(n: int) -> float:
         a, b, c = (nss.device_array(256, np.float32, stream=s1) for _ in range(3))
         for _ in range(3):
             kernel[1, 32, s1](a, b, c)
         cuda.synchronize()
         start = time.perf_counter()
-        for i in range(n):
-            kernel[1, 32, streams[i & 1]](a, b, c)
+        for _ in range(n):
+            kernel[1, 32, s1](a, b, c)
         cuda.synchronize()
         return (time.perf_counter() - start) / n
 
-    def pipeline() -> float:
+    def self_ordered(rt: nss.DeviceRuntime) -> float:
+        marks = rt.resource.tracker.marks
+        before = marks.waits, marks.skipped
+        seconds, count, results, _, _ = pipeline_bench.one_run(
+            "numba-events", build, batches, streams, pipeline=pipeline)
+        assert np.array_equal(results, expected), "the self-ordered pipeline went wrong"
+        if rt is order:
+            waits["queued"] += marks.waits - before[0]
+            waits["skipped"] += marks.skipped - before[1]
+        return seconds
+
+    def example() -> float:
         start = time.perf_counter()
         report = sort_join_pipeline.run(args.n, 4, True, 1)
         cuda.synchronize()
@@ -71,28 +88,48 @@ def main() -> dict:
 
     for rt in (order, check):  # warm both (compiles once)
         nss.set_runtime(rt)
-        launches([s1, s1], 10)
-        pipeline()
+        launches(10)
+        self_ordered(rt)
+        example()
+    waits = {"queued": 0, "skipped": 0}
+    log = check.resource.tracker.race_log
+    races_before = len(log.hazards)
+    races: dict[str, int] = {"pipeline": 0, "example": 0}
     for _ in range(args.rounds):
         for name, rt in (("order", order), ("check", check)):
             nss.set_runtime(rt)
-            per.setdefault(f"{name} same", []).append(launches([s1, s1], args.launches))
-            per.setdefault(f"{name} cross", []).append(launches([s1, s2], args.launches))
-            per.setdefault(f"{name} pipeline", []).append(pipeline())
+            per.setdefault(f"{name} launch", []).append(launches(args.launches))
+            seen = len(log.hazards)
+            per.setdefault(f"{name} pipeline", []).append(self_ordered(rt))
+            if rt is check:
+                races["pipeline"] += len(log.hazards) - seen
+            seen = len(log.hazards)
+            per.setdefault(f"{name} example", []).append(example())
+            if rt is check:
+                races["example"] += len(log.hazards) - seen
     nss.set_runtime(order)
     result = {"device": device_name(), "rounds": args.rounds, "launches": args.launches,
-              "n": args.n, "hazards_in_check_mode": len(check.driver.hazards)}
+              "n": args.n, "races_in_self_ordered_pipeline": races["pipeline"],
+              "races_in_example": races["example"],
+              "races_in_warm_up": races_before,
+              "library_waits_in_self_ordered_pipeline": waits["queued"],
+              "waits_skipped_in_self_ordered_pipeline": waits["skipped"],
+              "example_races": sorted({str(h) for h in log.hazards})[:20]}
     print(f"check mode against ordering mode on {result['device']} ({args.rounds} rounds)")
-    for figure in ("same", "cross", "pipeline"):
+    for figure in ("launch", "pipeline", "example"):
         ratio = ratio_of_medians(per, f"check {figure}", f"order {figure}")
         result[f"check_over_order_{figure}"] = ratio
-        unit, scale = ("us", 1e6) if figure != "pipeline" else ("ms", 1e3)
+        unit, scale = ("us", 1e6) if figure == "launch" else ("ms", 1e3)
         order_t = sorted(per[f"order {figure}"])[len(per[f"order {figure}"]) // 2] * scale
         check_t = sorted(per[f"check {figure}"])[len(per[f"check {figure}"]) // 2] * scale
+        result[f"order_{figure}"] = order_t
+        result[f"check_{figure}"] = check_t
         print(f"  {figure:9s}: order {order_t:9.2f} {unit}  check {check_t:9.2f} {unit}  "
               f"check / order {ratio:.3f}")
-    print(f"  races the model found in check mode (the pipeline relies on the library): "
-          f"{result['hazards_in_check_mode']}")
+    print(f"  races found in check mode: self-ordered pipeline {races['pipeline']}, "
+          f"the example as written (relies on the library) {races['example']}")
+    print(f"  ordering mode, self-ordered pipeline: library waits queued {waits['queued']}, "
+          f"skipped {waits['skipped']}")
     write_result("check_mode", result)
     return result
 

@@ -128,5 +128,33 @@ class HandEvents(_Manual):
         self.events.clear()
 
 
+class NumbaEvents(Ordering):
+    """One Numba event per cross-stream edge (``cuda.event()``, recorded and
+    waited for through Numba) and every buffer kept until the run ends: a
+    program that orders itself as a user writes it. Tracked: the library
+    sees the events (transparent mode's hooks) and queues none of its own
+    waits; in check mode it finds no race."""
+
+    def __init__(self, allocator: str = "streamsafe") -> None:
+        super().__init__(allocator)
+
+    def keep(self, array: Any) -> Any:
+        self.kept.append(array)
+        return array
+
+    def mark(self, stream: Any) -> Any:
+        event = cuda.event() if _harness.SIMULATOR else cuda.event(timing=False)
+        event.record(stream)
+        return event
+
+    def wait(self, stream: Any, token: Any) -> None:
+        if token is not None:
+            token.wait(stream)
+
+    def finish(self) -> None:
+        cuda.synchronize()  # Numba's: the buffers' frees come after all their uses
+        super().finish()
+
+
 ORDERINGS = {"tracked": Ordering, "unordered": Unordered, "sync": DeviceSync,
-             "events": HandEvents}
+             "events": HandEvents, "numba-events": NumbaEvents}

@@ -31,7 +31,6 @@ The module knows nothing of Numba; the Numba layer wraps a launch in
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,7 +38,9 @@ from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
+from numba_streamsafe.core.sites import site_text, user_site
 from numba_streamsafe.core.uses import CopyUses, Uses
+from numba_streamsafe.resources.tracking.marks import set_work
 
 if TYPE_CHECKING:
     from numba_streamsafe.runtime import DeviceRuntime
@@ -121,7 +122,8 @@ def trace(rt: DeviceRuntime, stream: int, uses: Uses, label: str) -> None:
     """Tell a checking driver (the simulated one) what the work on ``stream`` touches."""
     driver = rt.driver
     if driver.traces_accesses:
-        driver.trace_access(stream, access_list(uses), label, copy=uses.copy, site=_user_site())
+        driver.trace_access(stream, access_list(uses), label, copy=uses.copy,
+                            site=site_text(user_site()))
 
 
 def access_list(uses: Uses) -> list[tuple[Any, ...]]:
@@ -134,28 +136,6 @@ def access_list(uses: Uses) -> list[tuple[Any, ...]]:
         return [(b.ptr + lo, hi - lo, a, n)
                 for (b, a, lo, hi), n in zip(uses.blocks, names, strict=True)]
     return [(b.ptr + lo, hi - lo, a) for b, a, lo, hi in uses.blocks]
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
-_NUMBA = None
-
-
-def _user_site() -> str | None:
-    """``file:line`` of the innermost caller outside this package and Numba
-    (for a checking driver's reports; never called on a GPU)."""
-    global _NUMBA
-    if _NUMBA is None:
-        import numba
-
-        _NUMBA = os.path.dirname(os.path.dirname(os.path.abspath(numba.__file__)))
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE) and not path.startswith(_NUMBA) and \
-                "numba_cuda" not in path and not path.startswith("<frozen"):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
 
 
 # ------------------------------------------------------------ several devices
@@ -292,6 +272,12 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         work, args = _in_order, (rt, stream, uses, label, work, args)  # type: ignore[assignment]
     if not blocks:
         return work(*args)
+    if rt.checking:  # check mode: the reports name the work and the user's line
+        set_work((label, user_site(), uses))
+        try:
+            return rt.resource.fenced(blocks, stream, owner, work, args)  # type: ignore[no-any-return]
+        finally:
+            set_work(None)
     return rt.resource.fenced(blocks, stream, owner, work, args)  # type: ignore[no-any-return]
 
 

@@ -74,13 +74,6 @@ def default_driver(device: int = 0) -> Driver:
         return SimDriver(device, system=system)
     from numba_streamsafe._driver.cuda import CudaDriver
 
-    if settings().mode == "check":  # the program as written, its ordering mirrored
-        from numba_streamsafe._driver.mirror import CheckingDriver
-
-        # The devices of a process share one model (their memory, events, host).
-        shared = next((rt.driver.system for rt in RUNTIMES.runtimes()
-                       if isinstance(rt.driver, CheckingDriver)), None)
-        return CheckingDriver(CudaDriver(device), system=shared)  # type: ignore[return-value]
     return CudaDriver(device)
 
 
@@ -119,6 +112,8 @@ class DeviceRuntime:
         self.peers: set[int] = set()
         #: A graph being captured on this device (:meth:`start_capture`), else None.
         self.capture: Any = None
+        #: Check mode: the tracking resource reports races instead of ordering.
+        self.checking: bool = bool(getattr(resource.tracker, "checking", False))
 
     # ----------------------------------------------------------------- streams
     def stream_ref(self, stream: Any) -> StreamRef:
@@ -534,10 +529,6 @@ def default_stack(driver: Driver) -> MemoryResource:
         _warn_direct()
         return DirectResource(driver)
     upstream = None
-    if config.upstream == "rmm" and config.mode == "check":
-        raise InvalidArgument(
-            "NUMBA_STREAMSAFE_MODE=check follows the memory the device's pool hands out, not "
-            "RMM's (NUMBA_STREAMSAFE_UPSTREAM=rmm): unset one of them")
     if config.upstream == "rmm":
         if config.ipc:
             raise InvalidArgument(
@@ -548,10 +539,11 @@ def default_stack(driver: Driver) -> MemoryResource:
                 "NUMBA_STREAMSAFE_UPSTREAM=rmm needs a GPU: the simulated driver (Numba's CUDA "
                 "simulator) allocates from its own pool; unset the variable there")
         upstream = rmm_upstream(driver.device)
-    # Check mode frees every block at once, on its stream: the checker sees each free.
+    # Check mode frees every block at once, on its stream: each free is checked.
+    check = config.mode == "check"
     return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL,
-                         ipc=config.ipc, upstream=upstream,
-                         reuse_bytes=0 if config.mode == "check" else AsyncOptions.reuse_bytes)
+                         ipc=config.ipc, upstream=upstream, check=check,
+                         reuse_bytes=0 if check else AsyncOptions.reuse_bytes)
 
 
 _warned_direct = False

@@ -37,10 +37,6 @@ class Driver(Protocol):
     supports_direct_launch: bool
     #: Handles of streams this driver destroyed and has not handed out again.
     destroyed_streams: set[int]
-    #: True when the driver follows the program's own ordering, made outside
-    #: the driver (Numba's events and synchronises: the ``program_*`` calls of
-    #: :class:`~numba_streamsafe._driver.mirror.CheckingDriver`).
-    observes_program: bool
 
     def create_stream(self, blocking: bool = False) -> int:
         """Create a stream and return its handle (``cuStreamCreate``): non-blocking,

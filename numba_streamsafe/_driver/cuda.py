@@ -88,7 +88,6 @@ class CudaDriver:
 
     traces_accesses = False
     supports_direct_launch = True
-    observes_program = False
     #: Devices whose driver was built in this process.
     _devices: set[int] = set()
     #: True once a second device's context is in use: context-dependent calls

@@ -111,7 +111,6 @@ class SimDriver:
 
     traces_accesses = True
     supports_direct_launch = False
-    observes_program = False
 
     def __init__(self, device: int = 0, capacity: int = 1 << 34, backing: bool = True, *,
                  recycle_streams: bool = True, system: SimSystem | None = None) -> None:
@@ -717,71 +716,6 @@ class SimDriver:
         """Events of this device created and not yet destroyed."""
         device = self.device
         return sum(1 for d in self.system.event_devices.values() if d == device)
-
-    # ------------------------------------------------------------- mirroring
-    # A checking driver (:class:`~.mirror.CheckingDriver`) runs a program on a
-    # GPU and tells a model that keeps no bytes (``backing=False``) what the
-    # program orders, under the real handles and addresses.
-    def knows_stream(self, handle: int) -> bool:
-        """Whether ``handle`` is a live stream of the model."""
-        return handle in self._streams
-
-    def adopt_stream(self, handle: int, blocking: bool) -> None:
-        """Know the real stream ``handle`` (``blocking``: it and the legacy
-        default stream wait for each other's work), ordered after nothing
-        queued so far but what the host has waited for; a known one takes
-        ``blocking`` (CUDA may give a destroyed stream's handle to a new one)."""
-        with self._lock:
-            known = self._streams.get(handle)
-            if known is not None:
-                # A handle CUDA gave to a new stream: its flags are the new one's.
-                known.blocking = blocking
-                return
-            stream = SimStream(handle, next(self._serials), blocking)
-            self._streams[handle] = stream
-            self._by_serial[stream.serial] = stream
-            self.streams_created += 1
-
-    def adopt_event(self, handle: int) -> None:
-        """Know the real event ``handle`` (of this device), recorded on nothing
-        yet; nothing when known."""
-        with self._lock:
-            if handle not in self._events:
-                self._events[handle] = None
-                self.system.event_devices[handle] = self.device
-                self.events_created += 1
-
-    def mirror_alloc(self, ptr: int, nbytes: int, label: str) -> None:
-        """Memory the real driver handed out at ``ptr`` by ``label``, written by
-        the host: ready for every stream, as ``cuMemAlloc`` makes it. A chunk
-        the model still holds there (whose free it did not see) is forgotten
-        first."""
-        with self._lock:
-            stale = self.memory.external(ptr)
-            if stale is not None:
-                self.memory.release(stale)
-            chunk = self.memory.add_external(ptr, nbytes)
-            self.checker.check(chunk, ptr, nbytes, Access.WRITE, self._host_op(label))
-
-    def mirror_free(self, ptr: int, stream: int | None, label: str) -> None:
-        """The real free ``label`` of the memory at ``ptr`` on ``stream`` (None:
-        ``cuMemFree``, which synchronises the device first): checked as a write
-        of all of it (every use must be ordered before it), then forgotten, so
-        a later use of it is a use after free. Memory the model never saw
-        handed out is ignored."""
-        with self._lock:
-            chunk = self.memory.external(ptr)
-            if chunk is None:
-                return
-            if stream is None:
-                self._join_device()
-                op = self._host_op(label)
-            else:
-                op = self._enqueue(stream, label, label)
-            self.checker.check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
-            self.memory.release(chunk, op)
-        if watchers:
-            tell_watchers(self.system)
 
     # ---------------------------------------------------------------- graphs
     def begin_capture(self, stream: int) -> None:

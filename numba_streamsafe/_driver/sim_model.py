@@ -193,6 +193,9 @@ class SimSystem:
         self.hazards: list[Hazard] = []
         self.drivers: dict[int, Any] = {}  # device -> its SimDriver
         self._next_handle = 0x1000
+        #: Whether the hazards found here are the user's reports: False where a
+        #: checking resource over this system reports instead (check mode).
+        self.reports = True
 
     def take_handles(self, step: int = 0x10) -> int:
         """A fresh handle; the next ``step`` values are taken with it."""
@@ -221,10 +224,13 @@ def join_clocks(clock: dict[int, int], other: dict[int, int]) -> None:
             clock[k] = v
 
 
-def tell_watchers(system: SimSystem) -> None:
+def tell_watchers(system: Any) -> None:
     """Give the hazards ``system`` found since they last looked to every race
     check in progress; raise for the first new one when a check asks to stop
-    at the first hazard."""
+    at the first hazard. A system that does not report (``reports`` False)
+    tells nobody."""
+    if not system.reports:
+        return
     stop = None
     for watcher in list(watchers):
         new = watcher.collect(system)

@@ -9,6 +9,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 from numba_streamsafe._driver import sim_model as sim
 from numba_streamsafe.core.errors import RaceDetected
@@ -18,14 +19,19 @@ from numba_streamsafe.runtime import installed_devices, installed_runtime
 __all__ = ["RaceCheck", "race_check", "hazards", "start_check_mode"]
 
 
-def _systems() -> list[sim.SimSystem]:
-    """The simulated systems of the installed runtimes, each once."""
-    out: dict[int, sim.SimSystem] = {}
+def _systems() -> list[Any]:
+    """Where the installed runtimes' races are reported, each once: a checking
+    resource's race log (check mode), else a simulated driver's system."""
+    out: dict[int, Any] = {}
     for device in installed_devices():
         rt = installed_runtime(device)
-        driver = getattr(rt, "driver", None)
-        system = getattr(driver, "system", None)
-        if isinstance(system, sim.SimSystem):
+        resource = getattr(rt, "resource", None)
+        log = getattr(getattr(resource, "tracker", None), "race_log", None)
+        if log is not None:
+            out[id(log)] = log
+            continue
+        system = getattr(getattr(rt, "driver", None), "system", None)
+        if isinstance(system, sim.SimSystem) and system.reports:
             out[id(system)] = system
     return list(out.values())
 
@@ -62,7 +68,7 @@ class RaceCheck:
         self._seen: dict[int, int] = {id(s): len(s.hazards) for s in _systems()}
         self._lock = threading.Lock()
 
-    def collect(self, system: sim.SimSystem) -> list[sim.Hazard]:
+    def collect(self, system: Any) -> list[sim.Hazard]:
         """The hazards ``system`` found since this check last looked (kept in
         :attr:`hazards`)."""
         with self._lock:

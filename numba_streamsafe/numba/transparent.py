@@ -233,8 +233,11 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
 
 def _host_waited_default() -> None:
     """A synchronous copy on the default stream: the host waits for the
-    default stream (a checking driver is told)."""
-    _observed(lambda driver: driver.program_stream_synchronize(default_stream_handle()))
+    default stream (in check mode the resource is told: the host is then
+    ordered after the copy, or after the stream's earlier work)."""
+    rt = installed_runtime(target.current_device())
+    if rt is not None and rt.checking:
+        _synchronised(rt, default_stream_handle(), _nothing)
 
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -343,7 +346,6 @@ def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = target.launch_runtime()
         handle = _stream_ref(rt, stream)[0]
         _record(rt, self, handle, lambda: original(self, stream))
-        _tell(rt, lambda driver: driver.program_event_record(self.handle, handle))
     record.__doc__ = original.__doc__
     return record
 
@@ -353,7 +355,6 @@ def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = target.launch_runtime()
         ref = _stream_ref(rt, stream)
         _wait(rt, self, ref, lambda: original(self, stream))
-        _tell(rt, lambda driver: driver.program_stream_wait(ref[0], self.handle))
     wait.__doc__ = original.__doc__
     return wait
 
@@ -361,7 +362,6 @@ def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
         _event_completed(self, lambda: original(self))
-        _observed(lambda driver: driver.program_event_synchronize(self.handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -370,7 +370,7 @@ def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
     def query(self: Any) -> bool:
         done = original(self)
         if done:  # the host saw it complete: ordered after it
-            _observed(lambda driver: driver.program_event_synchronize(self.handle))
+            _event_completed(self, _nothing)
         return done  # type: ignore[no-any-return]
     query.__doc__ = original.__doc__
     return query
@@ -381,7 +381,6 @@ def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = target.launch_runtime()
         handle = _stream_ref(rt, self)[0]
         _synchronised(rt, handle, lambda: original(self))
-        _tell(rt, lambda driver: driver.program_stream_synchronize(handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -392,22 +391,12 @@ def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]
         # whichever context object it is called on.
         rt = installed_runtime(target.current_device())
         _device_synchronised(rt, lambda: original(self))
-        _tell(rt, lambda driver: driver.program_synchronize())
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
-def _tell(rt: Any | None, tell: Callable[[Any], None]) -> None:
-    """Tell ``rt``'s driver what the program did, when it follows the
-    program's ordering (check mode's
-    :class:`~numba_streamsafe._driver.mirror.CheckingDriver`)."""
-    if rt is not None and rt.driver.observes_program:
-        tell(rt.driver)
-
-
-def _observed(tell: Callable[[Any], None]) -> None:
-    """:func:`_tell` the current device's runtime, if one is installed."""
-    _tell(installed_runtime(target.current_device()), tell)
+def _nothing() -> None:
+    """What a query that found its event complete still has to wait for."""
 
 
 # ---------------------------------------------------------------- simulator
@@ -429,7 +418,11 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
         return work(*args)
     result = _fence_numba(label, stream, uses, work, *args)
     if sync:
-        rt.driver.stream_synchronize(_stream_ref(rt, stream)[0])
+        handle = _stream_ref(rt, stream)[0]
+        if rt.checking:  # the host waits for the copy: told to the resource
+            _synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
+        else:
+            rt.driver.stream_synchronize(handle)
     return result
 
 
@@ -510,9 +503,9 @@ def _destroy_event(driver: Any, handle: int) -> None:
 
 
 # The program's own ordering, told to the runtime's tracking resource: an
-# event's point is kept on the event object (``_nss_point``: a weak reference to
-# the runtime, the stream it was recorded on, the point), so a wait for it or a
-# synchronise of it orders what the point covers (``AsyncResource.program_point``).
+# event's clock is kept on the event object (``_nss_point``: a weak reference to
+# the runtime, the clock of the point where it was recorded), so a wait for it
+# or a synchronise of it orders what the clock covers (``AsyncResource.program_clock``).
 # One lock per event keeps each call and its bookkeeping together; nothing is
 # noted while a graph is captured on the device (a captured wait is a graph
 # node, not a wait of the stream).
@@ -536,10 +529,10 @@ def _record(rt: Any, event: Any, handle: int, record: Callable[[], Any]) -> None
             event.__dict__.pop("_nss_point", None)
             record()
             return
-        point = rt.resource.tracker.program_point(handle)
+        clock = rt.resource.tracker.program_clock(handle)
         event.__dict__.pop("_nss_point", None)
         record()
-        event.__dict__["_nss_point"] = (weakref.ref(rt), handle, point)
+        event.__dict__["_nss_point"] = (weakref.ref(rt), clock)
 
 
 def _wait(rt: Any, event: Any, ref: tuple[int, Any], wait: Callable[[], Any]) -> None:
@@ -550,7 +543,7 @@ def _wait(rt: Any, event: Any, ref: tuple[int, Any], wait: Callable[[], Any]) ->
         wait()
         if point is not None and point[0]() is rt and _noting(rt):
             handle, owner = ref
-            rt.resource.tracker.program_waited(handle, point[1], point[2], owner)
+            rt.resource.tracker.program_waited(handle, point[1], owner)
 
 
 def _event_completed(event: Any, synchronize: Callable[[], Any]) -> None:
@@ -560,7 +553,7 @@ def _event_completed(event: Any, synchronize: Callable[[], Any]) -> None:
         synchronize()
         rt = point[0]() if point is not None else None
         if rt is not None and _noting(rt):
-            rt.resource.tracker.program_completed(point[1], point[2])
+            rt.resource.tracker.program_completed(point[1])
 
 
 def _synchronised(rt: Any, handle: int, synchronize: Callable[[], Any]) -> None:
@@ -568,9 +561,9 @@ def _synchronised(rt: Any, handle: int, synchronize: Callable[[], Any]) -> None:
     if not _noting(rt):
         synchronize()
         return
-    point = rt.resource.tracker.program_point(handle)
+    clock = rt.resource.tracker.program_clock(handle)
     synchronize()
-    rt.resource.tracker.program_completed(handle, point)
+    rt.resource.tracker.program_completed(clock)
 
 
 def _device_synchronised(rt: Any | None, synchronize: Callable[[], Any]) -> None:

@@ -39,6 +39,7 @@ from numba_streamsafe.core.errors import (
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.races import RaceLog
 from numba_streamsafe.resources.reaping import Reaper
 from numba_streamsafe.resources.tracking.block_table import BlockTable
 from numba_streamsafe.resources.tracking.lock import Lock
@@ -77,10 +78,13 @@ class AsyncOptions:
     release_threshold: int | None = None
     ipc: bool = False
     upstream: Upstream | None = None
+    check: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.ipc, bool):
             raise InvalidArgument(f"ipc must be True or False, got {self.ipc!r}")
+        if not isinstance(self.check, bool):
+            raise InvalidArgument(f"check must be True or False, got {self.check!r}")
         if self.upstream is not None:
             if not isinstance(self.upstream, Upstream):
                 raise InvalidArgument(
@@ -145,6 +149,11 @@ class AsyncResource(MemoryResource):
         pool, such as an RMM resource
         (:class:`~numba_streamsafe.resources.upstream.RmmUpstream`); None:
         ``cuMemAllocAsync`` / ``cuMemFreeAsync``. Not with ``ipc``.
+    check : bool
+        Check mode (``NUMBA_STREAMSAFE_MODE=check``): the resource queues no
+        wait and records no event; a use (or free) that needs a mark the
+        program's own ordering does not cover is a race, reported in
+        :attr:`race_log` as it is found. New memory is ready for every stream.
     release_threshold : int or None
         Pooled bytes the device's stream-ordered pool keeps at a synchronize
         (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); None leaves the pool's setting
@@ -201,7 +210,15 @@ class AsyncResource(MemoryResource):
         self.events = EventPool(driver, opts.max_idle_events)
         self._lock = Lock()
         self._table = BlockTable(self.device)
-        self.marks = MarkBook(driver, self.events)
+        self.marks = MarkBook(driver, self.events, opts.check)
+        #: Check mode's reports (None in ordering mode).
+        self.race_log: RaceLog | None = RaceLog() if opts.check else None
+        if opts.check:
+            tracehook.name_arguments_for_good()  # the reports name the arguments
+            # A simulated driver's own checker is not the one that reports.
+            system = getattr(driver, "system", None)
+            if system is not None:
+                system.reports = False
         self._reaper = Reaper(driver, self._lock, self._free, opts.reuse_bytes)
         # Read (never written) on every allocation and free.
         self._pending = self._reaper.pending
@@ -359,7 +376,11 @@ class AsyncResource(MemoryResource):
         """The mark a new block on ``stream`` is ready after: the stream's open
         mark, which keeps ``owner``, its event recorded now with eager fences.
         If that recording fails, ``undo(ptr, stream)`` gives the memory back
-        and the error is raised. Caller holds the lock."""
+        and the error is raised. In check mode: the mark every stream is
+        ordered after (new memory is ready for every stream, as Numba's own
+        ``cuMemAlloc`` makes it). Caller holds the lock."""
+        if self.marks.checking:
+            return self.marks.ready
         mark = self.marks.current(stream, owner)
         if self._eager:
             try:
@@ -394,6 +415,25 @@ class AsyncResource(MemoryResource):
         with self._lock:
             entries = rules.resolve(self._table, uses, "commit")
             rules.commit_locked(self.marks, entries, stream, owner, self._eager)
+        if self.marks.races:
+            self.report_races()
+
+    @property
+    def checking(self) -> bool:
+        """Whether the resource checks instead of ordering (check mode)."""
+        return bool(self.marks.checking)
+
+    def report_races(self) -> None:
+        """Check mode: report the races found since the last report
+        (:attr:`race_log`); raises
+        :class:`~numba_streamsafe.core.errors.RaceDetected` where a race check
+        stops at the first."""
+        if self.race_log is None:
+            return
+        with self._lock:
+            races = self.marks.take_races()
+        if races:
+            self.race_log.report(races)
 
     # The engine's view (numba_streamsafe.numba.launch.launcher reads these once per
     # kernel and runtime, then takes the lock and the table itself).
@@ -437,6 +477,8 @@ class AsyncResource(MemoryResource):
             check_block(block, "deallocate")
         with self._lock:
             self._deallocate_locked(block)
+        if self.marks.races:
+            self.report_races()
 
     def _deallocate_locked(self, block: Block) -> None:
         """:meth:`deallocate` with the lock held."""
@@ -449,7 +491,11 @@ class AsyncResource(MemoryResource):
         stream = block.stream
         if not entry.only_on(stream):
             marks = entry.waits_for(stream, Access.READ_WRITE)
-            if marks:
+            if marks and self.marks.checking:  # the free is a write of all of it
+                where = (block, 3, 0, block.nbytes, True)
+                for mark in marks:
+                    self.marks.verify(stream, mark, block.stream_owner, where)
+            elif marks:
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)
         nbytes = block.nbytes
         owner = block.stream_owner
@@ -547,7 +593,11 @@ class AsyncResource(MemoryResource):
         stream = block.stream
         if not entry.only_on(stream):
             marks = entry.waits_for(stream, Access.READ_WRITE)
-            if marks:
+            if marks and self.marks.checking:  # the free is a write of all of it
+                where = (block, 3, 0, block.nbytes, True)
+                for mark in marks:
+                    self.marks.verify(stream, mark, block.stream_owner, where)
+            elif marks:
                 self.marks.wait_all(stream, marks, block.stream_owner, free=True)
         self.driver.release_foreign(block.ptr, stream)
         # The waits are queued: from here on nothing can fail.
@@ -640,33 +690,31 @@ class AsyncResource(MemoryResource):
             return self._table.on_stream(stream)
 
     # ------------------------------------------------- the program's own order
-    def program_point(self, stream: int) -> int:
-        """A point of the program on ``stream`` (where it records an event or
-        synchronises the stream): every use recorded on the stream so far is
-        before it, later ones after (``MarkBook.program_point``)."""
+    def program_clock(self, stream: int) -> dict[Any, int]:
+        """A point of the program on ``stream`` (an event recorded there, or a
+        synchronise of it), with what the stream is ordered after: the uses
+        queued there so far are before it, later ones after
+        (``MarkBook.program_clock``)."""
         with self._lock:
-            return self.marks.program_point(stream)  # type: ignore[no-any-return]
+            return self.marks.program_clock(stream)  # type: ignore[no-any-return]
 
     def program_point_all(self) -> int:
-        """:meth:`program_point` of every stream (a device synchronise)."""
+        """A point of the program on every stream (a device synchronise)."""
         with self._lock:
             return self.marks.program_point_all()  # type: ignore[no-any-return]
 
-    def program_waited(self, stream: int, producer: int, point: int, owner: Any = None
-                       ) -> None:
-        """The program queued a wait of ``stream`` for an event recorded at
-        ``producer``'s ``point``: later uses on ``stream`` need no wait of the
-        library's for what the point covers (counted as ``waits_skipped``),
-        while ``owner`` (the stream's object; None for a raw handle or a
-        default stream) lives."""
+    def program_waited(self, stream: int, clock: dict[Any, int], owner: Any = None) -> None:
+        """The program made ``stream`` (of object ``owner``, None for a raw
+        handle) wait for an event whose :meth:`program_clock` is ``clock``:
+        later uses on it skip the waits the clock covers (in check mode they
+        are not races)."""
         with self._lock:
-            self.marks.program_waited(stream, producer, point, owner)
+            self.marks.program_waited(stream, clock, owner)
 
-    def program_completed(self, stream: int, point: int) -> None:
-        """The host saw ``stream`` complete up to ``point`` (the stream, or an
-        event recorded at the point, synchronised)."""
+    def program_completed(self, clock: dict[Any, int]) -> None:
+        """The host saw a point of the program complete (its :meth:`program_clock`)."""
         with self._lock:
-            self.marks.program_completed(stream, point)
+            self.marks.program_completed(clock)
 
     def program_completed_all(self, point: int) -> None:
         """The host saw the device complete up to ``point`` (``program_point_all``)."""

@@ -133,22 +133,22 @@ class MemoryResource(abc.ABC):
     # The program's own ordering (events it records and waits for, the streams
     # and devices it synchronises), which a tracking resource uses to skip
     # waits already satisfied. A resource that tracks nothing ignores it.
-    def program_point(self, stream: int) -> int:
-        """A point of the program on ``stream``: everything queued there so far
-        is before it (see :meth:`AsyncResource.program_point`); 0 here."""
-        return 0
+    def program_clock(self, stream: int) -> dict[Any, int]:
+        """A point of the program on ``stream`` with what it is ordered after
+        (see :meth:`AsyncResource.program_clock`); empty here."""
+        return {}
 
     def program_point_all(self) -> int:
-        """:meth:`program_point` of every stream of the device; 0 here."""
+        """A point of the program on every stream of the device; 0 here."""
         return 0
 
-    def program_waited(self, stream: int, producer: int, point: int,  # noqa: B027
+    def program_waited(self, stream: int, clock: dict[Any, int],  # noqa: B027
                        owner: Any = None) -> None:
-        """The program made ``stream`` (of object ``owner``) wait for
-        ``producer``'s ``point``."""
+        """The program made ``stream`` (of object ``owner``) wait for an event
+        whose :meth:`program_clock` is ``clock``."""
 
-    def program_completed(self, stream: int, point: int) -> None:  # noqa: B027
-        """The host saw ``stream`` complete up to ``point``."""
+    def program_completed(self, clock: dict[Any, int]) -> None:  # noqa: B027
+        """The host saw a point of the program complete (its ``clock``)."""
 
     def program_completed_all(self, point: int) -> None:  # noqa: B027
         """The host saw the whole device complete up to ``point``."""
@@ -160,6 +160,12 @@ class MemoryResource(abc.ABC):
 
     def supports_tracking(self) -> bool:
         """Whether :meth:`preflight` and :meth:`commit` are available."""
+        return False
+
+    @property
+    def checking(self) -> bool:
+        """Whether the resource checks the uses instead of ordering them (check
+        mode, :class:`~numba_streamsafe.resources.AsyncResource`'s ``check``)."""
         return False
 
     def _refuse(self, what: str) -> StreamMisuse:
@@ -295,6 +301,10 @@ class ResourceAdaptor(MemoryResource):
     @property
     def tracker(self) -> MemoryResource:
         return self.upstream.tracker
+
+    @property
+    def checking(self) -> bool:
+        return self.upstream.checking
 
 
 class DeferringAdaptor(ResourceAdaptor):

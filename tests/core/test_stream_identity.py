@@ -322,11 +322,11 @@ def test_a_new_stream_on_a_dead_streams_handle_is_ordered_after_nothing(owner_di
     sim.synchronize()
     kernel(res, sim, a, [(x, W)], label="write x on a")
     owner = _StreamObject()
-    point = res.program_point(a)
+    clock = res.program_clock(a)
     event = sim.event_create()
     sim.event_record(event, a)
     sim.stream_wait_event(b, event)
-    res.program_waited(b, a, point, owner)
+    res.program_waited(b, clock, owner)
     if owner_dies:
         del owner
         gc.collect()

@@ -23,8 +23,10 @@ import cython
 from numba_streamsafe._driver import libcuda
 from numba_streamsafe._driver.libcuda import launch_entry
 from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.sites import user_site
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
+from numba_streamsafe.resources.tracking.marks import set_work
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.runtime import RUNTIMES
 
@@ -337,6 +339,9 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         t0 = log.now()
         w0 = len(log.waits)
         e0 = len(log.seals)
+    checking: cython.bint = book.checking
+    if checking:  # check mode: the reports name the kernel, its arguments, the user's line
+        set_work((state.label, user_site(), (state.names, arrays)))
     lock.take()
     try:
         if handle in state.destroyed:
@@ -366,6 +371,10 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     if log is not None:
         log.launched(op_id, t0, w0, e0, state.label, state.device, handle,
                      _uses_of(arrays, state.names))
+    if checking:
+        set_work(None)
+        if book.races:  # raised after the launch is queued
+            state.rt.resource.tracker.report_races()
     return True
 
 

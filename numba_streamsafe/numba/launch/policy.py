@@ -31,8 +31,9 @@ class LaunchPolicy:
     tracking : bool
         When False, tracked kernels and copies launch without waits or marks,
         as plain Numba would (to show races; see :func:`numba_streamsafe.tracking`).
-        A runtime whose stack cannot track (``DirectResource``), and every
-        runtime in check mode (``NUMBA_STREAMSAFE_MODE=check``), starts with it off.
+        A runtime whose stack cannot track (``DirectResource``) starts with it
+        off. In check mode (``NUMBA_STREAMSAFE_MODE=check``) the tracking
+        resource checks the uses instead of ordering them.
     direct_launch : bool
         When True, tracked kernels launch covered overloads with one
         ``cuLaunchKernel`` (:mod:`numba_streamsafe.numba.launch.launch_plan`) instead of
@@ -42,8 +43,7 @@ class LaunchPolicy:
     """
 
     def __init__(self, rt: Any) -> None:
-        # Check mode runs the program as written: nothing is ordered.
-        self.tracking = rt.resource.supports_tracking() and settings().mode != "check"
+        self.tracking = rt.resource.supports_tracking()
         self.direct_launch = rt.driver.supports_direct_launch and settings().direct_launch
 
     def __repr__(self) -> str:

@@ -15,6 +15,7 @@ cdef class Mark:
     cdef readonly Py_ssize_t refs
     cdef public object owner
     cdef public object waiters
+    cdef public object seen
 
 
 cdef class ForeignMark(Mark):
@@ -48,6 +49,11 @@ cdef class MarkBook:
     cdef readonly dict done
     cdef readonly dict ordered
     cdef public Py_ssize_t skipped
+    cdef readonly bint checking
+    cdef public list races
+    cdef public unsigned long long legacy_point
+    cdef dict _flags
+    cdef readonly Mark ready
 
     cpdef Mark current(self, object stream, object owner=*)
     cpdef object seal(self, Mark mark, bint direct=*)
@@ -55,7 +61,13 @@ cdef class MarkBook:
                           bint direct=*)
     cpdef object release(self, Mark mark)
     cdef bint _ordered_already(self, object stream, Mark mark, object owner) except? -1
-    cdef bint _covered(self, object stream, Mark mark) noexcept
+    cdef bint _covered(self, object stream, Mark mark) except? -1
+    cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
+    cdef bint _after_legacy(self, Mark mark) except? -1
+    cpdef object verify(self, object stream, Mark mark, object owner, tuple where)
+    cpdef bint blocking(self, object stream) except? -1
+    cpdef object legacy_use(self)
+    cpdef object note(self, Mark mark, object entry_ptr, object lo, object hi, object access)
     cdef void hold(self, Mark mark) noexcept
     cpdef object hold_sealed(self, Mark mark)
     cpdef bint in_use(self, Mark mark)

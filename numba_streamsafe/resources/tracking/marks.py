@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import threading
 import weakref
 from typing import Any
 
@@ -28,8 +29,8 @@ from numba_streamsafe.core.errors import DriverError
 from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
 
-__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id",
-           "COMPILED"]
+__all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id", "set_work",
+           "CLOSED", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -69,8 +70,10 @@ class Mark:
     wait for the mark's event to their owning objects (None for a raw
     handle), kept alive while the mark is in use. ``seq`` numbers marks in
     the order they are made: of two marks of one stream, the one with the
-    higher ``seq`` stands for all the other does. Callers change a mark only
-    under their resource's lock.
+    higher ``seq`` stands for all the other does. In check mode ``seen``
+    maps the spans the mark's uses touched, ``(block address, lo, hi)``, to
+    ``(access, what)`` (the work that touched them last, for the reports).
+    Callers change a mark only under their resource's lock.
     """
 
     def __init__(self, stream: int, owner: Any = None) -> None:
@@ -82,6 +85,7 @@ class Mark:
         self.refs = 0
         self.owner = owner
         self.waiters = None
+        self.seen = None
 
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"
@@ -226,21 +230,73 @@ class EventPool:
 
 
 # ------------------------------------------------------------------- mark book
+#: The handle of a mark closed in check mode, where no event is recorded.
+CLOSED: str = "closed"
+
+#: Per thread, what the use being checked or recorded is (check mode's
+#: reports): ``(label, site, names)``, set by :func:`set_work`.
+_work = threading.local()
+
+
+def set_work(what: Any) -> None:
+    """Check mode: the work whose uses this thread checks and records next,
+    ``(label, site, names)`` (kept on the marks, named in the reports)."""
+    _work.what = what
+
+
+@cython.cfunc
+@cython.inline
+def _legacy(stream: Any) -> cython.bint:
+    """Whether ``stream`` is the legacy default stream (0, or ``CU_STREAM_LEGACY``)."""
+    return stream is not None and (stream == 0 or stream == 1)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _join_clock(into: dict, other: dict) -> cython.int:
+    """``into`` after ``other``: per key, the newer point."""
+    for key, point in other.items():
+        known = into.get(key)
+        if known is None or point > known:
+            into[key] = point
+    return 0
+
+
 @cython.cclass
 class MarkBook:
-    """The open mark of each stream, sealing, waits, and releasing marks.
+    """The open mark of each stream, sealing, waits, and releasing marks; and
+    what the program's own synchronisation orders (its *clocks*).
 
     Callers hold their resource's lock around every method.
+
+    The program's ordering is kept as clocks: a clock maps a stream to the
+    point (a mark sequence number) up to which something is ordered after its
+    marks. ``done`` is the host's clock (what it saw complete), ``done_all``
+    the point of the last device synchronise, and ``ordered`` per stream the
+    clock it waited for (:meth:`program_waited`), kept while the stream's
+    object lives. A clock taken where the program records an event carries
+    what that stream was ordered after (:meth:`program_clock`), so a chain of
+    events orders as CUDA orders it.
+
+    In ordering mode a use skips the waits those clocks cover (counted in
+    ``skipped``). In check mode (``checking``) nothing is waited for and no
+    event is recorded: a use that needs a mark its clocks do not cover is a
+    race, kept in ``races`` as ``(stream, mark, where, what, seen)`` until the
+    resource reports it; the legacy default stream's implicit ordering with
+    blocking streams counts as the program's, and new memory is ready for
+    every stream (``ready``, a mark every clock covers).
 
     Parameters
     ----------
     driver : Driver
-        Queues the waits.
+        Queues the waits (and tells a stream's flags in check mode).
     events : EventPool
         Records the marks' events.
+    checking : bool
+        Check mode.
     """
 
-    def __init__(self, driver: Any, events: EventPool) -> None:
+    def __init__(self, driver: Any, events: EventPool, checking: bool = False) -> None:
         self.driver = driver
         self.events = events
         #: The open (not yet sealed) mark of each stream.
@@ -249,19 +305,27 @@ class MarkBook:
         self.waits = 0
         #: Uses that stayed on their block's last writer's stream (no wait needed).
         self.same_stream = 0
-        #: The program's own ordering (:meth:`program_point` and the calls after
-        #: it): marks up to ``done_all`` (by ``seq``) are complete; ``done``:
-        #: stream -> seq up to which its marks are complete; ``ordered``:
-        #: consumer stream -> ``[owner, {producer stream: seq up to which the
-        #: consumer is ordered after the producer's marks}]``, where ``owner``
-        #: is a weak reference to the consumer's stream object (None for a raw
-        #: handle or a default stream): once it is dead the handle may name a
-        #: new stream, and the entry no longer counts.
+        #: The program's own ordering (the class's clocks): ``ordered`` maps a
+        #: stream to ``[owner, clock]``, ``owner`` a weak reference to the
+        #: stream's object (None for a raw handle or a default stream): once it
+        #: is dead the handle may name a new stream, and the entry no longer counts.
         self.done_all = 0
         self.done = {}
         self.ordered = {}
         #: Waits not queued because the program's own ordering covered them.
         self.skipped = 0
+        self.checking = checking
+        self.races = []
+        #: Check mode: the point of the legacy default stream's last use, up
+        #: to which it is ordered after every blocking stream's marks.
+        self.legacy_point = 0
+        #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
+        self._flags = {}
+        ready: Mark = None
+        if checking:
+            ready = Mark(retired_stream_id())
+            ready.seq = 0  # every clock covers it
+        self.ready = ready
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -278,11 +342,15 @@ class MarkBook:
         return mark
 
     def seal(self, mark: Mark, direct: cython.bint = False) -> Any:
-        """The event of ``mark``, recorded now if it has none. A sealed mark is
-        no longer its stream's open mark: later work gets a new one."""
+        """The event of ``mark``, recorded now if it has none (in check mode
+        none is recorded: the mark is closed). A sealed mark is no longer its
+        stream's open mark: later work gets a new one."""
         handle = mark.handle
         if handle is None:
-            handle = self.events.record(mark.stream, direct)
+            if self.checking:
+                handle = CLOSED
+            else:
+                handle = self.events.record(mark.stream, direct)
             mark.handle = handle
             if self.open.get(mark.stream) is mark:
                 del self.open[mark.stream]
@@ -293,7 +361,8 @@ class MarkBook:
 
     def wait_all(self, stream: Any, marks: list, owner: Any = None, free: cython.bint = False,
                  direct: cython.bint = False) -> None:
-        """Queue waits of ``stream`` on ``marks``, each once.
+        """Queue waits of ``stream`` on ``marks``, each once (in check mode:
+        :meth:`verify` each instead, as a free when ``free``).
 
         A stream that already waited for a mark is ordered after it for good
         (stream order), so it never waits for the same mark twice. The mark
@@ -304,6 +373,10 @@ class MarkBook:
         launch path), unless the driver has destroyed streams to check.
         """
         mark: Mark
+        if self.checking:
+            for m in marks:
+                self.verify(stream, m, owner, (None, 3, 0, 0, free))
+            return
         if direct and self.driver.destroyed_streams:
             direct = False
         for m in marks:
@@ -322,6 +395,34 @@ class MarkBook:
             if log is not None:
                 log.waited(stream, mark.stream, free)
 
+    def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple) -> None:
+        """Check mode: a use on ``stream`` needs ``mark`` (the rules decided);
+        unless the program orders ``stream`` after it, the pair is a race,
+        kept in :attr:`races` with ``where`` (``(block, access, lo, hi,
+        free)`` of the use), the thread's work (:func:`set_work`) and what the
+        mark's uses touched (``Mark.seen``), once per mark and stream."""
+        if self._ordered_already(stream, mark, owner):
+            return
+        waiters = mark.waiters
+        if waiters is None:
+            waiters = mark.waiters = {}
+        waiters[stream] = owner
+        self.races.append((stream, mark, where, getattr(_work, "what", None), mark.seen))
+
+    def take_races(self) -> list:
+        """The races found since the last call (check mode)."""
+        races = self.races
+        self.races = []
+        return races
+
+    def note(self, mark: Mark, entry_ptr: Any, lo: Any, hi: Any, access: Any) -> None:
+        """Check mode: ``mark``'s use of the bytes ``lo .. hi - 1`` of the
+        block at ``entry_ptr`` was the thread's work (for a later report)."""
+        seen = mark.seen
+        if seen is None:
+            seen = mark.seen = {}
+        seen[(entry_ptr, lo, hi)] = (access, getattr(_work, "what", None))
+
     @cython.cfunc
     @cython.exceptval(-1, check=True)
     def _ordered_already(self, stream: Any, mark: Mark, owner: Any) -> cython.bint:
@@ -339,30 +440,100 @@ class MarkBook:
             return True
         # The program's ordering is known for this device's streams only: a
         # foreign mark is work of another device, which no synchronise here covers.
-        if not foreign and (mark.seq <= self.done_all or ((self.done or self.ordered)
-                                                          and self._covered(stream, mark))):
+        if not foreign and (mark.seq <= self.done_all or (
+                (self.done or self.ordered or self.checking) and self._covered(stream, mark))):
             self.skipped += 1
             return True
         return False
 
     @cython.cfunc
-    @cython.exceptval(check=False)
+    @cython.exceptval(-1, check=True)
     def _covered(self, stream: Any, mark: Mark) -> cython.bint:
         """Whether the program's own synchronisation already orders ``stream``'s
-        next work after ``mark`` (complete, or ordered by an event)."""
+        next work after ``mark`` (complete, or ordered by an event; in check
+        mode also by the legacy default stream)."""
         seq = mark.seq
         done = self.done.get(mark.stream)
         if done is not None and seq <= done:
             return True
+        clock = None
         entry = self.ordered.get(stream)
-        if entry is None:
+        if entry is not None:
+            ref = entry[0]
+            if ref is not None and ref() is None:  # the stream object died: its handle
+                del self.ordered[stream]           # may be a new stream's now
+            else:
+                clock = entry[1]
+                upto = clock.get(mark.stream)
+                if upto is not None and seq <= upto:
+                    return True
+        if not self.checking:
             return False
-        ref = entry[0]
-        if ref is not None and ref() is None:  # the stream object died: its handle
-            del self.ordered[stream]           # may be a new stream's now
+        return self._implied(stream, mark, clock)
+
+    @cython.cfunc
+    @cython.exceptval(-1, check=True)
+    def _implied(self, stream: Any, mark: Mark, clock: Any) -> cython.bint:
+        """Check mode: whether CUDA's implicit ordering of the legacy default
+        stream with blocking streams orders ``stream``'s next work after
+        ``mark`` (``clock``: what ``stream`` waited for, or None)."""
+        s = mark.stream
+        seq = mark.seq
+        if _legacy(stream):  # after every blocking stream's earlier work
+            return _legacy(s) or self.blocking(s)
+        if self.blocking(stream) and self._after_legacy(mark):
+            return True
+        # An event recorded on (or a synchronise of) the legacy stream or a
+        # blocking one covers the blocking streams' marks up to its ``None`` point.
+        upto = self.done.get(None)
+        if clock is not None:
+            mine = clock.get(None)
+            if mine is not None and (upto is None or mine > upto):
+                upto = mine
+        return upto is not None and seq <= upto and self.blocking(s)
+
+    @cython.cfunc
+    @cython.exceptval(-1, check=True)
+    def _after_legacy(self, mark: Mark) -> cython.bint:
+        """Check mode: whether the legacy default stream's earlier work is after
+        ``mark`` (so a blocking stream's next work is): a mark of the legacy
+        stream, one its clock covers, or a blocking stream's mark closed by
+        its last use (``legacy_point``)."""
+        s = mark.stream
+        if _legacy(s):
+            return True
+        legacy = self.ordered.get(0)
+        if legacy is not None:
+            upto = legacy[1].get(s)
+            if upto is not None and mark.seq <= upto:
+                return True
+        return mark.seq <= self.legacy_point and self.blocking(s)
+
+    def blocking(self, stream: Any) -> cython.bint:
+        """Check mode: whether ``stream`` (not a default stream) and the legacy
+        default stream wait for each other's work (its flags, read once)."""
+        if stream is None or stream < 2:
             return False
-        upto = entry[1].get(mark.stream)
-        return upto is not None and seq <= upto
+        found = self._flags.get(stream)
+        if found is None:
+            try:
+                found = bool(self.driver.stream_blocking(stream))
+            except Exception:  # a stream gone, or a key that names none
+                found = False
+            self._flags[stream] = found
+        return found  # type: ignore[no-any-return]
+
+    def legacy_use(self) -> None:
+        """Check mode: work is queued on the legacy default stream now. It comes
+        after every blocking stream's earlier work: their open marks close, the
+        legacy stream's point moves on, and what they waited for joins its clock."""
+        for stream in [s for s in self.open if not _legacy(s) and self.blocking(s)]:
+            self.retire(stream)
+        self.legacy_point = _mark_seq
+        clock = self._order_entry(0, None)[1]
+        for stream, entry in list(self.ordered.items()):
+            if not _legacy(stream) and self.blocking(stream):
+                _join_clock(clock, entry[1])
 
     # ------------------------------------------------ the program's own order
     def program_point(self, stream: Any) -> int:
@@ -374,16 +545,37 @@ class MarkBook:
         self.retire(stream)
         return _mark_seq
 
-    def program_waited(self, stream: Any, producer: Any, point: int, owner: Any = None
-                       ) -> None:
-        """The program made ``stream`` wait for ``producer``'s ``point`` (an
-        event recorded there): its next work is ordered after every mark of
-        ``producer`` up to the point. ``owner`` is the stream's object (None
-        for a raw handle or a default stream): the knowledge lasts while it
-        lives, since its handle may name another stream after it."""
-        entry = self._order_entry(stream, owner)
-        if point > entry[1].get(producer, 0):
-            entry[1][producer] = point
+    def program_clock(self, stream: Any) -> dict:
+        """The clock of a point of the program on ``stream`` (an event recorded
+        there, or a synchronise of it): the stream's :meth:`program_point` with
+        what the stream is ordered after (its waits; in check mode the legacy
+        default stream's implicit ordering, ``None`` standing for every
+        blocking stream)."""
+        clock: dict = {}
+        if self.checking:
+            if _legacy(stream):
+                self.legacy_use()
+                clock[None] = self.legacy_point
+            elif self.blocking(stream):  # after the legacy stream's earlier work
+                clock[0] = self.program_point(0)
+                legacy = self.ordered.get(0)
+                if legacy is not None:
+                    _join_clock(clock, legacy[1])
+                if clock.get(None, 0) < self.legacy_point:
+                    clock[None] = self.legacy_point
+        entry = self.ordered.get(stream)
+        if entry is not None and (entry[0] is None or entry[0]() is not None):
+            _join_clock(clock, entry[1])
+        clock[stream] = self.program_point(stream)
+        return clock
+
+    def program_waited(self, stream: Any, clock: dict, owner: Any = None) -> None:
+        """The program made ``stream`` wait for an event whose :meth:`program_clock`
+        is ``clock``: its next work is ordered after what the clock covers.
+        ``owner`` is the stream's object (None for a raw handle or a default
+        stream): the knowledge lasts while it lives, since its handle may
+        name another stream after it."""
+        _join_clock(self._order_entry(stream, owner)[1], clock)
 
     def _order_entry(self, stream: Any, owner: Any) -> list:
         """The entry of ``stream`` in :attr:`ordered`: made anew where there is
@@ -407,11 +599,10 @@ class MarkBook:
         self.ordered[stream] = entry
         return entry
 
-    def program_completed(self, stream: Any, point: int) -> None:
-        """The host saw ``stream``'s ``point`` complete (a synchronise of the
-        stream, or of an event recorded there)."""
-        if point > self.done.get(stream, 0):
-            self.done[stream] = point
+    def program_completed(self, clock: dict) -> None:
+        """The host saw a point of the program complete (a synchronise of a
+        stream, or of an event): ``clock`` is its :meth:`program_clock`."""
+        _join_clock(self.done, clock)
 
     def program_completed_all(self, point: int) -> None:
         """The host saw every stream of the device complete up to ``point``
@@ -429,6 +620,7 @@ class MarkBook:
         """``stream`` is retired: a new stream with its handle is ordered after
         nothing the old one was."""
         self.ordered.pop(stream, None)
+        self._flags.pop(stream, None)
 
     @cython.cfunc
     @cython.exceptval(check=False)
@@ -441,8 +633,14 @@ class MarkBook:
     def hold_sealed(self, mark: Mark) -> None:
         """Record ``mark``'s event if it is not yet, and hold the mark (one more
         use) until :meth:`release`: the event stays recorded meanwhile (a
-        stream of another device waits for it)."""
-        self.seal(mark)
+        stream of another device waits for it; in check mode too)."""
+        if self.checking and (mark.handle is None or mark.handle is CLOSED):
+            handle = self.events.record(mark.stream)
+            if self.open.get(mark.stream) is mark:
+                del self.open[mark.stream]
+            mark.handle = handle
+        else:
+            self.seal(mark)
         self.hold(mark)
 
     def in_use(self, mark: Mark) -> cython.bint:
@@ -461,14 +659,17 @@ class MarkBook:
         stream's next use)."""
         mark.refs -= 1
         if mark.refs == 0:
-            if mark.handle is not None:
+            handle = mark.handle
+            if handle is not None:
                 if type(mark) is Mark:
-                    self.events.release(mark.handle)
+                    if handle is not CLOSED:
+                        self.events.release(handle)
                     mark.handle = None
                 else:
                     cython.cast(ForeignMark, mark).give_back()
             mark.owner = None
             mark.waiters = None
+            mark.seen = None
 
     def retire(self, stream: Any) -> None:
         """Close the open mark of ``stream``: seal it if a use refers to it (its
@@ -490,3 +691,5 @@ class MarkBook:
         self.open.clear()
         self.done.clear()
         self.ordered.clear()
+        self._flags.clear()
+        self.races = []

@@ -368,12 +368,19 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     write also for their reads on other streams. Same-stream uses never
     wait. Returns how many uses touched bytes last written on the launch
     stream alone (also counted in ``book.same_stream``). Caller holds the
-    resource's lock."""
+    resource's lock.
+
+    In check mode (``book.checking``) nothing is queued: each mark the rule
+    names is verified instead (``MarkBook.verify``: a mark the program's own
+    ordering does not cover is a race)."""
     entry: Entry
     marks = None
     before: cython.Py_ssize_t = book.same_stream
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
+    if book.checking:
+        _verify_locked(book, entries, stream, owner)
+        return book.same_stream - before
     for i in range(0, n, 4):
         entry = entries[i]
         if entry.spans is None:  # _waits's dispatch, without reading the span it ignores
@@ -392,8 +399,9 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     """Record ``entries`` (from :func:`resolve`) on ``stream``'s open mark (or
     on ``into``: another device's use, sealed already): a write becomes the
     last write of its bytes and ends their reads; a read becomes their read
-    on ``stream``. With ``eager`` the mark's event is recorded now. Caller
-    holds the resource's lock."""
+    on ``stream``. With ``eager`` the mark's event is recorded now. In check
+    mode the mark notes the thread's work for each span (``MarkBook.note``).
+    Caller holds the resource's lock."""
     entry: Entry
     mark: Mark
     if not entries:
@@ -412,8 +420,31 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
             _record_whole(book, entry, mark, stream, access)
         elif lo < hi:
             _record_span(book, entry, mark, stream, access, lo, hi)
+    if book.checking and into is None:
+        for i in range(0, n, 4):
+            entry = entries[i]
+            book.note(mark, entry.block.ptr, entries[i + 2], entries[i + 3], entries[i + 1])
     if eager:
         book.seal(mark, direct)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any) -> cython.int:
+    """Check mode's preflight: every mark :func:`_waits` names, verified."""
+    entry: Entry
+    n: cython.Py_ssize_t = len(entries)
+    i: cython.Py_ssize_t
+    if stream is not None and (stream == 0 or stream == 1):
+        book.legacy_use()  # after every blocking stream's earlier work
+    for i in range(0, n, 4):
+        entry = entries[i]
+        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, book)
+        if marks is not None:
+            for mark in marks:
+                book.verify(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
+                                                  entries[i + 3], False))
+    return 0
 
 
 @cython.cfunc

@@ -1,0 +1,47 @@
+"""Where the user's code called the library: the innermost frame outside this
+package and Numba, for the race reports (check mode's and the simulator's)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import CodeType
+
+__all__ = ["user_site", "site_text"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_NUMBA: str | None = None
+#: Per code object: whether it is the library's or Numba's (looked at once).
+_ours: dict[CodeType, bool] = {}
+
+
+def _is_ours(path: str) -> bool:
+    global _NUMBA
+    if _NUMBA is None:
+        import numba
+
+        _NUMBA = os.path.dirname(os.path.dirname(os.path.abspath(numba.__file__)))
+    path = os.path.abspath(path)
+    return (path.startswith(_PACKAGE) or path.startswith(_NUMBA) or "numba_cuda" in path
+            or path.startswith("<frozen"))
+
+
+def user_site() -> tuple[str, int] | None:
+    """``(file, line)`` of the innermost caller outside this package and Numba,
+    or None. Cheap once each code object on the way was looked at."""
+    frame = sys._getframe(1)
+    ours = _ours
+    while frame is not None:
+        code = frame.f_code
+        mine = ours.get(code)
+        if mine is None:
+            mine = ours[code] = _is_ours(code.co_filename)
+        if not mine:
+            return code.co_filename, frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def site_text(site: tuple[str, int] | None) -> str | None:
+    """``file:line`` of a :func:`user_site`."""
+    return None if site is None else f"{site[0]}:{site[1]}"

@@ -1,0 +1,123 @@
+"""Check mode's reports: the races a checking resource's mark book found
+(``MarkBook.races``), described as the simulator's checker describes its
+hazards and handed to the race checks in progress."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from numba_streamsafe._driver.sim_model import Hazard, Side, tell_watchers
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.uses import Uses
+
+__all__ = ["RaceLog", "describe"]
+
+_WRITE = int(Access.WRITE)
+
+
+class RaceLog:
+    """The races one checking resource found, as :class:`Hazard` s (``hazards``,
+    in the order found). Race checks (:func:`numba_streamsafe.race_check` and
+    check mode's own) collect them as they collect a simulated system's."""
+
+    #: The hazards here are the user's reports (as a simulated system's are
+    #: unless a checking resource reports instead).
+    reports = True
+
+    def __init__(self) -> None:
+        self.hazards: list[Hazard] = []
+        self._lock = threading.Lock()
+
+    def report(self, races: list[tuple[Any, ...]]) -> None:
+        """Describe ``races`` (``MarkBook.take_races``) and tell the race checks
+        in progress; raises :class:`~numba_streamsafe.core.errors.RaceDetected`
+        where one stops at the first."""
+        found = [describe(*race) for race in races]
+        with self._lock:
+            self.hazards.extend(found)
+        tell_watchers(self)
+
+
+def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
+             seen: dict[Any, Any] | None) -> Hazard:
+    """The hazard of a use on ``stream`` (``where``: ``(block, access, lo, hi,
+    free)``; ``what``: its work, ``(label, site, names)``) that needs ``mark``,
+    which the program does not order it after. The earlier side is the work
+    ``mark`` noted on the bytes both touch (``seen``, its ``Mark.seen``)."""
+    block, access, lo, hi, free = where
+    later_write = bool(access & _WRITE) or free
+    if block is not None and free:
+        lo, hi = 0, block.nbytes
+    earlier = _earlier(seen, block, lo, hi, later_write)
+    if earlier is None:
+        e_access, e_what, e_lo, e_hi = _WRITE, None, lo, hi
+    else:
+        e_access, e_what, e_lo, e_hi = earlier
+    if e_access & _WRITE:
+        kind = "write-after-write" if later_write else "read-after-write"
+    else:
+        kind = "write-after-read"
+    first_lo, first_hi = max(lo, e_lo), min(hi, e_hi)
+    ptr = block.ptr if block is not None else 0
+    first = _side(e_what, mark.stream, ptr, e_lo, e_hi, "work")
+    if free:
+        second = Side("cuMemFreeAsync", None, stream, None)
+    else:
+        second = _side(what, stream, ptr, lo, hi, "work")
+    return Hazard(kind, ptr + first_lo, str(first), str(second), first, second,
+                  max(first_hi - first_lo, 0))
+
+
+def _earlier(seen: dict[Any, Any] | None, block: Any, lo: int, hi: int, later_write: bool
+             ) -> tuple[int, Any, int, int] | None:
+    """``(access, what, lo, hi)`` of a use noted in ``seen`` on the bytes ``lo ..
+    hi - 1`` of ``block`` that conflicts with the later use (a write on either side)."""
+    if not seen or block is None:
+        return None
+    ptr = block.ptr
+    fallback = None
+    for (p, s_lo, s_hi), (access, what) in seen.items():
+        if p != ptr or s_hi <= lo or s_lo >= hi:
+            continue
+        if access & _WRITE or later_write:
+            return int(access), what, s_lo, s_hi
+        fallback = (int(access), what, s_lo, s_hi)
+    return fallback
+
+
+def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int, default: str) -> Side:
+    """One side of a hazard: the work's label, the argument over those bytes,
+    the stream, the user's line."""
+    if what is None:
+        return Side(default, None, stream, None)
+    label, _, names = what
+    return Side(label, _name(names, ptr, lo, hi), stream, _site_text(what))
+
+
+def _site_text(what: Any) -> str | None:
+    if what is None or what[1] is None:
+        return None
+    site = what[1]
+    return site if isinstance(site, str) else f"{site[0]}:{site[1]}"
+
+
+def _name(names: Any, ptr: int, lo: int, hi: int) -> str | None:
+    """The argument of ``names`` (a :class:`Uses`, or a direct launch's
+    ``(names, arrays)``) over the bytes ``lo .. hi - 1`` of the block at ``ptr``."""
+    if names is None:
+        return None
+    found: list[str] = []
+    if isinstance(names, Uses):
+        if names.names is None:
+            return None
+        for (b, _, b_lo, b_hi), name in zip(names.blocks, names.names, strict=False):
+            if b.ptr == ptr and b_lo == lo and b_hi == hi:
+                found.append(name)
+    else:
+        shown, arrays = names
+        for k in range(0, len(arrays), 2):
+            f = arrays[k]
+            if f.ptr == ptr and f.lo == lo and f.hi == hi:
+                found.append(shown[k // 2])
+    return "+".join(found) or None
