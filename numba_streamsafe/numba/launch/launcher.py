@@ -26,7 +26,6 @@ from numba_streamsafe.core.errors import InvalidArgument
 from numba_streamsafe.core.sites import user_site
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
-from numba_streamsafe.resources.tracking.marks import set_work
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.runtime import RUNTIMES
 
@@ -340,8 +339,9 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         w0 = len(log.waits)
         e0 = len(log.seals)
     checking: cython.bint = book.checking
+    what = None
     if checking:  # check mode: the reports name the kernel, its arguments, the user's line
-        set_work((state.label, user_site(), (state.names, arrays)))
+        what = (state.label, user_site(), (state.names, arrays))
     lock.take()
     try:
         if handle in state.destroyed:
@@ -349,7 +349,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         entries = _entries(state, arrays)
         if entries is None:
             return False  # a block freed or replaced: the Python path decides
-        preflight_locked(book, entries, handle, owner, True)
+        preflight_locked(book, entries, handle, owner, True, what)
     finally:
         lock.give()
     err: cython.int = _call_libcuda(plan.function, dims, handle, params)
@@ -364,17 +364,15 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
                                       (dims[3], dims[4], dims[5]), dims[6], handle, params)
     lock.take()
     try:
-        commit_locked(book, _recheck(state, entries), handle, owner, state.eager, True)
+        commit_locked(book, _recheck(state, entries), handle, owner, state.eager, True, None, what)
     finally:
         lock.give()
     _launches += 1
     if log is not None:
         log.launched(op_id, t0, w0, e0, state.label, state.device, handle,
                      _uses_of(arrays, state.names))
-    if checking:
-        set_work(None)
-        if book.races:  # raised after the launch is queued
-            state.rt.resource.tracker.report_races()
+    if checking and book.races:  # raised after the launch is queued
+        state.rt.resource.tracker.report_races()
     return True
 
 

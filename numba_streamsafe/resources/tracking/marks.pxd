@@ -60,14 +60,16 @@ cdef class MarkBook:
     cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
                           bint direct=*)
     cpdef object release(self, Mark mark)
-    cdef bint _ordered_already(self, object stream, Mark mark, object owner) except? -1
+    cdef bint ordered_already(self, object stream, Mark mark, object owner) except? -1
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
     cdef bint _after_legacy(self, Mark mark) except? -1
     cpdef object verify(self, object stream, Mark mark, object owner, tuple where)
+    cpdef object race(self, object stream, Mark mark, object owner, tuple where, object what)
     cpdef bint blocking(self, object stream) except? -1
     cpdef object legacy_use(self)
-    cpdef object note(self, Mark mark, object entry_ptr, object lo, object hi, object access)
+    cpdef object note(self, Mark mark, object entry_ptr, object lo, object hi, object access,
+                      object what)
     cdef void hold(self, Mark mark) noexcept
     cpdef object hold_sealed(self, Mark mark)
     cpdef bint in_use(self, Mark mark)

@@ -30,7 +30,7 @@ from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id", "set_work",
-           "CLOSED", "COMPILED"]
+           "current_work", "CLOSED", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -240,8 +240,14 @@ _work = threading.local()
 
 def set_work(what: Any) -> None:
     """Check mode: the work whose uses this thread checks and records next,
-    ``(label, site, names)`` (kept on the marks, named in the reports)."""
+    ``(label, site, names)`` (kept on the marks, named in the reports), where
+    the caller does not hand it to the rules itself."""
     _work.what = what
+
+
+def current_work() -> Any:
+    """The work :func:`set_work` set on this thread (None: none)."""
+    return getattr(_work, "what", None)
 
 
 @cython.cfunc
@@ -381,7 +387,7 @@ class MarkBook:
             direct = False
         for m in marks:
             mark = m
-            if self._ordered_already(stream, mark, owner):
+            if self.ordered_already(stream, mark, owner):
                 continue
             waiters = mark.waiters
             if waiters is None:
@@ -397,17 +403,22 @@ class MarkBook:
 
     def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple) -> None:
         """Check mode: a use on ``stream`` needs ``mark`` (the rules decided);
-        unless the program orders ``stream`` after it, the pair is a race,
-        kept in :attr:`races` with ``where`` (``(block, access, lo, hi,
-        free)`` of the use), the thread's work (:func:`set_work`) and what the
-        mark's uses touched (``Mark.seen``), once per mark and stream."""
-        if self._ordered_already(stream, mark, owner):
-            return
+        unless the program orders ``stream`` after it, the pair is a race
+        (:meth:`race`, with the thread's work, :func:`set_work`)."""
+        if not self.ordered_already(stream, mark, owner):
+            self.race(stream, mark, owner, where, getattr(_work, "what", None))
+
+    def race(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any) -> None:
+        """Check mode: keep the race of a use on ``stream`` that needs ``mark``
+        and is not ordered after it, in :attr:`races` with ``where``
+        (``(block, access, lo, hi, free)`` of the use), its work ``what`` and
+        what the mark's uses touched (``Mark.seen``); the pair is not
+        reported again."""
         waiters = mark.waiters
         if waiters is None:
             waiters = mark.waiters = {}
         waiters[stream] = owner
-        self.races.append((stream, mark, where, getattr(_work, "what", None), mark.seen))
+        self.races.append((stream, mark, where, what, mark.seen))
 
     def take_races(self) -> list:
         """The races found since the last call (check mode)."""
@@ -415,17 +426,17 @@ class MarkBook:
         self.races = []
         return races
 
-    def note(self, mark: Mark, entry_ptr: Any, lo: Any, hi: Any, access: Any) -> None:
+    def note(self, mark: Mark, entry_ptr: Any, lo: Any, hi: Any, access: Any, what: Any) -> None:
         """Check mode: ``mark``'s use of the bytes ``lo .. hi - 1`` of the
-        block at ``entry_ptr`` was the thread's work (for a later report)."""
+        block at ``entry_ptr`` was the work ``what`` (for a later report)."""
         seen = mark.seen
         if seen is None:
             seen = mark.seen = {}
-        seen[(entry_ptr, lo, hi)] = (access, getattr(_work, "what", None))
+        seen[(entry_ptr, lo, hi)] = (access, what)
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)
-    def _ordered_already(self, stream: Any, mark: Mark, owner: Any) -> cython.bint:
+    def ordered_already(self, stream: Any, mark: Mark, owner: Any) -> cython.bint:
         """Whether ``stream`` is ordered after ``mark`` with no new wait: the
         mark's device was reset (its work is complete), the stream waited for
         it before (its ``owner`` is then kept with the wait), or the program's

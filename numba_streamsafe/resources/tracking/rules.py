@@ -19,7 +19,7 @@ from typing import Any
 
 import cython
 
-from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
+from numba_streamsafe.resources.tracking.marks import Mark, MarkBook, current_work
 
 __all__ = ["Entry", "Span", "MAX_SPANS", "resolve", "needed_locked", "preflight_locked",
            "commit_locked", "COMPILED"]
@@ -362,7 +362,7 @@ def needed_locked(entries: list, stream: Any) -> list:
 
 
 def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
-                     direct: cython.bint = False) -> cython.Py_ssize_t:
+                     direct: cython.bint = False, what: Any = None) -> cython.Py_ssize_t:
     """Queue on ``stream`` the waits that ``entries`` (from :func:`resolve`)
     need: a use waits for the writes of its bytes on other streams, and a
     write also for their reads on other streams. Same-stream uses never
@@ -371,15 +371,15 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     resource's lock.
 
     In check mode (``book.checking``) nothing is queued: each mark the rule
-    names is verified instead (``MarkBook.verify``: a mark the program's own
-    ordering does not cover is a race)."""
+    names is verified instead (one the program's own ordering does not cover
+    is a race of the work ``what``, by default the thread's ``current_work``)."""
     entry: Entry
     marks = None
     before: cython.Py_ssize_t = book.same_stream
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     if book.checking:
-        _verify_locked(book, entries, stream, owner)
+        _verify_locked(book, entries, stream, owner, current_work() if what is None else what)
         return book.same_stream - before
     for i in range(0, n, 4):
         entry = entries[i]
@@ -394,13 +394,14 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 
 
 def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
-                  eager: cython.bint, direct: cython.bint = False, into: Mark | None = None
-                  ) -> None:
+                  eager: cython.bint, direct: cython.bint = False, into: Mark | None = None,
+                  what: Any = None) -> None:
     """Record ``entries`` (from :func:`resolve`) on ``stream``'s open mark (or
     on ``into``: another device's use, sealed already): a write becomes the
     last write of its bytes and ends their reads; a read becomes their read
     on ``stream``. With ``eager`` the mark's event is recorded now. In check
-    mode the mark notes the thread's work for each span (``MarkBook.note``).
+    mode the mark notes the work ``what`` (by default the thread's
+    ``current_work``) for each span (``MarkBook.note``).
     Caller holds the resource's lock."""
     entry: Entry
     mark: Mark
@@ -421,18 +422,24 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
         elif lo < hi:
             _record_span(book, entry, mark, stream, access, lo, hi)
     if book.checking and into is None:
+        if what is None:
+            what = current_work()
         for i in range(0, n, 4):
             entry = entries[i]
-            book.note(mark, entry.block.ptr, entries[i + 2], entries[i + 3], entries[i + 1])
+            book.note(mark, entry.block.ptr, entries[i + 2], entries[i + 3], entries[i + 1],
+                      what)
     if eager:
         book.seal(mark, direct)
 
 
 @cython.cfunc
 @cython.exceptval(-1)
-def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any) -> cython.int:
-    """Check mode's preflight: every mark :func:`_waits` names, verified."""
+def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what: Any
+                   ) -> cython.int:
+    """Check mode's preflight: every mark :func:`_waits` names that the
+    program's ordering does not cover is a race of the work ``what``."""
     entry: Entry
+    mark: Mark
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     if stream is not None and (stream == 0 or stream == 1):
@@ -441,9 +448,11 @@ def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any) -> cy
         entry = entries[i]
         marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, book)
         if marks is not None:
-            for mark in marks:
-                book.verify(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
-                                                  entries[i + 3], False))
+            for m in marks:
+                mark = m
+                if not book.ordered_already(stream, mark, owner):
+                    book.race(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
+                                                    entries[i + 3], False), what)
     return 0
 
 
