@@ -1,5 +1,10 @@
 """Where the user's code called the library: the innermost frame outside this
-package and Numba, for the race reports (check mode's and the simulator's)."""
+package and Numba, for the race reports (check mode's and the simulator's).
+
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode (C declarations in ``sites.pxd``): check mode's compiled
+launch asks for the site of every launch.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,12 @@ import os
 import sys
 from types import CodeType
 
-__all__ = ["user_site", "site_text"]
+import cython
+
+__all__ = ["user_site", "site_text", "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NUMBA: str | None = None
@@ -29,7 +39,7 @@ def _is_ours(path: str) -> bool:
 def user_site() -> tuple[str, int] | None:
     """``(file, line)`` of the innermost caller outside this package and Numba,
     or None. Cheap once each code object on the way was looked at."""
-    frame = sys._getframe(1)
+    frame = sys._getframe(0)  # this function's own when run as Python: the package's
     ours = _ours
     while frame is not None:
         code = frame.f_code

@@ -754,6 +754,7 @@ class AsyncResource(MemoryResource):
             with self._lock:
                 # Under the lock: no launch sees the handle between the destroy
                 # and the forgetting. A failed destroy leaves the history as it was.
+                self._table.seal_closed(stream, self.marks)
                 if destroy is not None:
                     destroy(stream)
                 self._table.forget_stream(stream)

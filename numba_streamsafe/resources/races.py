@@ -77,8 +77,9 @@ def _earlier(seen: dict[Any, Any] | None, block: Any, lo: int, hi: int, later_wr
         return None
     ptr = block.ptr
     fallback = None
-    for (p, s_lo, s_hi), (access, what) in seen.items():
-        if p != ptr or s_hi <= lo or s_lo >= hi:
+    for key, (access, what) in seen.items():
+        entry, s_lo, s_hi = key if isinstance(key, tuple) else (key, 0, key.nbytes)
+        if entry.block.ptr != ptr or s_hi <= lo or s_lo >= hi:
             continue
         if access & _WRITE or later_write:
             return int(access), what, s_lo, s_hi

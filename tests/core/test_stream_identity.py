@@ -342,3 +342,25 @@ def test_a_new_stream_on_a_dead_streams_handle_is_ordered_after_nothing(owner_di
     else:
         assert (res.marks.waits - waits, res.marks.skipped - skipped) == (0, 1)
     assert sim.hazards == []
+
+
+def test_a_point_of_the_program_records_no_event_until_a_wait_needs_one():
+    """The program's point on ``a`` closes ``a``'s open mark without an event;
+    a stream that must wait for the mark records it then. A stream that ends
+    records its closed marks' events first (nothing can be recorded on it
+    afterwards), so a use after it still waits, with no race."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    sim.synchronize()
+    kernel(res, sim, a, [(x, W)], label="write x on a")
+    recorded = sim.calls["cuEventRecord"]
+    res.program_clock(a)
+    assert sim.calls["cuEventRecord"] == recorded  # closed, no event
+    res.retire_stream(a, sim.destroy_stream)
+    assert sim.calls["cuEventRecord"] == recorded + 1  # sealed before the stream ended
+    waits = res.marks.waits
+    kernel(res, sim, b, [(x, R)], label="read x on b")
+    assert res.marks.waits == waits + 1
+    assert sim.hazards == []

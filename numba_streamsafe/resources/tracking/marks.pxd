@@ -68,8 +68,8 @@ cdef class MarkBook:
     cpdef object race(self, object stream, Mark mark, object owner, tuple where, object what)
     cpdef bint blocking(self, object stream) except? -1
     cpdef object legacy_use(self)
-    cpdef object note(self, Mark mark, object entry_ptr, object lo, object hi, object access,
-                      object what)
+    cpdef object close(self, object stream)
+    cpdef object note(self, Mark mark, object key, object access, object what)
     cdef void hold(self, Mark mark) noexcept
     cpdef object hold_sealed(self, Mark mark)
     cpdef bint in_use(self, Mark mark)

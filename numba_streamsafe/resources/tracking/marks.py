@@ -71,8 +71,9 @@ class Mark:
     handle), kept alive while the mark is in use. ``seq`` numbers marks in
     the order they are made: of two marks of one stream, the one with the
     higher ``seq`` stands for all the other does. In check mode ``seen``
-    maps the spans the mark's uses touched, ``(block address, lo, hi)``, to
-    ``(access, what)`` (the work that touched them last, for the reports).
+    maps what the mark's uses touched (a block's entry for all of it,
+    ``(entry, lo, hi)`` for a span) to ``(access, what)``: the work that
+    touched it last, for the reports.
     Callers change a mark only under their resource's lock.
     """
 
@@ -348,11 +349,12 @@ class MarkBook:
         return mark
 
     def seal(self, mark: Mark, direct: cython.bint = False) -> Any:
-        """The event of ``mark``, recorded now if it has none (in check mode
-        none is recorded: the mark is closed). A sealed mark is no longer its
-        stream's open mark: later work gets a new one."""
+        """The event of ``mark``, recorded now if it has none (a closed mark's
+        too: recorded later than its uses, it covers them all; in check mode
+        none is recorded and the mark is closed). A sealed mark is no longer
+        its stream's open mark: later work gets a new one."""
         handle = mark.handle
-        if handle is None:
+        if handle is None or (handle is CLOSED and not self.checking):
             if self.checking:
                 handle = CLOSED
             else:
@@ -426,13 +428,14 @@ class MarkBook:
         self.races = []
         return races
 
-    def note(self, mark: Mark, entry_ptr: Any, lo: Any, hi: Any, access: Any, what: Any) -> None:
-        """Check mode: ``mark``'s use of the bytes ``lo .. hi - 1`` of the
-        block at ``entry_ptr`` was the work ``what`` (for a later report)."""
+    def note(self, mark: Mark, key: Any, access: Any, what: Any) -> None:
+        """Check mode: ``mark``'s use of the bytes ``key`` names (a block's
+        entry: all of it; ``(entry, lo, hi)``: the bytes ``lo .. hi - 1``) was
+        the work ``what`` (for a later report)."""
         seen = mark.seen
         if seen is None:
             seen = mark.seen = {}
-        seen[(entry_ptr, lo, hi)] = (access, what)
+        seen[key] = (access, what)
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)
@@ -539,7 +542,7 @@ class MarkBook:
         after every blocking stream's earlier work: their open marks close, the
         legacy stream's point moves on, and what they waited for joins its clock."""
         for stream in [s for s in self.open if not _legacy(s) and self.blocking(s)]:
-            self.retire(stream)
+            self.close(stream)
         self.legacy_point = _mark_seq
         clock = self._order_entry(0, None)[1]
         for stream, entry in list(self.ordered.items()):
@@ -551,10 +554,21 @@ class MarkBook:
         """A point of the program on ``stream`` (where it records an event or
         synchronises it): every mark of ``stream`` made so far is at or before
         it, and later uses of the stream get marks after it (its open mark is
-        closed: sealed if a use refers to it, else forgotten). Returns the point
-        (a mark sequence number)."""
-        self.retire(stream)
+        closed, :meth:`close`). Returns the point (a mark sequence number)."""
+        self.close(stream)
         return _mark_seq
+
+    def close(self, stream: Any) -> None:
+        """Close the open mark of ``stream`` without recording its event: later
+        uses of the stream get a new mark, and a stream that must wait for this
+        one records its event then (:meth:`seal`), which covers its uses. A
+        mark no use refers to is forgotten. A stream that ends seals its
+        closed marks first (``BlockTable.seal_closed``)."""
+        mark = self.open.get(stream)
+        if mark is not None:
+            if cython.cast(Mark, mark).refs:
+                cython.cast(Mark, mark).handle = CLOSED
+            del self.open[stream]
 
     def program_clock(self, stream: Any) -> dict:
         """The clock of a point of the program on ``stream`` (an event recorded

@@ -426,8 +426,12 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
             what = current_work()
         for i in range(0, n, 4):
             entry = entries[i]
-            book.note(mark, entry.block.ptr, entries[i + 2], entries[i + 3], entries[i + 1],
-                      what)
+            lo = entries[i + 2]
+            hi = entries[i + 3]
+            if lo <= 0 and hi >= entry.nbytes:
+                book.note(mark, entry, entries[i + 1], what)
+            else:
+                book.note(mark, (entry, entries[i + 2], entries[i + 3]), entries[i + 1], what)
     if eager:
         book.seal(mark, direct)
 
