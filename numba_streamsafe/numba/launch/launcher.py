@@ -326,7 +326,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         params: cython.size_t = cython.cast(cython.size_t, cython.address(ptrs[0]))
     else:
         params = _scratch.address  # its pointers point at the slots already
-    book = state.book
+    book: MarkBook = state.book  # noqa: F821 (marks.pxd)
     lock = state.lock
     op_id: cython.longlong = 0
     t0: cython.longlong = 0

@@ -69,7 +69,6 @@ cdef class MarkBook:
     cpdef bint blocking(self, object stream) except? -1
     cpdef object legacy_use(self)
     cpdef object close(self, object stream)
-    cpdef object note(self, Mark mark, object key, object access, object what)
     cdef void hold(self, Mark mark) noexcept
     cpdef object hold_sealed(self, Mark mark)
     cpdef bint in_use(self, Mark mark)

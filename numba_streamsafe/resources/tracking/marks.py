@@ -428,15 +428,6 @@ class MarkBook:
         self.races = []
         return races
 
-    def note(self, mark: Mark, key: Any, access: Any, what: Any) -> None:
-        """Check mode: ``mark``'s use of the bytes ``key`` names (a block's
-        entry: all of it; ``(entry, lo, hi)``: the bytes ``lo .. hi - 1``) was
-        the work ``what`` (for a later report)."""
-        seen = mark.seen
-        if seen is None:
-            seen = mark.seen = {}
-        seen[key] = (access, what)
-
     @cython.cfunc
     @cython.exceptval(-1, check=True)
     def ordered_already(self, stream: Any, mark: Mark, owner: Any) -> cython.bint:

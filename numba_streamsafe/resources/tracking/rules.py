@@ -401,7 +401,7 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     last write of its bytes and ends their reads; a read becomes their read
     on ``stream``. With ``eager`` the mark's event is recorded now. In check
     mode the mark notes the work ``what`` (by default the thread's
-    ``current_work``) for each span (``MarkBook.note``).
+    ``current_work``) for each span (``Mark.seen``).
     Caller holds the resource's lock."""
     entry: Entry
     mark: Mark
@@ -422,18 +422,30 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
         elif lo < hi:
             _record_span(book, entry, mark, stream, access, lo, hi)
     if book.checking and into is None:
-        if what is None:
-            what = current_work()
-        for i in range(0, n, 4):
-            entry = entries[i]
-            lo = entries[i + 2]
-            hi = entries[i + 3]
-            if lo <= 0 and hi >= entry.nbytes:
-                book.note(mark, entry, entries[i + 1], what)
-            else:
-                book.note(mark, (entry, entries[i + 2], entries[i + 3]), entries[i + 1], what)
+        _note_locked(mark, entries, current_work() if what is None else what)
     if eager:
         book.seal(mark, direct)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
+    """Check mode: ``mark``'s uses of ``entries`` were the work ``what``, kept
+    for a later report in ``mark.seen``: per block entry (all of it) or
+    ``(entry, lo, hi)`` (a span), the access and the work that used it last."""
+    entry: Entry
+    n: cython.Py_ssize_t = len(entries)
+    i: cython.Py_ssize_t
+    seen = mark.seen
+    if seen is None:
+        seen = mark.seen = {}
+    for i in range(0, n, 4):
+        entry = entries[i]
+        if entries[i + 2] <= 0 and entries[i + 3] >= entry.size:
+            seen[entry] = (entries[i + 1], what)
+        else:
+            seen[(entry, entries[i + 2], entries[i + 3])] = (entries[i + 1], what)
+    return 0
 
 
 @cython.cfunc
