@@ -448,7 +448,9 @@ class CudaDriver:
 
     def stream_blocking(self, stream: int) -> bool:
         if 0 <= stream <= MAX_DEFAULT_STREAM:
-            return stream != 2  # the legacy stream; the per-thread one waits for none
+            # The legacy stream; the per-thread default stream is not a
+            # non-blocking stream: it and the legacy stream wait for each other.
+            return True
         flags = self._call("cuStreamGetFlags", self._drv.cuStreamGetFlags, stream)
         return not int(flags) & int(self._drv.CUstream_flags.CU_STREAM_NON_BLOCKING)
 

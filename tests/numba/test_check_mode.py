@@ -240,3 +240,20 @@ def test_an_event_recorded_on_the_legacy_stream_covers_the_blocking_streams(chec
     tracked_copy[1, N, free_running](x, y)
     found = [h.kind for h in _found(checked)]
     assert found == ([] if recorded_on == "legacy" else ["read-after-write"]), found
+
+
+def test_the_per_thread_default_stream_and_the_legacy_stream_order_each_other(checked):
+    """The per-thread default stream is not a non-blocking stream: it and the
+    legacy default stream wait for each other's work (numba-cuda's own array
+    assignment launches on it after a copy on the legacy stream). A
+    non-blocking stream is not ordered so (the negative control)."""
+    per_thread = cuda.per_thread_default_stream()
+    x = nss.device_array(N, np.float32, stream=0)
+    y = nss.device_array(N, np.float32, stream=0)
+    tracked_fill[1, N, 0](x, 1.0)             # the legacy default stream
+    tracked_copy[1, N, per_thread](x, y)      # after it
+    tracked_fill[1, N, 0](y, 2.0)             # and it after the per-thread stream's read
+    assert _found(checked) == []
+    free_running = checked.driver.create_stream(blocking=False)
+    tracked_fill[1, N, free_running](x, 3.0)  # after nothing: the legacy write, the read
+    assert [h.kind for h in _found(checked)] == ["write-after-write", "write-after-read"]
