@@ -33,65 +33,72 @@ class RaceLog:
         """Describe ``races`` (``MarkBook.take_races``) and tell the race checks
         in progress; raises :class:`~numba_streamsafe.core.errors.RaceDetected`
         where one stops at the first."""
-        found = [describe(*race) for race in races]
+        found = [hazard for race in races for hazard in describe(*race)]
         with self._lock:
             self.hazards.extend(found)
         tell_watchers(self)
 
 
 def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
-             seen: dict[Any, Any] | None) -> Hazard:
-    """The hazard of a use on ``stream`` (``where``: ``(block, access, lo, hi,
-    free)``; ``what``: its work, ``(label, site, names)``) that needs ``mark``,
-    which the program does not order it after. The earlier side is the work
-    ``mark`` noted on the bytes both touch (``seen``, its ``Mark.seen``)."""
+             seen: dict[Any, Any] | None) -> list[Hazard]:
+    """The hazards of a use on ``stream`` (``where``: ``(block, access, lo,
+    hi, free)``; ``what``: its work, ``(label, site, names)``) that needs
+    ``mark``, which the program does not order it after: against the last
+    write of those bytes the mark's uses made (read- or write-after-write)
+    and, for a write, against their last read if it came after
+    (write-after-read). The earlier sides are the works the mark noted
+    (``seen``, its ``Mark.seen``)."""
     block, access, lo, hi, free = where
     later_write = bool(access & _WRITE) or free
     if block is not None and free:
         lo, hi = 0, block.nbytes
-    earlier = _earlier(seen, block, lo, hi, later_write)
-    if earlier is None:
-        e_access, e_what, e_lo, e_hi = _WRITE, None, lo, hi
-    else:
-        e_access, e_what, e_lo, e_hi = earlier
-    if e_access & _WRITE:
-        kind = "write-after-write" if later_write else "read-after-write"
-    else:
-        kind = "write-after-read"
-    first_lo, first_hi = max(lo, e_lo), min(hi, e_hi)
     ptr = block.ptr if block is not None else 0
-    first = _side(e_what, mark.stream, ptr, e_lo, e_hi, "work")
     if free:
         second = Side("cuMemFreeAsync", None, stream, None)
     else:
-        second = _side(what, stream, ptr, lo, hi, "work")
-    return Hazard(kind, ptr + first_lo, str(first), str(second), first, second,
-                  max(first_hi - first_lo, 0))
+        second = _side(what, stream, ptr, lo, hi)
+    out = []
+    for kind, e_what, e_lo, e_hi in _earlier(seen, block, lo, hi, later_write):
+        first = _side(e_what, mark.stream, ptr, e_lo, e_hi)
+        first_lo, first_hi = max(lo, e_lo), min(hi, e_hi)
+        out.append(Hazard(kind, ptr + first_lo, str(first), str(second), first, second,
+                          max(first_hi - first_lo, 0)))
+    if not out:  # what the mark's uses were is not known (no note)
+        kind = "write-after-write" if later_write else "read-after-write"
+        first = Side("work", None, mark.stream, None)
+        out.append(Hazard(kind, ptr + lo, str(first), str(second), first, second, hi - lo))
+    return out
 
 
 def _earlier(seen: dict[Any, Any] | None, block: Any, lo: int, hi: int, later_write: bool
-             ) -> tuple[int, Any, int, int] | None:
-    """``(access, what, lo, hi)`` of a use noted in ``seen`` on the bytes ``lo ..
-    hi - 1`` of ``block`` that conflicts with the later use (a write on either side)."""
+             ) -> list[tuple[str, Any, int, int]]:
+    """``(kind, what, lo, hi)`` of the noted uses in ``seen`` over the bytes
+    ``lo .. hi - 1`` of ``block`` that conflict with the later use: the last
+    write of each span, and for a later write the last use of each span if
+    it was a read (a read after the write)."""
     if not seen or block is None:
-        return None
+        return []
     ptr = block.ptr
-    fallback = None
-    for key, (access, what) in seen.items():
-        entry, s_lo, s_hi = key if isinstance(key, tuple) else (key, 0, key.nbytes)
+    out = []
+    for key, value in seen.items():
+        writes = type(key) is tuple and key[-1] is None
+        span = key[0] if writes else key
+        entry, s_lo, s_hi = span if isinstance(span, tuple) else (span, 0, span.nbytes)
         if entry.block.ptr != ptr or s_hi <= lo or s_lo >= hi:
             continue
-        if access & _WRITE or later_write:
-            return int(access), what, s_lo, s_hi
-        fallback = (int(access), what, s_lo, s_hi)
-    return fallback
+        if writes:
+            kind = "write-after-write" if later_write else "read-after-write"
+            out.append((kind, value, s_lo, s_hi))
+        elif later_write and not value[0] & _WRITE:
+            out.append(("write-after-read", value[1], s_lo, s_hi))
+    return out
 
 
-def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int, default: str) -> Side:
+def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int) -> Side:
     """One side of a hazard: the work's label, the argument over those bytes,
     the stream, the user's line."""
     if what is None:
-        return Side(default, None, stream, None)
+        return Side("work", None, stream, None)
     label, _, names = what
     return Side(label, _name(names, ptr, lo, hi), stream, _site_text(what))
 

@@ -432,19 +432,25 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
     """Check mode: ``mark``'s uses of ``entries`` were the work ``what``, kept
     for a later report in ``mark.seen``: per block entry (all of it) or
-    ``(entry, lo, hi)`` (a span), the access and the work that used it last."""
+    ``(entry, lo, hi)`` (a span), the access and the work that used it last;
+    under ``(key, None)`` the work that wrote it last."""
     entry: Entry
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
+    access: cython.int
     seen = mark.seen
     if seen is None:
         seen = mark.seen = {}
     for i in range(0, n, 4):
         entry = entries[i]
+        access = entries[i + 1]
         if entries[i + 2] <= 0 and entries[i + 3] >= entry.size:
-            seen[entry] = (entries[i + 1], what)
+            key = entry
         else:
-            seen[(entry, entries[i + 2], entries[i + 3])] = (entries[i + 1], what)
+            key = (entry, entries[i + 2], entries[i + 3])
+        seen[key] = (entries[i + 1], what)
+        if access & _WRITE:
+            seen[(key, None)] = what
     return 0
 
 

@@ -1,0 +1,176 @@
+"""Check mode against the simulator's own happens-before checker, over random
+multi-stream programs (Hypothesis).
+
+A program runs on a :class:`~numba_streamsafe._driver.sim.SimDriver` under a
+checking :class:`~numba_streamsafe.resources.AsyncResource` (``check=True``):
+kernels over whole buffers and halves of them, on the legacy default
+stream, blocking streams and non-blocking ones, ordered only by what the
+program does itself (events recorded and waited for, stream and device
+synchronises, frees). Every such operation is made on the simulated driver
+(which checks the accesses) and told to the resource as Numba's hooks tell it.
+
+The property: the resource reports a race between the same pairs of streams
+(earlier, later) as the simulator finds, and every race it reports, with its
+kind, the simulator finds too. The resource reports a pair once per mark (a
+stream's work between two points of the program) and later stream; the
+simulator each time, so a later access of another kind on that pair may be
+the simulator's alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from numba_streamsafe._driver.sim import SimDriver
+from numba_streamsafe.core.access import Access
+from numba_streamsafe.resources import AsyncResource
+
+#: Stream kinds: the legacy default stream, blocking and non-blocking streams.
+LEGACY, BLOCKING, NON_BLOCKING = "legacy", "blocking", "non-blocking"
+NBYTES = 512
+
+
+@dataclass(frozen=True)
+class Kernel:
+    stream: int
+    uses: tuple[tuple[int, Access, int], ...]  # (buffer, access, part: 0 all, 1 low, 2 high)
+
+
+@dataclass(frozen=True)
+class Record:
+    event: int
+    stream: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    stream: int
+    event: int
+
+
+@dataclass(frozen=True)
+class StreamSync:
+    stream: int
+
+
+@dataclass(frozen=True)
+class DeviceSync:
+    pass
+
+
+@dataclass(frozen=True)
+class Free:
+    buf: int
+
+
+class Program:
+    def __init__(self, kinds: tuple[str, ...], nbufs: int, homes: tuple[int, ...],
+                 steps: tuple[Any, ...]) -> None:
+        self.kinds, self.nbufs, self.homes, self.steps = kinds, nbufs, homes, steps
+
+    def __repr__(self) -> str:
+        return f"Program({self.kinds}, {self.nbufs}, {self.homes}, {self.steps})"
+
+
+@st.composite
+def programs(draw: Any) -> Program:
+    kinds = tuple(draw(st.lists(st.sampled_from([LEGACY, BLOCKING, BLOCKING, NON_BLOCKING, NON_BLOCKING]),
+                                min_size=2, max_size=4)))
+    nbufs = draw(st.integers(1, 3))
+    stream = st.integers(0, len(kinds) - 1)
+    homes = tuple(draw(st.lists(stream, min_size=nbufs, max_size=nbufs)))
+    buf = st.integers(0, nbufs - 1)
+    use = st.tuples(buf, st.sampled_from([Access.READ, Access.WRITE, Access.READ_WRITE]),
+                    st.sampled_from([0, 0, 1, 2]))
+    kernel = st.builds(Kernel, stream, st.lists(use, min_size=1, max_size=2,
+                                                  unique_by=lambda u: u[0]).map(tuple))
+    event = st.integers(0, 2)
+    step = st.one_of(*[kernel] * 16, st.builds(Record, event, stream),
+                     st.builds(Record, event, stream), st.builds(Wait, stream, event),
+                     st.builds(Wait, stream, event), st.builds(StreamSync, stream),
+                     st.just(DeviceSync()), st.builds(Free, buf))
+    steps = tuple(draw(st.lists(step, min_size=3, max_size=20)))
+    return Program(kinds, nbufs, homes, steps)
+
+
+def _span(part: int) -> tuple[int, int]:
+    return ((0, NBYTES), (0, NBYTES // 2), (NBYTES // 2, NBYTES))[part]
+
+
+def run(program: Program) -> tuple[set[tuple[str, Any, Any]], set[tuple[str, Any, Any]]]:
+    """The race pairs the checking resource reported and those the simulator found."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, check=True, reuse_bytes=0)
+    streams = [0 if kind == LEGACY else sim.create_stream(blocking=kind == BLOCKING)
+               for kind in program.kinds]
+    blocks: list[Any] = [res.allocate(NBYTES, streams[h], f"buf{i}")
+                         for i, h in enumerate(program.homes)]
+    sim.synchronize()  # the allocations are ready for every stream, in both models
+    events: dict[int, tuple[int, dict[Any, int]]] = {}
+    for k, step in enumerate(program.steps):
+        if isinstance(step, Kernel):
+            s = streams[step.stream]
+            uses = []
+            for buf, access, part in step.uses:
+                if blocks[buf] is not None:
+                    lo, hi = _span(part)
+                    uses.append((blocks[buf], access, lo, hi))
+            if not uses:
+                continue
+            res.preflight(uses, s)
+            sim.trace_access(s, [(b.ptr + lo, hi - lo, a) for b, a, lo, hi in uses], f"k{k}")
+            res.commit(uses, s)
+        elif isinstance(step, Record):
+            s = streams[step.stream]
+            clock = res.program_clock(s)
+            handle = events[step.event][0] if step.event in events else sim.event_create()
+            sim.event_record(handle, s)
+            events[step.event] = (handle, clock)
+        elif isinstance(step, Wait):
+            if step.event in events:
+                handle, clock = events[step.event]
+                sim.stream_wait_event(streams[step.stream], handle)
+                res.program_waited(streams[step.stream], clock)
+        elif isinstance(step, StreamSync):
+            s = streams[step.stream]
+            clock = res.program_clock(s)
+            sim.stream_synchronize(s)
+            res.program_completed(clock)
+        elif isinstance(step, DeviceSync):
+            point = res.program_point_all()
+            sim.synchronize()
+            res.program_completed_all(point)
+        elif isinstance(step, Free) and blocks[step.buf] is not None:
+            res.deallocate(blocks[step.buf])
+            blocks[step.buf] = None
+    found = {(h.kind, h.first.stream, h.second.stream) for h in res.race_log.hazards}
+    oracle = {(h.kind, h.first.stream, h.second.stream) for h in sim.hazards
+              if h.first is not None and h.second is not None}
+    return found, oracle
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_check_mode_reports_the_races_the_simulator_finds(program):
+    found, oracle = run(program)
+    assert {f[1:] for f in found} == {o[1:] for o in oracle}, program
+    assert found <= oracle, program
+
+
+def test_a_chain_of_events_orders_across_three_streams():
+    """``a`` writes, ``b`` waits for ``a``'s event and records its own, ``c``
+    waits for ``b``'s: ``c`` is ordered after ``a``'s write through ``b``
+    (the event's clock carries what ``b`` waited for). Without ``b``'s wait
+    for ``a`` it is not (the negative control)."""
+    for chained in (True, False):
+        steps: list[Any] = [Kernel(0, ((0, Access.WRITE, 0),)), Record(0, 0)]
+        if chained:
+            steps.append(Wait(1, 0))
+        steps += [Record(1, 1), Wait(2, 1), Kernel(2, ((0, Access.READ, 0),))]
+        found, oracle = run(Program((NON_BLOCKING,) * 3, 1, (0,), tuple(steps)))
+        assert found == oracle, (found, oracle)
+        assert (found == set()) is chained, found
