@@ -19,8 +19,7 @@ the simulator's alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,36 +33,30 @@ LEGACY, BLOCKING, NON_BLOCKING = "legacy", "blocking", "non-blocking"
 NBYTES = 512
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(NamedTuple):
     stream: int
     uses: tuple[tuple[int, Access, int], ...]  # (buffer, access, part: 0 all, 1 low, 2 high)
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     event: int
     stream: int
 
 
-@dataclass(frozen=True)
-class Wait:
+class Wait(NamedTuple):
     stream: int
     event: int
 
 
-@dataclass(frozen=True)
-class StreamSync:
+class StreamSync(NamedTuple):
     stream: int
 
 
-@dataclass(frozen=True)
-class DeviceSync:
+class DeviceSync(NamedTuple):
     pass
 
 
-@dataclass(frozen=True)
-class Free:
+class Free(NamedTuple):
     buf: int
 
 
@@ -78,8 +71,8 @@ class Program:
 
 @st.composite
 def programs(draw: Any) -> Program:
-    kinds = tuple(draw(st.lists(st.sampled_from([LEGACY, BLOCKING, BLOCKING, NON_BLOCKING, NON_BLOCKING]),
-                                min_size=2, max_size=4)))
+    kind = st.sampled_from([LEGACY, BLOCKING, BLOCKING, NON_BLOCKING, NON_BLOCKING])
+    kinds = tuple(draw(st.lists(kind, min_size=2, max_size=4)))
     nbufs = draw(st.integers(1, 3))
     stream = st.integers(0, len(kinds) - 1)
     homes = tuple(draw(st.lists(stream, min_size=nbufs, max_size=nbufs)))
