@@ -489,14 +489,7 @@ class AsyncResource(MemoryResource):
             self._release_borrowed_locked(entry, entry.block)
             return
         stream = block.stream
-        if not entry.only_on(stream):
-            marks = entry.waits_for(stream, Access.READ_WRITE)
-            if marks and self.marks.checking:  # the free is a write of all of it
-                where = (block, 3, 0, block.nbytes, True)
-                for mark in marks:
-                    self.marks.verify(stream, mark, block.stream_owner, where)
-            elif marks:
-                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
+        self._before_free_locked(entry, block)
         nbytes = block.nbytes
         owner = block.stream_owner
         keep = self._reaper.keeps(nbytes, stream, owner)
@@ -515,6 +508,21 @@ class AsyncResource(MemoryResource):
         block.stream_owner = None
         if tracehook.active is not None:
             tracehook.active.freed(self, block, stream, "kept" if keep else "queued")
+
+    def _before_free_locked(self, entry: Entry, block: Block) -> None:
+        """Order the free of ``block`` on its stream after every use of it on
+        other streams: their waits queued on the stream (in check mode each
+        verified instead: the free is a write of all of it). Caller holds the lock."""
+        stream = block.stream
+        if entry.only_on(stream):
+            return
+        marks = entry.waits_for(stream, Access.READ_WRITE)
+        if self.marks.checking:
+            where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
+            for mark in marks:
+                self.marks.verify(stream, mark, block.stream_owner, where)
+        elif marks:
+            self.marks.wait_all(stream, marks, block.stream_owner, free=True)
 
     def defer_free(self, block: Block) -> None:
         if block.__class__ is not Block:
@@ -591,14 +599,7 @@ class AsyncResource(MemoryResource):
     def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:
         """The release of a borrowed block (:meth:`borrow`); caller holds the lock."""
         stream = block.stream
-        if not entry.only_on(stream):
-            marks = entry.waits_for(stream, Access.READ_WRITE)
-            if marks and self.marks.checking:  # the free is a write of all of it
-                where = (block, 3, 0, block.nbytes, True)
-                for mark in marks:
-                    self.marks.verify(stream, mark, block.stream_owner, where)
-            elif marks:
-                self.marks.wait_all(stream, marks, block.stream_owner, free=True)
+        self._before_free_locked(entry, block)
         self.driver.release_foreign(block.ptr, stream)
         # The waits are queued: from here on nothing can fail.
         self._table.remove(entry)

@@ -438,7 +438,8 @@ def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     access: cython.int
-    seen = mark.seen
+    key: Any
+    seen: dict = mark.seen
     if seen is None:
         seen = mark.seen = {}
     for i in range(0, n, 4):
