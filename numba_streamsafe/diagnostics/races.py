@@ -1,4 +1,5 @@
-"""Races found by the simulated driver, for a user's own tests:
+"""Races found by the simulated driver's checker, or in check mode by the
+tracking resource (on a GPU as on the simulator), for a user's own tests:
 :func:`race_check` and :func:`hazards`."""
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def _systems() -> list[Any]:
 
 
 def hazards() -> list[sim.Hazard]:
-    """Every hazard the simulated driver of an installed runtime found so far
-    (empty on a GPU, which has no checker). Each names both accesses:
+    """Every hazard found so far by the installed runtimes: in check mode the
+    races their resources reported, else those their simulated drivers found
+    (empty on a GPU outside check mode). Each names both accesses:
     ``h.first`` and ``h.second`` (kernel or copy, argument, stream, the
     ``file:line`` of the user's call).
 
@@ -93,9 +95,10 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     call in your code.
 
     Runs the checks where the simulated driver is in use (Numba's CUDA
-    simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``) and, on a GPU, in check mode
-    (``NUMBA_STREAMSAFE_MODE=check``, whose checking driver mirrors the program
-    into the same model); elsewhere on a GPU it warns that nothing is checked.
+    simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``) and in check mode
+    (``NUMBA_STREAMSAFE_MODE=check``, where the tracking resource reports the
+    races, on a GPU as on the simulator); elsewhere on a GPU it warns that
+    nothing is checked.
 
     Parameters
     ----------
