@@ -159,6 +159,7 @@ def test_asking_for_rmm_without_rmm_is_an_error_with_advice(monkeypatch):
 
 
 def test_the_setting_is_read_and_refused_on_the_simulator(monkeypatch, sim):
+    monkeypatch.setenv("NUMBA_STREAMSAFE_DRIVER", "sim")  # whatever ran before in the process
     monkeypatch.setenv("NUMBA_STREAMSAFE_UPSTREAM", "rmm")
     settings_module.reload_settings()
     try:
@@ -177,6 +178,7 @@ def test_the_setting_is_read_and_refused_on_the_simulator(monkeypatch, sim):
             settings_module.reload_settings()
     finally:
         monkeypatch.delenv("NUMBA_STREAMSAFE_UPSTREAM")
+        monkeypatch.undo()
         settings_module.reload_settings()
     assert settings_module.settings().upstream == "driver"
     assert default_stack(sim).upstream_name == "cuMemAllocAsync"
@@ -242,3 +244,27 @@ def test_rmm_upstream_takes_rmms_resource_of_the_device(monkeypatch, sim):
     assert upstream.mr is resources[0] and upstream.name == "rmm (PoolMemoryResource)"
     with pytest.warns(RuntimeWarning, match="not stream-ordered"):
         assert rmm_upstream(1).mr is resources[1]
+
+
+def test_check_mode_reports_the_races_of_memory_from_the_upstream(sim, rmm, two_streams):
+    """Check mode over RMM's memory: the read on ``b`` of ``a``'s write and
+    the give-back on ``a`` while ``b`` reads are reported (nothing is waited
+    for); ordered by a synchronise of ``a`` and of ``b``, nothing is."""
+    a, b = two_streams
+    res = AsyncResource(sim, upstream=RmmUpstream(rmm, stream_of=Handle), reuse_bytes=0,
+                        check=True)
+    block = res.allocate(4096, a)
+    _use(res, sim, block, a, Access.WRITE)
+    _use(res, sim, block, b, Access.READ)
+    res.deallocate(block)
+    assert [h.kind for h in res.race_log.hazards] == ["read-after-write", "write-after-read"]
+    assert res.counters()["waits"] == 0
+    ordered = res.allocate(4096, a)
+    _use(res, sim, ordered, a, Access.WRITE)
+    res.program_completed(res.program_clock(a))
+    sim.stream_synchronize(a)
+    _use(res, sim, ordered, b, Access.READ)
+    res.program_completed(res.program_clock(b))
+    sim.stream_synchronize(b)
+    res.deallocate(ordered)
+    assert len(res.race_log.hazards) == 2
