@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from typing import Any
 
 import pytest
 
@@ -308,6 +309,18 @@ class _StreamObject:
     """Stands for a stream object that owns its handle (Numba's on a GPU)."""
 
 
+def _written_on_a() -> tuple[SimDriver, AsyncResource, int, int, Any]:
+    """A simulated device, its resource, streams ``a`` and ``b``, and a block
+    ``x`` written by a kernel on ``a`` (its allocation complete)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    a, b = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, a, "x")
+    sim.synchronize()
+    kernel(res, sim, a, [(x, W)], label="write x on a")
+    return sim, res, a, b, x
+
+
 @pytest.mark.parametrize("owner_dies", [True, False])
 def test_a_new_stream_on_a_dead_streams_handle_is_ordered_after_nothing(owner_dies):
     """The program ordered stream ``b`` (an object owning its handle) after
@@ -315,12 +328,7 @@ def test_a_new_stream_on_a_dead_streams_handle_is_ordered_after_nothing(owner_di
     stream ``c``, which the program never ordered. ``c``'s read of what ``a``
     wrote is waited for (no race). Negative control: while ``b``'s object lives
     the knowledge stands and the wait is skipped."""
-    sim = SimDriver(backing=False)
-    res = AsyncResource(sim)
-    a, b = sim.create_stream(), sim.create_stream()
-    x = res.allocate(256, a, "x")
-    sim.synchronize()
-    kernel(res, sim, a, [(x, W)], label="write x on a")
+    sim, res, a, b, x = _written_on_a()
     owner = _StreamObject()
     clock = res.program_clock(a)
     event = sim.event_create()
@@ -349,12 +357,7 @@ def test_a_point_of_the_program_records_no_event_until_a_wait_needs_one():
     a stream that must wait for the mark records it then. A stream that ends
     records its closed marks' events first (nothing can be recorded on it
     afterwards), so a use after it still waits, with no race."""
-    sim = SimDriver(backing=False)
-    res = AsyncResource(sim)
-    a, b = sim.create_stream(), sim.create_stream()
-    x = res.allocate(256, a, "x")
-    sim.synchronize()
-    kernel(res, sim, a, [(x, W)], label="write x on a")
+    sim, res, a, b, x = _written_on_a()
     recorded = sim.calls["cuEventRecord"]
     res.program_clock(a)
     assert sim.calls["cuEventRecord"] == recorded  # closed, no event
