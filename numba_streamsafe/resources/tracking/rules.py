@@ -467,8 +467,11 @@ def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what:
     i: cython.Py_ssize_t
     if stream is not None and (stream == 0 or stream == 1):
         book.legacy_use()  # after every blocking stream's earlier work
+    ready = book.ready
     for i in range(0, n, 4):
         entry = entries[i]
+        if entry.spans is None and entry.last_write is ready and not (entries[i + 1] & _WRITE):
+            continue  # a read of memory no stream wrote since it was allocated
         marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, book)
         if marks is not None:
             for m in marks:
