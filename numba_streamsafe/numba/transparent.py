@@ -368,10 +368,7 @@ def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
     def query(self: Any) -> bool:
-        done = original(self)
-        if done:  # the host saw it complete: ordered after it
-            _event_completed(self, _nothing)
-        return done  # type: ignore[no-any-return]
+        return _event_completed(self, lambda: original(self))
     query.__doc__ = original.__doc__
     return query
 
@@ -546,14 +543,18 @@ def _wait(rt: Any, event: Any, ref: tuple[int, Any], wait: Callable[[], Any]) ->
             rt.resource.tracker.program_waited(handle, point[1], owner)
 
 
-def _event_completed(event: Any, synchronize: Callable[[], Any]) -> None:
-    """``synchronize()`` waits on the host for ``event``: its point is complete."""
+def _event_completed(event: Any, synchronize: Callable[[], Any]) -> Any:
+    """``synchronize()`` waits on the host for ``event`` (or, a query, tells
+    whether it completed): when it returns anything but False, the event's
+    point is complete. Its result is returned. Under the event's lock, so a
+    record of the event by another thread meanwhile cannot be taken for it."""
     with _event_lock(event):
         point = event.__dict__.get("_nss_point")
-        synchronize()
+        done = synchronize()
         rt = point[0]() if point is not None else None
-        if rt is not None and _noting(rt):
+        if done is not False and rt is not None and _noting(rt):
             rt.resource.tracker.program_completed(point[1])
+        return done
 
 
 def _synchronised(rt: Any, handle: int, synchronize: Callable[[], Any]) -> None:

@@ -631,8 +631,7 @@ class AsyncResource(MemoryResource):
                 for mark in rules.needed_locked(entries, key):
                     if isinstance(mark, ForeignMark) and mark.stale:
                         continue
-                    if not any(m is mark for m in held):
-                        self.marks.hold_sealed(mark)
+                    if not any(m is mark for m in held) and self.marks.hold_sealed(mark):
                         held.append(mark)
             except BaseException:
                 for mark in held:
@@ -755,7 +754,6 @@ class AsyncResource(MemoryResource):
             with self._lock:
                 # Under the lock: no launch sees the handle between the destroy
                 # and the forgetting. A failed destroy leaves the history as it was.
-                self._table.seal_closed(stream, self.marks)
                 if destroy is not None:
                     destroy(stream)
                 self._table.forget_stream(stream)

@@ -78,13 +78,15 @@ def _earlier(seen: dict[Any, Any] | None, block: Any, lo: int, hi: int, later_wr
     it was a read (a read after the write)."""
     if not seen or block is None:
         return []
-    ptr = block.ptr
+    ptr, generation = block.ptr, block.generation
     out = []
-    for key, value in seen.items():
+    for key, value in list(seen.items()):
         writes = type(key) is tuple and key[-1] is None
         span = key[0] if writes else key
         entry, s_lo, s_hi = span if isinstance(span, tuple) else (span, 0, span.nbytes)
-        if entry.block.ptr != ptr or s_hi <= lo or s_lo >= hi:
+        noted = entry.block  # the same allocation: not an earlier one at its address
+        if (noted.ptr != ptr or noted.generation != generation or s_hi <= lo
+                or s_lo >= hi):
             continue
         if writes:
             kind = "write-after-write" if later_write else "read-after-write"

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
+from numba_streamsafe.resources.tracking.marks import set_work
 
 #: Stream kinds: the legacy default stream, blocking and non-blocking streams.
 LEGACY, BLOCKING, NON_BLOCKING = "legacy", "blocking", "non-blocking"
@@ -167,3 +168,35 @@ def test_a_chain_of_events_orders_across_three_streams():
         found, oracle = run(Program((NON_BLOCKING,) * 3, 1, (0,), tuple(steps)))
         assert found == oracle, (found, oracle)
         assert (found == set()) is chained, found
+
+
+def test_a_report_names_the_allocation_raced_on_not_an_earlier_one_at_its_address():
+    """Memory freed and allocated again at the same address: a race on the new
+    allocation is reported against its own writer only, as the simulator
+    finds it (the earlier allocation's notes are not taken for it)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, check=True, reuse_bytes=0)
+    s, t = sim.create_stream(), sim.create_stream()
+    keep = res.allocate(NBYTES, s, "keep")
+    sim.synchronize()
+
+    def use(stream: int, block: Any, access: Access, label: str) -> None:
+        set_work((label, None, None))  # as the protocol names the work
+        try:
+            res.preflight([(block, access)], stream)
+            sim.trace_access(stream, [(block.ptr, block.nbytes, access)], label)
+            res.commit([(block, access)], stream)
+        finally:
+            set_work(None)
+
+    use(s, keep, Access.WRITE, "keeps s's mark in use")
+    old = res.allocate(NBYTES, s, "old")
+    use(s, old, Access.WRITE, "write old")
+    res.deallocate(old)
+    new = res.allocate(NBYTES, s, "new")
+    assert new.ptr == old.ptr
+    use(s, new, Access.WRITE, "write new")
+    use(t, new, Access.READ, "read new on t")
+    found = [(h.kind, h.first.label) for h in res.race_log.hazards]
+    assert found == [("read-after-write", "write new")], found
+    assert [h.kind for h in sim.hazards] == ["read-after-write"]

@@ -425,3 +425,23 @@ def test_the_default_runtimes_of_two_simulated_devices_share_a_system(monkeypatc
                 set_runtime(rt, d)
         monkeypatch.undo()
         reload_settings()
+
+
+def test_in_check_mode_a_use_across_devices_of_new_memory_records_nothing_on_no_stream():
+    """Check mode: a kernel on device 1 reads a block just allocated on device
+    0. New memory is ready for every stream, so there is nothing to wait for
+    and no event to record (its mark has no stream); the launch goes ahead."""
+    t = Two(lambda sim: AsyncResource(sim, check=True))
+    for d, rt in enumerate(t.rts):
+        set_runtime(rt, d)
+    try:
+        enable_peer_access(1, 0)
+        (a0, _), (a1, _) = t.streams
+        x = t.rts[0].allocate(256, a0, "x")
+        t.sims[0].synchronize()  # the simulator's model: the allocation complete
+        recorded = t.calls()[0]["cuEventRecord"]
+        launch(t.rts[1], a1, [(x, R)])
+        assert t.calls()[0]["cuEventRecord"] == recorded
+        assert t.hazards == []
+    finally:
+        clear_runtimes()

@@ -352,18 +352,31 @@ def test_a_new_stream_on_a_dead_streams_handle_is_ordered_after_nothing(owner_di
     assert sim.hazards == []
 
 
-def test_a_point_of_the_program_records_no_event_until_a_wait_needs_one():
-    """The program's point on ``a`` closes ``a``'s open mark without an event;
-    a stream that must wait for the mark records it then. A stream that ends
-    records its closed marks' events first (nothing can be recorded on it
-    afterwards), so a use after it still waits, with no race."""
-    sim, res, a, b, x = _written_on_a()
-    recorded = sim.calls["cuEventRecord"]
-    res.program_clock(a)
-    assert sim.calls["cuEventRecord"] == recorded  # closed, no event
-    res.retire_stream(a, sim.destroy_stream)
-    assert sim.calls["cuEventRecord"] == recorded + 1  # sealed before the stream ended
-    waits = res.marks.waits
-    kernel(res, sim, b, [(x, R)], label="read x on b")
-    assert res.marks.waits == waits + 1
-    assert sim.hazards == []
+def test_a_point_of_the_program_records_the_event_of_the_marks_it_closes():
+    """The program's point on ``a`` closes ``a``'s open mark and records its
+    event there and then: later, ``a`` may be captured by a graph or gone
+    (a stream the library knows only by its handle), and nothing could be
+    recorded on it; in check mode none is recorded. After ``a`` ends (its
+    marks renamed), a stream the program ordered after the point needs no
+    wait and is no race: the clocks know the marks by the stream they were
+    made on."""
+    for check in (False, True):
+        sim = SimDriver(backing=False)
+        res = AsyncResource(sim, check=check)
+        a, b = sim.create_stream(), sim.create_stream()
+        x = res.allocate(256, a, "x")
+        sim.synchronize()
+        kernel(res, sim, a, [(x, W)], label="write x on a")
+        recorded = sim.calls["cuEventRecord"]
+        clock = res.program_clock(a)
+        assert sim.calls["cuEventRecord"] == recorded + (0 if check else 1)
+        event = sim.event_create()
+        sim.event_record(event, a)                # the program's event
+        res.retire_stream(a, sim.destroy_stream)
+        assert sim.calls["cuEventRecord"] == recorded + (1 if check else 2)
+        sim.stream_wait_event(b, event)
+        res.program_waited(b, clock)
+        waits = res.marks.waits
+        kernel(res, sim, b, [(x, R)], label="read x on b")
+        assert res.marks.waits == waits  # the program ordered it: no wait, no report
+        assert sim.hazards == [] and not (res.race_log and res.race_log.hazards)

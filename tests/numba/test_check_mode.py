@@ -291,3 +291,25 @@ def test_the_plain_example_ordered_by_its_own_events_has_no_race():
 
     alone, ordered = waits(_example(mode="order")), waits(_example("--events", mode="order"))
     assert ordered[0] < alone[0] and ordered[1] > alone[1], (alone, ordered)
+
+
+def test_a_graph_captured_after_the_programs_event_is_captured_whole(rt):
+    """Ordering mode: the program records an event on ``s`` (a point, which
+    closes ``s``'s open mark), then captures a graph on ``s`` while ``t``
+    reads what ``s`` wrote before. The mark's event was recorded at the
+    point, so ``t``'s wait records nothing on the captured stream."""
+    sim_plugin.install()
+    try:
+        s, t = cuda.stream(), cuda.stream()
+        x = nss.device_array(N, np.float32, stream=s)
+        y = nss.device_array(N, np.float32, stream=s)
+        z = nss.device_array(N, np.float32, stream=t)
+        tracked_fill[1, N, s](x, 1.0)
+        cuda.event().record(s)  # nobody waits for it
+        with nss.graph(s) as g:
+            tracked_fill[1, N, s](y, 2.0)
+            tracked_copy[1, N, t](x, z)  # outside the capture: after s's fill of x
+        assert g.operations == 1
+        assert rt.driver.hazards == []
+    finally:
+        sim_plugin.uninstall()

@@ -217,9 +217,9 @@ def test_an_event_record_that_fails_orders_nothing(plain, streams, monkeypatch):
 
     def refuse_the_programs_record(handle, stream):
         calls.append(handle)
-        if len(calls) == 1:  # the program's (a's open mark is closed, no event recorded)
-            raise DriverError("cuEventRecord", 400, "refused (test)")
-        return real(handle, stream)  # the library's own, for the wait it queues
+        if len(calls) == 1:
+            return real(handle, stream)  # the library's own seal of a's open mark
+        raise DriverError("cuEventRecord", 400, "refused (test)")
 
     monkeypatch.setattr(plain.driver, "event_record", refuse_the_programs_record)
     with pytest.raises(DriverError):

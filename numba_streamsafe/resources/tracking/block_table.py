@@ -15,7 +15,7 @@ from typing import Any
 import cython
 
 from numba_streamsafe.core.errors import InvalidArgument, StaleContext, UseAfterFree
-from numba_streamsafe.resources.tracking.marks import CLOSED, Mark, MarkBook, retired_stream_id
+from numba_streamsafe.resources.tracking.marks import Mark, MarkBook, retired_stream_id
 from numba_streamsafe.resources.tracking.rules import Entry
 
 __all__ = ["BlockTable", "COMPILED"]
@@ -156,18 +156,6 @@ class BlockTable:
         """Live blocks allocated on ``stream``."""
         return [cython.cast(Entry, e).block for e in self.live.values()
                 if cython.cast(Entry, e).block.stream == stream]
-
-    def seal_closed(self, stream: Any, book: Any) -> None:
-        """Record the events of ``stream``'s closed marks that live blocks
-        refer to (``MarkBook.close``): the stream is about to end, after
-        which nothing can be recorded on it."""
-        entry: Entry
-        for e in self.live.values():
-            entry = e
-            for _, _, writes, reads in entry.uses():
-                for mark in (*writes.values(), *reads.values()):
-                    if mark.stream == stream and mark.handle is CLOSED:
-                        book.seal(mark)
 
     def forget_stream(self, stream: Any) -> None:
         """End ``stream``'s history: rename it in the marks and reads of live

@@ -11,6 +11,7 @@ from numba_streamsafe.core.tracehook cimport TraceLog, current_log
 cdef class Mark:
     cdef readonly unsigned long long seq
     cdef public object stream
+    cdef readonly object origin
     cdef public object handle
     cdef readonly Py_ssize_t refs
     cdef public object owner
@@ -70,6 +71,6 @@ cdef class MarkBook:
     cpdef object legacy_use(self)
     cpdef object close(self, object stream)
     cdef void hold(self, Mark mark) noexcept
-    cpdef object hold_sealed(self, Mark mark)
+    cpdef bint hold_sealed(self, Mark mark) except? -1
     cpdef bint in_use(self, Mark mark)
     cpdef object let_go(self, Mark mark)

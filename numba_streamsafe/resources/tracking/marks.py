@@ -70,10 +70,15 @@ class Mark:
     wait for the mark's event to their owning objects (None for a raw
     handle), kept alive while the mark is in use. ``seq`` numbers marks in
     the order they are made: of two marks of one stream, the one with the
-    higher ``seq`` stands for all the other does. In check mode ``seen``
+    higher ``seq`` stands for all the other does. ``origin`` is the stream
+    it was made on, kept when a retired stream's marks are renamed
+    (``stream`` then names no live stream): the program's clocks know the
+    mark by it (a new stream with the handle makes only later marks, which
+    the clocks' points do not reach). In check mode ``seen``
     maps what the mark's uses touched (a block's entry for all of it,
-    ``(entry, lo, hi)`` for a span) to ``(access, what)``: the work that
-    touched it last, for the reports.
+    ``(entry, lo, hi)`` for a span) to ``(access, what)``, the work that
+    touched it last, and ``(key, None)`` to the work that wrote it last, for
+    the reports.
     Callers change a mark only under their resource's lock.
     """
 
@@ -82,6 +87,7 @@ class Mark:
         _mark_seq += 1
         self.seq = _mark_seq
         self.stream = stream
+        self.origin = stream
         self.handle = None
         self.refs = 0
         self.owner = owner
@@ -349,12 +355,11 @@ class MarkBook:
         return mark
 
     def seal(self, mark: Mark, direct: cython.bint = False) -> Any:
-        """The event of ``mark``, recorded now if it has none (a closed mark's
-        too: recorded later than its uses, it covers them all; in check mode
-        none is recorded and the mark is closed). A sealed mark is no longer
-        its stream's open mark: later work gets a new one."""
+        """The event of ``mark``, recorded now if it has none (in check mode
+        none is recorded: the mark is closed, ``CLOSED``). A sealed mark is no
+        longer its stream's open mark: later work gets a new one."""
         handle = mark.handle
-        if handle is None or (handle is CLOSED and not self.checking):
+        if handle is None:
             if self.checking:
                 handle = CLOSED
             else:
@@ -458,7 +463,7 @@ class MarkBook:
         next work after ``mark`` (complete, or ordered by an event; in check
         mode also by the legacy default stream)."""
         seq = mark.seq
-        done = self.done.get(mark.stream)
+        done = self.done.get(mark.origin)
         if done is not None and seq <= done:
             return True
         clock = None
@@ -469,7 +474,7 @@ class MarkBook:
                 del self.ordered[stream]           # may be a new stream's now
             else:
                 clock = entry[1]
-                upto = clock.get(mark.stream)
+                upto = clock.get(mark.origin)
                 if upto is not None and seq <= upto:
                     return True
         if not self.checking:
@@ -509,14 +514,15 @@ class MarkBook:
             return True
         legacy = self.ordered.get(0)
         if legacy is not None:
-            upto = legacy[1].get(s)
+            upto = legacy[1].get(mark.origin)
             if upto is not None and mark.seq <= upto:
                 return True
         return mark.seq <= self.legacy_point and self.blocking(s)
 
     def blocking(self, stream: Any) -> cython.bint:
-        """Check mode: whether ``stream`` (not a default stream) and the legacy
-        default stream wait for each other's work (its flags, read once)."""
+        """Check mode: whether ``stream`` and the legacy default stream wait for
+        each other's work: the per-thread default stream and a blocking stream
+        (its flags, read once per handle); never the legacy stream itself."""
         if stream is None or stream < 2:
             return False
         found = self._flags.get(stream)
@@ -537,7 +543,10 @@ class MarkBook:
         self.legacy_point = _mark_seq
         clock = self._order_entry(0, None)[1]
         for stream, entry in list(self.ordered.items()):
-            if not _legacy(stream) and self.blocking(stream):
+            ref = entry[0]
+            if ref is not None and ref() is None:  # the stream object died: its handle
+                del self.ordered[stream]           # may be a new stream's now
+            elif not _legacy(stream) and self.blocking(stream):
                 _join_clock(clock, entry[1])
 
     # ------------------------------------------------ the program's own order
@@ -550,16 +559,17 @@ class MarkBook:
         return _mark_seq
 
     def close(self, stream: Any) -> None:
-        """Close the open mark of ``stream`` without recording its event: later
-        uses of the stream get a new mark, and a stream that must wait for this
-        one records its event then (:meth:`seal`), which covers its uses. A
-        mark no use refers to is forgotten. A stream that ends seals its
-        closed marks first (``BlockTable.seal_closed``)."""
+        """Close the open mark of ``stream``: later uses of the stream get a new
+        mark. In ordering mode its event is recorded now if a use refers to it
+        (:meth:`retire`: recorded later, on a stream that may be captured by a
+        graph or gone by then, it could not be); in check mode none is (the
+        mark is ``CLOSED``). A mark no use refers to is forgotten."""
         mark = self.open.get(stream)
         if mark is not None:
             if cython.cast(Mark, mark).refs:
-                cython.cast(Mark, mark).handle = CLOSED
-            del self.open[stream]
+                self.seal(mark)  # in check mode: closed, no event
+            else:
+                del self.open[stream]
 
     def program_clock(self, stream: Any) -> dict:
         """The clock of a point of the program on ``stream`` (an event recorded
@@ -646,11 +656,16 @@ class MarkBook:
         of the compiled engine (not callable from Python when compiled)."""
         mark.refs += 1
 
-    def hold_sealed(self, mark: Mark) -> None:
+    def hold_sealed(self, mark: Mark) -> cython.bint:
         """Record ``mark``'s event if it is not yet, and hold the mark (one more
         use) until :meth:`release`: the event stays recorded meanwhile (a
-        stream of another device waits for it; in check mode too)."""
+        stream of another device waits for it; in check mode too). Returns
+        whether it is held: in check mode a mark with no stream to record on
+        (new memory's, ready for every stream; one of a stream that ended) is
+        not, and needs no wait."""
         if self.checking and (mark.handle is None or mark.handle is CLOSED):
+            if mark is self.ready or mark.stream < 0:
+                return False
             handle = self.events.record(mark.stream)
             if self.open.get(mark.stream) is mark:
                 del self.open[mark.stream]
@@ -658,6 +673,7 @@ class MarkBook:
         else:
             self.seal(mark)
         self.hold(mark)
+        return True
 
     def in_use(self, mark: Mark) -> cython.bint:
         """Whether a use refers to ``mark``."""

@@ -452,7 +452,34 @@ def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
         seen[key] = (entries[i + 1], what)
         if access & _WRITE:
             seen[(key, None)] = what
+    if len(seen) > _MAX_SEEN:
+        _prune(seen)
     return 0
+
+
+#: Notes a mark keeps before those of freed blocks are dropped (check mode).
+_MAX_SEEN = cython.declare(cython.Py_ssize_t, 1024)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _prune(seen: dict) -> cython.int:
+    """Drop the notes of blocks that are gone; past :data:`_MAX_SEEN` live
+    ones, the oldest half (a report then names the work less precisely)."""
+    for key in [k for k in seen if _noted_entry(k).gone]:
+        del seen[key]
+    if len(seen) > _MAX_SEEN // 2:
+        for key in list(seen)[:len(seen) // 2]:
+            del seen[key]
+    return 0
+
+
+@cython.cfunc
+def _noted_entry(key: Any) -> Entry:
+    """The entry a note's key names (``entry``, ``(entry, lo, hi)``, ``(key, None)``)."""
+    while type(key) is tuple:
+        key = key[0]
+    return key  # type: ignore[no-any-return]
 
 
 @cython.cfunc
