@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -287,6 +287,32 @@ transparent)
         plain_launch.py)
     tail -n 15 "$OUT/gpu_transparent.log"
     cat "$OUT/plain_launch.log" "$OUT/race.txt"
+    ;;
+check)
+    # Check mode (issue "races on a GPU"): its GPU tests and transparent mode's
+    # (NSS_RACE_TRIALS trials, default 30), the cost against ordering mode, and, with
+    # SELF_BEFORE set to an earlier tree carried beside this one, the self-ordered
+    # program on both trees, taking turns. numba-cuda's suite in check mode is
+    # `NSS_SUITE_ENV="NUMBA_STREAMSAFE_MODE=check" scripts/gpu_round.sh numba-suite`.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
+    NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-30} run check_tests python3 -m pytest -m gpu -q \
+        -p no:cacheprovider tests/gpu/test_check_mode_gpu.py tests/gpu/test_transparent_gpu.py -rs
+    tail -n 3 "$OUT/check_tests.log"
+    run check_mode python3 benchmarks/check_mode.py --rounds "${ROUNDS:-5}"
+    tail -n 8 "$OUT/check_mode.log"
+    if [[ -n ${SELF_BEFORE:-} ]]; then
+        (cd "$SELF_BEFORE" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace) \
+            > "$OUT/build_before.log" 2>&1
+        root=$PWD
+        before=$(cd "$SELF_BEFORE" && pwd)
+        for _ in 1 2; do
+            for tree in "$before" "$root"; do
+                (cd "$tree" && NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe PYTHONPATH="$SITE:$tree" \
+                    python3 "$root/benchmarks/self_ordered.py") 2>&1 | tail -n 1 \
+                    | tee -a "$OUT/self_ordered.log"
+            done
+        done
+    fi
     ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the
