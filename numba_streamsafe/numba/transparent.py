@@ -165,9 +165,14 @@ def _block_of(rt: Any, obj: Any) -> Any:
 
 
 def _stream_ref(rt: Any, stream: Any) -> tuple[int, Any]:
-    """``(handle, owner)`` of a stream as Numba's calls take it (0: the default stream)."""
+    """``(handle, owner)`` of a stream as Numba's calls take it (0: the default
+    stream): the handle a launch cached on the stream object for ``rt``, else
+    the runtime's answer."""
     if not stream:
         return default_stream_handle(), None
+    cached = getattr(stream, "_nss_stream", None)
+    if type(cached) is tuple and cached[0] is rt:
+        return cached[1], stream
     return rt.stream_ref(stream)  # type: ignore[no-any-return]
 
 
