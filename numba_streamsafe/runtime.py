@@ -113,7 +113,7 @@ class DeviceRuntime:
         #: A graph being captured on this device (:meth:`start_capture`), else None.
         self.capture: Any = None
         #: Check mode: the tracking resource reports races instead of ordering.
-        self.checking: bool = bool(getattr(resource.tracker, "checking", False))
+        self.checking: bool = resource.checking
 
     # ----------------------------------------------------------------- streams
     def stream_ref(self, stream: Any) -> StreamRef:
@@ -534,7 +534,7 @@ def default_stack(driver: Driver) -> MemoryResource:
             raise InvalidArgument(
                 "NUMBA_STREAMSAFE_IPC=1 allocates with cuMemAlloc (what CUDA IPC exports) and "
                 "takes no upstream, but NUMBA_STREAMSAFE_UPSTREAM=rmm: unset one of them")
-        if config.driver == "sim":
+        if driver.traces_accesses:
             raise InvalidArgument(
                 "NUMBA_STREAMSAFE_UPSTREAM=rmm needs a GPU: the simulated driver (Numba's CUDA "
                 "simulator) allocates from its own pool; unset the variable there")

@@ -211,7 +211,7 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
     """A hook of one of Numba's copy or fill functions. ``host_waits``: on
     the default stream the call is synchronous, and the host waits for the
     stream's earlier work (``"before"``: a copy from the host) or for the copy
-    itself (``"after"``: a copy to the host), which a checking driver is told."""
+    itself (``"after"``: a copy to the host), which check mode's resource is told."""
     # Numba calls these with keywords too: the parameters keep Numba's names.
     def copy(dst: Any, src: Any, size: int, stream: Any = 0) -> Any:
         pairs = []
@@ -349,8 +349,7 @@ def _install_gpu() -> None:
 def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
     def record(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        handle = _stream_ref(rt, stream)[0]
-        _record(rt, self, handle, lambda: original(self, stream))
+        _record(rt, self, _stream_ref(rt, stream)[0], lambda: original(self, stream))
     record.__doc__ = original.__doc__
     return record
 
@@ -358,8 +357,7 @@ def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        ref = _stream_ref(rt, stream)
-        _wait(rt, self, ref, lambda: original(self, stream))
+        _wait(rt, self, _stream_ref(rt, stream), lambda: original(self, stream))
     wait.__doc__ = original.__doc__
     return wait
 
@@ -381,8 +379,7 @@ def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
-        handle = _stream_ref(rt, self)[0]
-        _synchronised(rt, handle, lambda: original(self))
+        _synchronised(rt, _stream_ref(rt, self)[0], lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -391,14 +388,14 @@ def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]
     def synchronize(self: Any) -> None:
         # cuCtxSynchronize waits for the calling thread's current context,
         # whichever context object it is called on.
-        rt = installed_runtime(target.current_device())
-        _device_synchronised(rt, lambda: original(self))
+        _device_synchronised(installed_runtime(target.current_device()),
+                             lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
 def _nothing() -> None:
-    """What a query that found its event complete still has to wait for."""
+    """No wait: a synchronous copy already made the host wait."""
 
 
 # ---------------------------------------------------------------- simulator

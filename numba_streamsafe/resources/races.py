@@ -9,6 +9,7 @@ from typing import Any
 
 from numba_streamsafe._driver.sim_model import Hazard, Side, tell_watchers
 from numba_streamsafe.core.access import Access
+from numba_streamsafe.core.sites import site_text
 from numba_streamsafe.core.uses import Uses
 
 __all__ = ["RaceLog", "describe"]
@@ -102,14 +103,7 @@ def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int) -> Side:
     if what is None:
         return Side("work", None, stream, None)
     label, _, names = what
-    return Side(label, _name(names, ptr, lo, hi), stream, _site_text(what))
-
-
-def _site_text(what: Any) -> str | None:
-    if what is None or what[1] is None:
-        return None
-    site = what[1]
-    return site if isinstance(site, str) else f"{site[0]}:{site[1]}"
+    return Side(label, _name(names, ptr, lo, hi), stream, site_text(what[1]))
 
 
 def _name(names: Any, ptr: int, lo: int, hi: int) -> str | None:

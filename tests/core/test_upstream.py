@@ -159,7 +159,6 @@ def test_asking_for_rmm_without_rmm_is_an_error_with_advice(monkeypatch):
 
 
 def test_the_setting_is_read_and_refused_on_the_simulator(monkeypatch, sim):
-    monkeypatch.setenv("NUMBA_STREAMSAFE_DRIVER", "sim")  # whatever ran before in the process
     monkeypatch.setenv("NUMBA_STREAMSAFE_UPSTREAM", "rmm")
     settings_module.reload_settings()
     try:
@@ -178,7 +177,6 @@ def test_the_setting_is_read_and_refused_on_the_simulator(monkeypatch, sim):
             settings_module.reload_settings()
     finally:
         monkeypatch.delenv("NUMBA_STREAMSAFE_UPSTREAM")
-        monkeypatch.undo()
         settings_module.reload_settings()
     assert settings_module.settings().upstream == "driver"
     assert default_stack(sim).upstream_name == "cuMemAllocAsync"

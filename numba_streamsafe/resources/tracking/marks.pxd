@@ -68,8 +68,7 @@ cdef class MarkBook:
     cpdef object verify(self, object stream, Mark mark, object owner, tuple where)
     cpdef object race(self, object stream, Mark mark, object owner, tuple where, object what)
     cpdef bint blocking(self, object stream) except? -1
-    cpdef object legacy_use(self)
-    cpdef object close(self, object stream)
+    cpdef object legacy_use(self, object used)
     cdef void hold(self, Mark mark) noexcept
     cpdef bint hold_sealed(self, Mark mark) except? -1
     cpdef bint in_use(self, Mark mark)

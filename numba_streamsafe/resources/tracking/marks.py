@@ -374,8 +374,8 @@ class MarkBook:
 
     def wait_all(self, stream: Any, marks: list, owner: Any = None, free: cython.bint = False,
                  direct: cython.bint = False) -> None:
-        """Queue waits of ``stream`` on ``marks``, each once (in check mode:
-        :meth:`verify` each instead, as a free when ``free``).
+        """Queue waits of ``stream`` on ``marks``, each once (never in check
+        mode: the rules and the free verify the marks instead).
 
         A stream that already waited for a mark is ordered after it for good
         (stream order), so it never waits for the same mark twice. The mark
@@ -386,10 +386,6 @@ class MarkBook:
         launch path), unless the driver has destroyed streams to check.
         """
         mark: Mark
-        if self.checking:
-            for m in marks:
-                self.verify(stream, m, owner, (None, 3, 0, 0, free))
-            return
         if direct and self.driver.destroyed_streams:
             direct = False
         for m in marks:
@@ -413,7 +409,7 @@ class MarkBook:
         unless the program orders ``stream`` after it, the pair is a race
         (:meth:`race`, with the thread's work, :func:`set_work`)."""
         if not self.ordered_already(stream, mark, owner):
-            self.race(stream, mark, owner, where, getattr(_work, "what", None))
+            self.race(stream, mark, owner, where, current_work())
 
     def race(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any) -> None:
         """Check mode: keep the race of a use on ``stream`` that needs ``mark``
@@ -534,12 +530,15 @@ class MarkBook:
             self._flags[stream] = found
         return found  # type: ignore[no-any-return]
 
-    def legacy_use(self) -> None:
-        """Check mode: work is queued on the legacy default stream now. It comes
-        after every blocking stream's earlier work: their open marks close, the
-        legacy stream's point moves on, and what they waited for joins its clock."""
+    def legacy_use(self, used: Any) -> None:
+        """Check mode: work is queued on stream ``used`` now. On the legacy
+        default stream it comes after every blocking stream's earlier work:
+        their open marks close, the legacy stream's point moves on, and what
+        they waited for joins its clock. On another stream nothing happens."""
+        if not _legacy(used):
+            return
         for stream in [s for s in self.open if not _legacy(s) and self.blocking(s)]:
-            self.close(stream)
+            self.retire(stream)
         self.legacy_point = _mark_seq
         clock = self._order_entry(0, None)[1]
         for stream, entry in list(self.ordered.items()):
@@ -554,22 +553,9 @@ class MarkBook:
         """A point of the program on ``stream`` (where it records an event or
         synchronises it): every mark of ``stream`` made so far is at or before
         it, and later uses of the stream get marks after it (its open mark is
-        closed, :meth:`close`). Returns the point (a mark sequence number)."""
-        self.close(stream)
+        closed, :meth:`retire`). Returns the point (a mark sequence number)."""
+        self.retire(stream)
         return _mark_seq
-
-    def close(self, stream: Any) -> None:
-        """Close the open mark of ``stream``: later uses of the stream get a new
-        mark. In ordering mode its event is recorded now if a use refers to it
-        (:meth:`retire`: recorded later, on a stream that may be captured by a
-        graph or gone by then, it could not be); in check mode none is (the
-        mark is ``CLOSED``). A mark no use refers to is forgotten."""
-        mark = self.open.get(stream)
-        if mark is not None:
-            if cython.cast(Mark, mark).refs:
-                self.seal(mark)  # in check mode: closed, no event
-            else:
-                del self.open[stream]
 
     def program_clock(self, stream: Any) -> dict:
         """The clock of a point of the program on ``stream`` (an event recorded
@@ -580,7 +566,7 @@ class MarkBook:
         clock: dict = {}
         if self.checking:
             if _legacy(stream):
-                self.legacy_use()
+                self.legacy_use(stream)
                 clock[None] = self.legacy_point
             elif self.blocking(stream):  # after the legacy stream's earlier work
                 clock[0] = self.program_point(0)
@@ -705,8 +691,9 @@ class MarkBook:
 
     def retire(self, stream: Any) -> None:
         """Close the open mark of ``stream``: seal it if a use refers to it (its
-        uses can then still be waited for, once the stream is gone or after a
-        point of the program); forget it otherwise."""
+        uses can then still be waited for, once the stream is gone, captured
+        by a graph, or after a point of the program; in check mode no event is
+        recorded, the mark is ``CLOSED``); forget it otherwise."""
         mark = self.open.get(stream)
         if mark is not None:
             if cython.cast(Mark, mark).refs:

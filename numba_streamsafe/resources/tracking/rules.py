@@ -492,8 +492,7 @@ def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what:
     mark: Mark
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
-    if stream is not None and (stream == 0 or stream == 1):
-        book.legacy_use()  # after every blocking stream's earlier work
+    book.legacy_use(stream)  # on the legacy stream: after every blocking stream's work
     ready = book.ready
     for i in range(0, n, 4):
         entry = entries[i]
