@@ -3,8 +3,8 @@
 ``NUMBA_STREAMSAFE_MODE=check``, ``NUMBA_STREAMSAFE_CHECK_REPORT=exit`` and
 (``plain`` argument) ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``.
 
-Each case runs once; the hazards the checking driver's model reports during it
-are printed as one line ``CASE name kinds lines``: the hazard kinds, and the
+Each case runs once; the races the checking resource reports during it are
+printed as one line ``CASE name kinds lines``: the hazard kinds, and the
 lines of this file the reports name (``-`` for none). Also prints ``WAITS n``,
 the waits the library queued over the whole run (0: the program ran as written).
 """
@@ -16,10 +16,11 @@ import re
 import sys
 
 import numpy as np
+from kernels import copy as tracked_copy  # tests/gpu/kernels.py, beside this file
+from kernels import fill as tracked_fill
 from numba import cuda
 
 import numba_streamsafe as nss
-from numba_streamsafe import Read, Write, tracked_kernel
 
 N = 1 << 16
 
@@ -34,22 +35,6 @@ def fill(out, value):
 
 @cuda.jit
 def copy(src, dst):
-    i = cuda.grid(1)
-    while i < src.size:
-        dst[i] = src[i]
-        i += cuda.gridsize(1)
-
-
-@tracked_kernel
-def tracked_fill(out: Write, value):
-    i = cuda.grid(1)
-    while i < out.size:
-        out[i] = value
-        i += cuda.gridsize(1)
-
-
-@tracked_kernel
-def tracked_copy(src: Read, dst: Write):
     i = cuda.grid(1)
     while i < src.size:
         dst[i] = src[i]
