@@ -337,20 +337,10 @@ def test_transparent_false_covers_every_device_of_the_thread(two):
     0 leaves plain Numba work on device 1 unordered too (the checker reports
     it); with the mode on, neither device races."""
     from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
+    from tests.helpers.sim_kernels import copy as plain_copy
+    from tests.helpers.sim_kernels import fill as plain_fill
 
     system, _, _, _ = two
-
-    @cuda.jit
-    def plain_fill(out, value):
-        i = cuda.grid(1)
-        if i < out.size:
-            out[i] = value
-
-    @cuda.jit
-    def plain_copy(src, dst):
-        i = cuda.grid(1)
-        if i < src.size:
-            dst[i] = src[i]
 
     def program(device: int) -> None:
         with nss.use_device(device):

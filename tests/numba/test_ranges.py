@@ -22,16 +22,10 @@ import numba_streamsafe as nss
 from numba_streamsafe import ReadWrite, Write, tracked_kernel
 from numba_streamsafe.numba import emm, sim_plugin, transparent  # noqa: F401 - emm: companion
 from numba_streamsafe.resources.tracking.rules import MAX_SPANS
+from tests.helpers.sim_kernels import copy, fill
 
 K = 4
 C = 16
-
-
-@cuda.jit
-def fill(out, value):
-    i = cuda.grid(1)
-    if i < out.size:
-        out[i] = value
 
 
 @cuda.jit
@@ -39,13 +33,6 @@ def add_one(x):
     i = cuda.grid(1)
     if i < x.size:
         x[i] += 1
-
-
-@cuda.jit
-def copy(src, dst):
-    i = cuda.grid(1)
-    if i < src.size:
-        dst[i] = src[i]
 
 
 @cuda.jit
