@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from types import CodeType
 
 import cython
 
@@ -21,8 +20,10 @@ COMPILED: bool = cython.compiled
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NUMBA: str | None = None
-#: Per code object: whether it is the library's or Numba's (looked at once).
-_ours: dict[CodeType, bool] = {}
+#: Per file name: whether it is the library's or Numba's (looked at once). Keyed
+#: by the name, whose hash the string keeps, not by the code object, whose hash is
+#: computed anew from its contents at every lookup.
+_ours: dict[str, bool] = {}
 
 
 def _is_ours(path: str) -> bool:
@@ -42,12 +43,12 @@ def user_site() -> tuple[str, int] | None:
     frame = sys._getframe(0)  # this function's own when run as Python: the package's
     ours = _ours
     while frame is not None:
-        code = frame.f_code
-        mine = ours.get(code)
+        name = frame.f_code.co_filename
+        mine = ours.get(name)
         if mine is None:
-            mine = ours[code] = _is_ours(code.co_filename)
+            mine = ours[name] = _is_ours(name)
         if not mine:
-            return code.co_filename, frame.f_lineno
+            return name, frame.f_lineno
         frame = frame.f_back  # type: ignore[assignment]
     return None
 

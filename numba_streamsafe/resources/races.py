@@ -41,7 +41,7 @@ class RaceLog:
 
 
 def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
-             seen: dict[Any, Any] | None) -> list[Hazard]:
+             seen: list[Any] | None) -> list[Hazard]:
     """The hazards of a use on ``stream`` (``where``: ``(block, access, lo,
     hi, free)``; ``what``: its work, ``(label, site, names)``) that needs
     ``mark``, which the program does not order it after: against the last
@@ -71,30 +71,45 @@ def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
     return out
 
 
-def _earlier(seen: dict[Any, Any] | None, block: Any, lo: int, hi: int, later_write: bool
+def _earlier(seen: list[Any] | None, block: Any, lo: int, hi: int, later_write: bool
              ) -> list[tuple[str, Any, int, int]]:
-    """``(kind, what, lo, hi)`` of the noted uses in ``seen`` over the bytes
-    ``lo .. hi - 1`` of ``block`` that conflict with the later use: the last
-    write of each span, and for a later write the last use of each span if
-    it was a read (a read after the write)."""
+    """``(kind, what, lo, hi)`` of the noted uses in ``seen`` (a mark's works,
+    ``(entries, what)``, oldest first) over the bytes ``lo .. hi - 1`` of
+    ``block`` that conflict with the later use: the last write of each range
+    a work used, and for a later write the last use of each range if it was
+    a read (a read after the write)."""
     if not seen or block is None:
         return []
-    ptr, generation = block.ptr, block.generation
-    out = []
-    for key, value in list(seen.items()):
-        writes = type(key) is tuple and key[-1] is None
-        span = key[0] if writes else key
-        entry, s_lo, s_hi = span if isinstance(span, tuple) else (span, 0, span.nbytes)
-        noted = entry.block  # the same allocation: not an earlier one at its address
-        if (noted.ptr != ptr or noted.generation != generation or s_hi <= lo
-                or s_lo >= hi):
-            continue
-        if writes:
-            kind = "write-after-write" if later_write else "read-after-write"
-            out.append((kind, value, s_lo, s_hi))
-        elif later_write and not value[0] & _WRITE:
-            out.append(("write-after-read", value[1], s_lo, s_hi))
+    last_use, last_write = _last_uses(seen, block, lo, hi)
+    kind = "write-after-write" if later_write else "read-after-write"
+    out = [(kind, what, s_lo, s_hi) for (s_lo, s_hi), what in reversed(last_write.items())]
+    if later_write:
+        out += [("write-after-read", what, s_lo, s_hi)
+                for (s_lo, s_hi), (access, what) in reversed(last_use.items())
+                if not access & _WRITE]
     return out
+
+
+def _last_uses(seen: list[Any], block: Any, lo: int, hi: int
+               ) -> tuple[dict[tuple[int, int], tuple[int, Any]], dict[tuple[int, int], Any]]:
+    """Per range of ``block`` a work of ``seen`` used over ``lo .. hi - 1``:
+    the last use ``(access, what)``, and the last write's work. Only uses of
+    this allocation count, not of an earlier one at its address."""
+    ptr, generation = block.ptr, block.generation
+    last_use: dict[tuple[int, int], tuple[int, Any]] = {}
+    last_write: dict[tuple[int, int], Any] = {}
+    for entries, what in reversed(seen):  # newest first: the first found is the last
+        for i in range(0, len(entries), 4):
+            entry, access, s_lo, s_hi = entries[i:i + 4]
+            if entry.block.ptr != ptr or entry.block.generation != generation:
+                continue
+            if s_lo <= 0 and s_hi >= entry.size:
+                s_lo, s_hi = 0, entry.nbytes
+            if s_lo < hi and s_hi > lo:
+                last_use.setdefault((s_lo, s_hi), (access, what))
+                if access & _WRITE:
+                    last_write.setdefault((s_lo, s_hi), what)
+    return last_use, last_write
 
 
 def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int) -> Side:

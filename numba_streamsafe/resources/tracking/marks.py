@@ -74,11 +74,9 @@ class Mark:
     it was made on, kept when a retired stream's marks are renamed
     (``stream`` then names no live stream): the program's clocks know the
     mark by it (a new stream with the handle makes only later marks, which
-    the clocks' points do not reach). In check mode ``seen``
-    maps what the mark's uses touched (a block's entry for all of it,
-    ``(entry, lo, hi)`` for a span) to ``(access, what)``, the work that
-    touched it last, and ``(key, None)`` to the work that wrote it last, for
-    the reports.
+    the clocks' points do not reach). In check mode ``seen`` lists the
+    works whose uses the mark holds, ``(entries, what)`` (the uses as the
+    rules resolved them, and the work), oldest first, for the reports.
     Callers change a mark only under their resource's lock.
     """
 
@@ -421,7 +419,8 @@ class MarkBook:
         if waiters is None:
             waiters = mark.waiters = {}
         waiters[stream] = owner
-        self.races.append((stream, mark, where, what, mark.seen))
+        seen = mark.seen  # the works so far: later ones are not this race's
+        self.races.append((stream, mark, where, what, None if seen is None else list(seen)))
 
     def take_races(self) -> list:
         """The races found since the last call (check mode)."""

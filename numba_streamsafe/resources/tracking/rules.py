@@ -401,7 +401,7 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     last write of its bytes and ends their reads; a read becomes their read
     on ``stream``. With ``eager`` the mark's event is recorded now. In check
     mode the mark notes the work ``what`` (by default the thread's
-    ``current_work``) for each span (``Mark.seen``).
+    ``current_work``) with ``entries`` (``Mark.seen``).
     Caller holds the resource's lock."""
     entry: Entry
     mark: Mark
@@ -430,56 +430,23 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 @cython.cfunc
 @cython.exceptval(-1)
 def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
-    """Check mode: ``mark``'s uses of ``entries`` were the work ``what``, kept
-    for a later report in ``mark.seen``: per block entry (all of it) or
-    ``(entry, lo, hi)`` (a span), the access and the work that used it last;
-    under ``(key, None)`` the work that wrote it last."""
-    entry: Entry
-    n: cython.Py_ssize_t = len(entries)
-    i: cython.Py_ssize_t
-    access: cython.int
-    key: Any
-    seen: dict = mark.seen
+    """Check mode: ``mark``'s uses ``entries`` were the work ``what``, kept
+    for a later report: ``(entries, what)`` is appended to ``mark.seen``
+    (newest last; past :data:`_MAX_SEEN` works the older half is dropped, and
+    a report then names the work less precisely). A report reads the works
+    back (:func:`~numba_streamsafe.resources.races.describe`); nothing is
+    decided here, which keeps a check-mode launch to one tuple and one append."""
+    seen: list = mark.seen
     if seen is None:
-        seen = mark.seen = {}
-    for i in range(0, n, 4):
-        entry = entries[i]
-        access = entries[i + 1]
-        if entries[i + 2] <= 0 and entries[i + 3] >= entry.size:
-            key = entry
-        else:
-            key = (entry, entries[i + 2], entries[i + 3])
-        seen[key] = (entries[i + 1], what)
-        if access & _WRITE:
-            seen[(key, None)] = what
+        seen = mark.seen = []
+    seen.append((entries, what))
     if len(seen) > _MAX_SEEN:
-        _prune(seen)
+        del seen[:_MAX_SEEN // 2]
     return 0
 
 
-#: Notes a mark keeps before those of freed blocks are dropped (check mode).
-_MAX_SEEN = cython.declare(cython.Py_ssize_t, 1024)
-
-
-@cython.cfunc
-@cython.exceptval(-1)
-def _prune(seen: dict) -> cython.int:
-    """Drop the notes of blocks that are gone; past :data:`_MAX_SEEN` live
-    ones, the oldest half (a report then names the work less precisely)."""
-    for key in [k for k in seen if _noted_entry(k).gone]:
-        del seen[key]
-    if len(seen) > _MAX_SEEN // 2:
-        for key in list(seen)[:len(seen) // 2]:
-            del seen[key]
-    return 0
-
-
-@cython.cfunc
-def _noted_entry(key: Any) -> Entry:
-    """The entry a note's key names (``entry``, ``(entry, lo, hi)``, ``(key, None)``)."""
-    while type(key) is tuple:
-        key = key[0]
-    return key  # type: ignore[no-any-return]
+#: Works a mark keeps for the reports before the older half is dropped (check mode).
+_MAX_SEEN = cython.declare(cython.Py_ssize_t, 512)
 
 
 @cython.cfunc
