@@ -272,7 +272,7 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         work, args = _in_order, (rt, stream, uses, label, work, args)  # type: ignore[assignment]
     if not blocks:
         return work(*args)
-    if rt.checking:  # check mode: the reports name the work and the user's line
+    if rt.observing:  # the race reports name the work and the user's line
         set_work((label, user_site(), uses))
         try:
             return rt.resource.fenced(blocks, stream, owner, work, args)  # type: ignore[no-any-return]

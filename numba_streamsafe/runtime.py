@@ -115,6 +115,12 @@ class DeviceRuntime:
         #: Check mode: the tracking resource reports races instead of ordering.
         self.checking: bool = resource.checking
 
+    @property
+    def observing(self) -> bool:
+        """Whether the work is named for race reports: check mode, or a race
+        check watching the tracking resource in ordering mode."""
+        return self.checking or bool(getattr(self.resource.tracker, "reporting", False))
+
     # ----------------------------------------------------------------- streams
     def stream_ref(self, stream: Any) -> StreamRef:
         """``(handle, owner)`` of ``stream`` (:meth:`StreamRegistry.ref`)."""

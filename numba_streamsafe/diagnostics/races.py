@@ -37,6 +37,31 @@ def _systems() -> list[Any]:
     return list(out.values())
 
 
+def _watch() -> list[Any]:
+    """Start a race check's watch of each installed runtime's tracking
+    resource that orders on a real driver (ordering mode on a GPU); the
+    current device's runtime is installed first where none is. Returns the
+    resources watched."""
+    from numba_streamsafe.runtime import get_runtime  # the runtime is a layer below
+
+    if settings().driver == "sim":
+        return []
+    if not installed_devices():
+        with contextlib.suppress(Exception):  # no GPU (nothing to watch): the warning says so
+            get_runtime()
+    out = []
+    for device in installed_devices():
+        rt = installed_runtime(device)
+        resource = getattr(getattr(rt, "resource", None), "tracker", None)
+        watch = getattr(resource, "watch_races", None)
+        if (rt is None or watch is None or getattr(rt.driver, "system", None) is not None
+                or getattr(resource, "checking", True)):
+            continue  # the simulated driver's checker, or check mode's, reports
+        watch(True)
+        out.append(resource)
+    return out
+
+
 def hazards() -> list[sim.Hazard]:
     """Every hazard found so far by the installed runtimes: in check mode the
     races their resources reported, else those their simulated drivers found
@@ -94,10 +119,22 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     kernel or copy, the argument, the stream and the ``file:line`` of the
     call in your code.
 
-    Runs the checks where the simulated driver is in use (Numba's CUDA
-    simulator, or ``NUMBA_STREAMSAFE_DRIVER=sim``) and in check mode
-    (``NUMBA_STREAMSAFE_MODE=check``, where the tracking resource reports the
-    races, on a GPU as on the simulator); elsewhere on a GPU it warns that
+    Where the checks run:
+
+    * on the simulated driver (Numba's CUDA simulator, or
+      ``NUMBA_STREAMSAFE_DRIVER=sim``): its happens-before checker;
+    * in check mode (``NUMBA_STREAMSAFE_MODE=check``), on a GPU as on the
+      simulator: the tracking resource, which orders nothing;
+    * on a GPU in ordering mode (the default): the tracking resource of the
+      current device (and of every device in use) watches the block. The
+      library still orders every use, so the block runs correctly; each wait
+      it queues that the program's own synchronisation did not make needed
+      is reported as the race it would be without the library. Only pairs of
+      uses made inside the block are named, and where the legacy default
+      stream takes part a race may go unreported (its implicit ordering is
+      followed in check mode only); a reported race is always one.
+
+    Where none of these applies (no tracking resource, say) it warns that
     nothing is checked.
 
     Parameters
@@ -123,6 +160,7 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     ...     produce[grid, block, a](x)
     ...     consume[grid, block, b](x, y)            # raises RaceDetected if unordered
     """
+    watched = _watch()
     check = RaceCheck(stop_at_first)
     config = settings()
     if not _systems() and config.driver != "sim" and config.mode != "check":
@@ -141,6 +179,8 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
         sim.watchers.remove(check)
         for system in _systems():
             check.collect(system)
+        for resource in watched:
+            resource.watch_races(False)
     if not failed and stop_at_first and check.hazards:
         raise RaceDetected(check.hazards[0])
 

@@ -211,7 +211,8 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
     """A hook of one of Numba's copy or fill functions. ``host_waits``: on
     the default stream the call is synchronous, and the host waits for the
     stream's earlier work (``"before"``: a copy from the host) or for the copy
-    itself (``"after"``: a copy to the host), which check mode's resource is told."""
+    itself (``"after"``: a copy to the host), which the resource is told where
+    races are reported (:attr:`~numba_streamsafe.runtime.DeviceRuntime.observing`)."""
     # Numba calls these with keywords too: the parameters keep Numba's names.
     def copy(dst: Any, src: Any, size: int, stream: Any = 0) -> Any:
         pairs = []
@@ -238,10 +239,10 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
 
 def _host_waited_default() -> None:
     """A synchronous copy on the default stream: the host waits for the
-    default stream (in check mode the resource is told: the host is then
-    ordered after the copy, or after the stream's earlier work)."""
+    default stream (where races are reported the resource is told: the host is
+    then ordered after the copy, or after the stream's earlier work)."""
     rt = installed_runtime(target.current_device())
-    if rt is not None and rt.checking:
+    if rt is not None and rt.observing:
         _synchronised(rt, default_stream_handle(), _nothing)
 
 
@@ -418,7 +419,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
     result = _fence_numba(label, stream, uses, work, *args)
     if sync:
         handle = _stream_ref(rt, stream)[0]
-        if rt.checking:  # the host waits for the copy: told to the resource
+        if rt.observing:  # the host waits for the copy: told to the resource
             _synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
         else:
             rt.driver.stream_synchronize(handle)

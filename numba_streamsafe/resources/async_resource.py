@@ -211,7 +211,8 @@ class AsyncResource(MemoryResource):
         self._lock = Lock()
         self._table = BlockTable(self.device)
         self.marks = MarkBook(driver, self.events, opts.check)
-        #: Check mode's reports (None in ordering mode).
+        #: Check mode's reports; in ordering mode those of the race checks that
+        #: watched (:meth:`watch_races`), None before the first.
         self.race_log: RaceLog | None = RaceLog() if opts.check else None
         if opts.check:
             tracehook.name_arguments_for_good()  # the reports name the arguments
@@ -361,6 +362,8 @@ class AsyncResource(MemoryResource):
         mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
         table = self._table
         table.add(block, mark, self.marks)
+        if self.marks.reporting:  # the allocation's mark holds no use of the program
+            self.marks.retire(stream)
         live = table.live_bytes
         self._allocations += 1
         self._allocated_bytes += block.nbytes
@@ -378,9 +381,14 @@ class AsyncResource(MemoryResource):
         If that recording fails, ``undo(ptr, stream)`` gives the memory back
         and the error is raised. In check mode: the mark every stream is
         ordered after (new memory is ready for every stream, as Numba's own
-        ``cuMemAlloc`` makes it). Caller holds the lock."""
+        ``cuMemAlloc`` makes it). While a race check watches in ordering mode
+        the mark is the allocation's alone (the stream's open mark is closed
+        before it and it is closed after: :meth:`watch_races` tells a wait for
+        new memory from one for a use). Caller holds the lock."""
         if self.marks.checking:
             return self.marks.ready
+        if self.marks.reporting:  # a mark of its own, which no use of the program shares
+            self.marks.retire(stream)
         mark = self.marks.current(stream, owner)
         if self._eager:
             try:
@@ -422,6 +430,42 @@ class AsyncResource(MemoryResource):
     def checking(self) -> bool:
         """Whether the resource checks instead of ordering (check mode)."""
         return bool(self.marks.checking)
+
+    @property
+    def reporting(self) -> bool:
+        """Whether uses are kept for race reports: check mode, or a race check
+        watching in ordering mode (:meth:`watch_races`)."""
+        return bool(self.marks.checking or self.marks.reporting)
+
+    def watch_races(self, on: bool) -> RaceLog | None:
+        """Start (``on``) or end one race check's watch in ordering mode.
+
+        While at least one watches, the waits are queued as always, and each
+        the program's own ordering did not make needed (two conflicting uses
+        of the program on two streams, neither ordered after the other; or a
+        free after a use on another stream) is reported to :attr:`race_log`
+        as check mode reports it. Only uses made while watching are named.
+        Where the legacy default stream takes part a race may go unreported
+        (its implicit ordering is not followed in ordering mode); a reported
+        one is always a race of the program as written. A checking resource
+        checks everything already: nothing changes.
+
+        Returns
+        -------
+        RaceLog or None
+            Where the races are reported (None for a checking resource's
+            own, which it reports to anyway)."""
+        with self._lock:
+            if self.marks.checking:
+                return None
+            if on:
+                if self.race_log is None:
+                    tracehook.name_arguments_for_good()  # the reports name the arguments
+                    self.race_log = RaceLog(strict=True)
+                self.marks.reporting += 1
+            elif self.marks.reporting:
+                self.marks.reporting -= 1
+            return self.race_log
 
     def report_races(self) -> None:
         """Check mode: report the races found since the last report
@@ -517,11 +561,15 @@ class AsyncResource(MemoryResource):
         if entry.only_on(stream):
             return
         marks = entry.waits_for(stream, Access.READ_WRITE)
+        where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
         if self.marks.checking:
-            where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
             for mark in marks:
                 self.marks.verify(stream, mark, block.stream_owner, where)
         elif marks:
+            if self.marks.reporting:  # a race check watches: the waits are races too
+                for mark in marks:
+                    if self.marks.reportable(stream, mark):
+                        self.marks.race(stream, mark, block.stream_owner, where, None)
             self.marks.wait_all(stream, marks, block.stream_owner, free=True)
 
     def defer_free(self, block: Block) -> None:
@@ -592,6 +640,8 @@ class AsyncResource(MemoryResource):
                           self._table.epoch, _LIVE, stream_owner, True, keep)
             mark = self._ready_mark(stream, stream_owner, self.driver.release_foreign, ptr)
             self._table.add(block, mark, self.marks)
+            if self.marks.reporting:  # the hand-over's mark holds no use of the program
+                self.marks.retire(stream)
             if tracehook.active is not None:
                 tracehook.active.allocated(self, block, stream)
         return block

@@ -18,37 +18,44 @@ _WRITE = int(Access.WRITE)
 
 
 class RaceLog:
-    """The races one checking resource found, as :class:`Hazard` s (``hazards``,
-    in the order found). Race checks (:func:`numba_streamsafe.race_check` and
+    """The races one tracking resource found, in check mode or while race
+    checks watched it in ordering mode, as :class:`Hazard` s (``hazards``, in
+    the order found). Race checks (:func:`numba_streamsafe.race_check` and
     check mode's own) collect them as they collect a simulated system's."""
 
     #: The hazards here are the user's reports (as a simulated system's are
     #: unless a checking resource reports instead).
     reports = True
 
-    def __init__(self) -> None:
+    def __init__(self, strict: bool = False) -> None:
         self.hazards: list[Hazard] = []
+        #: Only races against a use the mark noted count (an ordering resource's
+        #: log: a wait for new memory's allocation is no race of the program).
+        self.strict = strict
         self._lock = threading.Lock()
 
     def report(self, races: list[tuple[Any, ...]]) -> None:
         """Describe ``races`` (``MarkBook.take_races``) and tell the race checks
         in progress; raises :class:`~numba_streamsafe.core.errors.RaceDetected`
         where one stops at the first."""
-        found = [hazard for race in races for hazard in describe(*race)]
+        found = [hazard for stream, mark, where, what, seen in races
+                 for hazard in describe(stream, mark, where, what, seen, self.strict)]
         with self._lock:
             self.hazards.extend(found)
         tell_watchers(self)
 
 
 def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
-             seen: list[Any] | None) -> list[Hazard]:
+             seen: list[Any] | None, strict: bool = False) -> list[Hazard]:
     """The hazards of a use on ``stream`` (``where``: ``(block, access, lo,
     hi, free)``; ``what``: its work, ``(label, site, names)``) that needs
     ``mark``, which the program does not order it after: against the last
     write of those bytes the mark's uses made (read- or write-after-write)
     and, for a write, against their last read if it came after
     (write-after-read). The earlier sides are the works the mark noted
-    (``seen``, its ``Mark.seen``)."""
+    (``seen``, its ``Mark.seen``). Where the mark noted none, a hazard against
+    its unnamed work is made, or with ``strict`` none (the race was against
+    no use of the program: say, the allocation of new memory)."""
     block, access, lo, hi, free = where
     later_write = bool(access & _WRITE) or free
     if block is not None and free:
@@ -64,7 +71,7 @@ def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
         first_lo, first_hi = max(lo, e_lo), min(hi, e_hi)
         out.append(Hazard(kind, ptr + first_lo, str(first), str(second), first, second,
                           max(first_hi - first_lo, 0)))
-    if not out:  # what the mark's uses were is not known (no note)
+    if not out and not strict:  # what the mark's uses were is not known (no note)
         kind = "write-after-write" if later_write else "read-after-write"
         first = Side("work", None, mark.stream, None)
         out.append(Hazard(kind, ptr + lo, str(first), str(second), first, second, hi - lo))
@@ -75,41 +82,48 @@ def _earlier(seen: list[Any] | None, block: Any, lo: int, hi: int, later_write: 
              ) -> list[tuple[str, Any, int, int]]:
     """``(kind, what, lo, hi)`` of the noted uses in ``seen`` (a mark's works,
     ``(entries, what)``, oldest first) over the bytes ``lo .. hi - 1`` of
-    ``block`` that conflict with the later use: the last write of each range
-    a work used, and for a later write the last use of each range if it was
-    a read (a read after the write)."""
+    ``block`` that conflict with the later use, as the simulator's checker
+    keeps them: per range the last write, and for a later write the reads
+    since it (a write of the mark's stream ends the reads before it). Only
+    uses of this allocation count, not of an earlier one at its address."""
     if not seen or block is None:
         return []
-    last_use, last_write = _last_uses(seen, block, lo, hi)
-    kind = "write-after-write" if later_write else "read-after-write"
-    out = [(kind, what, s_lo, s_hi) for (s_lo, s_hi), what in reversed(last_write.items())]
-    if later_write:
-        out += [("write-after-read", what, s_lo, s_hi)
-                for (s_lo, s_hi), (access, what) in reversed(last_use.items())
-                if not access & _WRITE]
-    return out
-
-
-def _last_uses(seen: list[Any], block: Any, lo: int, hi: int
-               ) -> tuple[dict[tuple[int, int], tuple[int, Any]], dict[tuple[int, int], Any]]:
-    """Per range of ``block`` a work of ``seen`` used over ``lo .. hi - 1``:
-    the last use ``(access, what)``, and the last write's work. Only uses of
-    this allocation count, not of an earlier one at its address."""
     ptr, generation = block.ptr, block.generation
-    last_use: dict[tuple[int, int], tuple[int, Any]] = {}
-    last_write: dict[tuple[int, int], Any] = {}
-    for entries, what in reversed(seen):  # newest first: the first found is the last
+    kind = "write-after-write" if later_write else "read-after-write"
+    written: list[tuple[int, int]] = []  # later writes' bytes (within lo .. hi - 1)
+    named: set[tuple[int, int, bool]] = set()
+    out = []
+    for entries, what in reversed(seen):  # newest first
         for i in range(0, len(entries), 4):
             entry, access, s_lo, s_hi = entries[i:i + 4]
             if entry.block.ptr != ptr or entry.block.generation != generation:
                 continue
             if s_lo <= 0 and s_hi >= entry.size:
                 s_lo, s_hi = 0, entry.nbytes
-            if s_lo < hi and s_hi > lo:
-                last_use.setdefault((s_lo, s_hi), (access, what))
-                if access & _WRITE:
-                    last_write.setdefault((s_lo, s_hi), what)
-    return last_use, last_write
+            write = bool(access & _WRITE)
+            key = (s_lo, s_hi, write)
+            c_lo, c_hi = max(s_lo, lo), min(s_hi, hi)
+            if c_lo >= c_hi or key in named or _within(written, c_lo, c_hi):
+                continue  # no shared byte, named already, or a later write's bytes
+            named.add(key)
+            if write:
+                out.append((kind, what, s_lo, s_hi))
+                written.append((c_lo, c_hi))
+            elif later_write:
+                out.append(("write-after-read", what, s_lo, s_hi))
+    out.reverse()  # oldest first
+    return out
+
+
+def _within(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether ``ranges`` together cover every byte of ``lo .. hi - 1``."""
+    for r_lo, r_hi in sorted(ranges):
+        if r_lo > lo:
+            return False
+        lo = max(lo, r_hi)
+        if lo >= hi:
+            return True
+    return False
 
 
 def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int) -> Side:

@@ -107,12 +107,15 @@ def _span(part: int) -> tuple[int, int]:
     return ((0, NBYTES), (0, NBYTES // 2), (NBYTES // 2, NBYTES))[part]
 
 
-def run(program: Program, check: bool = True
+def run(program: Program, check: bool = True, watch: bool = False
         ) -> tuple[set[tuple[str, Any, Any]], set[tuple[str, Any, Any]]]:
     """The race pairs the checking resource reported and those the simulator
-    found (``check`` False: the program in ordering mode, which reports none)."""
+    found (``check`` False: the program in ordering mode, which reports none
+    unless a race check ``watch`` es it from the start)."""
     sim = SimDriver(backing=False)
     res = AsyncResource(sim, check=check, reuse_bytes=0)
+    if watch:
+        res.watch_races(True)
     run.skipped = 0  # type: ignore[attr-defined]
     streams = [0 if kind == LEGACY else sim.create_stream(blocking=kind == BLOCKING)
                for kind in program.kinds]
@@ -188,6 +191,23 @@ def test_ordering_mode_orders_the_same_programs(program):
     assert found == set() and oracle == set(), program
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_a_race_check_in_ordering_mode_reports_the_races_it_orders(program):
+    """The same programs in ordering mode, watched by a race check (as
+    ``race_check()`` watches on a GPU): the library still orders them (the
+    simulator finds no race in the run), and it reports the races of the
+    program as written (check mode's run, whose simulator finds them): only
+    those, and where the legacy default stream takes no part all pairs of
+    streams that race."""
+    found, ran = run(program, check=False, watch=True)
+    assert ran == set(), program
+    _, oracle = run(program)
+    assert found <= oracle, program
+    if LEGACY not in program.kinds:
+        assert {f[1:] for f in found} == {o[1:] for o in oracle}, program
+
+
 def test_ordering_mode_skips_waits_in_such_programs():
     """The property above is not vacuous: a chain of events makes the
     library skip the consumer's wait (through ``b``'s clock)."""
@@ -243,3 +263,30 @@ def test_a_report_names_the_allocation_raced_on_not_an_earlier_one_at_its_addres
     found = [(h.kind, h.first.label) for h in res.race_log.hazards]
     assert found == [("read-after-write", "write new")], found
     assert [h.kind for h in sim.hazards] == ["read-after-write"]
+
+
+def test_a_write_ends_the_reads_before_it_in_a_report():
+    """A free after reads and then a write of the buffer on another stream
+    races with the write only, as the simulator keeps it (the write on that
+    stream ends the reads before it); in check mode and under a race check."""
+    steps = (Kernel(0, ((0, Access.READ, 0),)), Kernel(0, ((0, Access.READ, 1),)),
+             Kernel(0, ((0, Access.WRITE, 0),)), Free(0))
+    program = Program((BLOCKING, BLOCKING), 1, (1,), steps)
+    found, oracle = run(program)
+    assert found == oracle and {f[0] for f in found} == {"write-after-write"}, found
+    watched, _ = run(program, check=False, watch=True)
+    assert watched == oracle, watched
+
+
+def test_a_race_check_tells_new_memory_from_a_use_on_its_stream():
+    """Under a race check in ordering mode, a buffer allocated on ``s1`` and
+    read there is read on ``s0`` (the library waits for the allocation: no
+    race of the program) and then written on ``s0``: that write races with
+    ``s1``'s read, which the allocation's wait does not hide."""
+    steps = (Kernel(1, ((0, Access.READ, 0),)), Kernel(0, ((0, Access.READ, 0),)),
+             Kernel(0, ((0, Access.WRITE, 0),)))
+    program = Program((BLOCKING, BLOCKING), 1, (1,), steps)
+    found, ran = run(program, check=False, watch=True)
+    _, oracle = run(program)
+    assert ran == set() and found == oracle, (found, oracle)
+    assert {f[0] for f in found} == {"write-after-read"}, found

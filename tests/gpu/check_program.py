@@ -1,7 +1,9 @@
 """Races and correctly ordered programs run in check mode on a GPU, by
 ``test_check_mode_gpu.py`` in a child interpreter with
 ``NUMBA_STREAMSAFE_MODE=check``, ``NUMBA_STREAMSAFE_CHECK_REPORT=exit`` and
-(``plain`` argument) ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``.
+(``plain`` argument) ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``; with a
+second argument ``block``, in ordering mode, each case inside
+``nss.race_check()``.
 
 Each case runs once; the races the checking resource reports during it are
 printed as one line ``CASE name kinds lines``: the hazard kinds, and the
@@ -11,6 +13,7 @@ the waits the library queued over the whole run (0: the program ran as written).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import re
 import sys
@@ -168,16 +171,18 @@ ORDERED = (event, event_synchronize, event_query, stream_synchronize, device_syn
 
 def main() -> None:
     plain = sys.argv[1:2] == ["plain"]
+    block = sys.argv[2:3] == ["block"]  # ordering mode, each case in a race check
     a, b = cuda.stream(), cuda.stream()
     for case in RACES + ORDERED:
         cuda.synchronize()
         gc.collect()
         before = len(nss.hazards())
-        case(plain, a, b)
-        cuda.synchronize()
-        gc.collect()
-        nss.get_runtime().flush()
-        found = nss.hazards()[before:]
+        with nss.race_check(stop_at_first=False) if block else contextlib.nullcontext() as check:
+            case(plain, a, b)
+            cuda.synchronize()
+            gc.collect()
+            nss.get_runtime().flush()
+        found = check.hazards if block else nss.hazards()[before:]
         kinds = ",".join(h.kind for h in found) or "-"
         lines = ",".join(sorted({m for h in found
                                  for m in re.findall(r"check_program\.py:(\d+)", str(h))})) or "-"

@@ -69,6 +69,33 @@ def test_check_mode_reports_every_race_and_no_ordered_program(gpu, child_env, ra
     assert "race(s) found" in proc.stderr, proc.stderr[-3000:]
 
 
+@pytest.mark.parametrize("kind", ["plain", "tracked"])
+def test_a_race_check_in_ordering_mode_reports_every_race_and_orders_it(gpu, child_env,
+                                                                       race_report, kind):
+    """``with nss.race_check():`` on a GPU in ordering mode (the default): the
+    same races as check mode, with the same lines, and none in the programs
+    that order themselves; the library still queues its waits (the block runs
+    ordered)."""
+    env = {"NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"} if kind == "plain" else {}
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), kind, "block"],
+                          cwd=ROOT, env=child_env(**env), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    rows = {line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines()
+            if line.startswith("CASE ")}
+    assert set(rows) == set(RACES) | set(ORDERED), proc.stdout
+    for case, kinds in RACES.items():
+        found, lines = rows[case]
+        race_report(f"race_check() {kind} {case}: {found} at check_program.py:{lines}")
+        assert kinds in found.split(","), (case, rows[case], proc.stderr[-3000:])
+        assert _lines_of(case, MARKERS[case]) & set(lines.split(",")), (case, rows[case])
+    for case in ORDERED:
+        assert rows[case] == ["-", "-"], (case, rows[case], proc.stderr[-3000:])
+    waits = [int(line.split()[1]) for line in proc.stdout.splitlines()
+             if line.startswith("WAITS ")]
+    assert waits and waits[0] >= len(RACES), proc.stdout
+
+
 def test_ordering_mode_reports_nothing_and_orders_the_races(gpu, child_env):
     """The negative control: the same program in ordering mode (the default)
     queues waits for the racing pairs and reports nothing (no checker runs)."""

@@ -338,9 +338,8 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         t0 = log.now()
         w0 = len(log.waits)
         e0 = len(log.seals)
-    checking: cython.bint = book.checking
     what = None
-    if checking:  # check mode: the reports name the kernel, its arguments, the user's line
+    if book.checking or book.reporting:  # the reports name the kernel, its arguments, the line
         what = (state.label, user_site(), (state.names, arrays))
     lock.take()
     try:
@@ -371,7 +370,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     if log is not None:
         log.launched(op_id, t0, w0, e0, state.label, state.device, handle,
                      _uses_of(arrays, state.names))
-    if checking and book.races:  # raised after the launch is queued
+    if book.races:  # found in check mode or by a race check; raised after the launch is queued
         state.rt.resource.tracker.report_races()
     return True
 

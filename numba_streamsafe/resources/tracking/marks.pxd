@@ -51,6 +51,7 @@ cdef class MarkBook:
     cdef readonly dict ordered
     cdef public Py_ssize_t skipped
     cdef readonly bint checking
+    cdef public Py_ssize_t reporting
     cdef public list races
     cdef public unsigned long long legacy_point
     cdef dict _flags
@@ -61,6 +62,7 @@ cdef class MarkBook:
     cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
                           bint direct=*)
     cpdef object release(self, Mark mark)
+    cpdef bint reportable(self, object stream, Mark mark) except? -1
     cdef bint ordered_already(self, object stream, Mark mark, object owner) except? -1
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1

@@ -297,6 +297,10 @@ class MarkBook:
     blocking streams counts as the program's, and new memory is ready for
     every stream (``ready``, a mark every clock covers).
 
+    In ordering mode a race check may watch the book (``reporting``): the
+    waits are queued as always, and each one the program's own ordering did
+    not make needed is also kept in ``races`` (:meth:`reportable`).
+
     Parameters
     ----------
     driver : Driver
@@ -326,9 +330,13 @@ class MarkBook:
         #: Waits not queued because the program's own ordering covered them.
         self.skipped = 0
         self.checking = checking
+        #: Ordering mode: race checks watching the book (:meth:`reportable`); the
+        #: races are then kept in ``races`` too, the waits still queued.
+        self.reporting = 0
         self.races = []
-        #: Check mode: the point of the legacy default stream's last use, up
-        #: to which it is ordered after every blocking stream's marks.
+        #: The point of the legacy default stream's last use, up to which it is
+        #: ordered after every blocking stream's marks (check mode, and ordering
+        #: mode while a race check watches: :meth:`legacy_use`).
         self.legacy_point = 0
         #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
         self._flags = {}
@@ -410,15 +418,17 @@ class MarkBook:
             self.race(stream, mark, owner, where, current_work())
 
     def race(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any) -> None:
-        """Check mode: keep the race of a use on ``stream`` that needs ``mark``
-        and is not ordered after it, in :attr:`races` with ``where``
-        (``(block, access, lo, hi, free)`` of the use), its work ``what`` and
-        what the mark's uses touched (``Mark.seen``); the pair is not
-        reported again."""
-        waiters = mark.waiters
-        if waiters is None:
-            waiters = mark.waiters = {}
-        waiters[stream] = owner
+        """Keep the race of a use on ``stream`` that needs ``mark`` and is not
+        ordered after it, in :attr:`races` with ``where`` (``(block, access,
+        lo, hi, free)`` of the use), its work ``what`` and what the mark's uses
+        touched (``Mark.seen``); the pair is not reported again (in check mode
+        the stream counts as a waiter; in ordering mode the wait the library
+        then queues makes it one)."""
+        if self.checking:
+            waiters = mark.waiters
+            if waiters is None:
+                waiters = mark.waiters = {}
+            waiters[stream] = owner
         seen = mark.seen  # the works so far: later ones are not this race's
         self.races.append((stream, mark, where, what, None if seen is None else list(seen)))
 
@@ -427,6 +437,26 @@ class MarkBook:
         races = self.races
         self.races = []
         return races
+
+    def reportable(self, stream: Any, mark: Mark) -> cython.bint:
+        """Ordering mode, while a race check watches (:attr:`reporting`):
+        whether a use on ``stream`` that needs ``mark`` is a race of the
+        program as written, the library's wait left out. It is unless the
+        program's own synchronisation orders it (:meth:`ordered_already`
+        without its side effects), the stream waited for the mark before
+        (the pair was judged then), or the mark is another device's. Where
+        the legacy default stream takes part (the use or the mark is on it, or
+        it had work since the mark was made) the pair is never reported: its
+        implicit ordering with blocking streams is not followed in ordering
+        mode, so such a pair may be ordered (a missed report, never a false one)."""
+        if type(mark) is not Mark:
+            return False
+        if _legacy(stream) or _legacy(mark.stream) or mark.seq <= self.legacy_point:
+            return False
+        waiters = mark.waiters
+        if waiters is not None and stream in waiters:
+            return False
+        return not (mark.seq <= self.done_all or self._covered(stream, mark))
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)
@@ -530,15 +560,19 @@ class MarkBook:
         return found  # type: ignore[no-any-return]
 
     def legacy_use(self, used: Any) -> None:
-        """Check mode: work is queued on stream ``used`` now. On the legacy
-        default stream it comes after every blocking stream's earlier work:
-        their open marks close, the legacy stream's point moves on, and what
-        they waited for joins its clock. On another stream nothing happens."""
+        """Work is queued on stream ``used`` now (check mode, and ordering mode
+        while a race check watches). On the legacy default stream it comes
+        after every blocking stream's earlier work: their open marks close,
+        and the legacy stream's point moves on; in check mode what they
+        waited for joins its clock (ordering mode's clocks, which skip waits,
+        never count the implicit ordering). On another stream nothing happens."""
         if not _legacy(used):
             return
         for stream in [s for s in self.open if not _legacy(s) and self.blocking(s)]:
             self.retire(stream)
         self.legacy_point = _mark_seq
+        if not self.checking:
+            return
         clock = self._order_entry(0, None)[1]
         for stream, entry in list(self.ordered.items()):
             ref = entry[0]
@@ -574,6 +608,8 @@ class MarkBook:
                     _join_clock(clock, legacy[1])
                 if clock.get(None, 0) < self.legacy_point:
                     clock[None] = self.legacy_point
+        elif self.reporting and _legacy(stream):  # a race check's bound (reportable)
+            self.legacy_use(stream)
         entry = self.ordered.get(stream)
         if entry is not None and (entry[0] is None or entry[0]() is not None):
             _join_clock(clock, entry[1])
@@ -586,6 +622,8 @@ class MarkBook:
         ``owner`` is the stream's object (None for a raw handle or a default
         stream): the knowledge lasts while it lives, since its handle may
         name another stream after it."""
+        if self.reporting and not self.checking and _legacy(stream):
+            self.legacy_use(stream)  # a race check's bound (reportable)
         _join_clock(self._order_entry(stream, owner)[1], clock)
 
     def _order_entry(self, stream: Any, owner: Any) -> list:

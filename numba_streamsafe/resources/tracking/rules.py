@@ -372,7 +372,10 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 
     In check mode (``book.checking``) nothing is queued: each mark the rule
     names is verified instead (one the program's own ordering does not cover
-    is a race of the work ``what``, by default the thread's ``current_work``)."""
+    is a race of the work ``what``, by default the thread's ``current_work``).
+    While a race check watches an ordering book (``book.reporting``) the
+    waits are queued and each wait the program's ordering did not make
+    needed is kept as such a race too (``MarkBook.reportable``)."""
     entry: Entry
     marks = None
     before: cython.Py_ssize_t = book.same_stream
@@ -381,6 +384,8 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     if book.checking:
         _verify_locked(book, entries, stream, owner, current_work() if what is None else what)
         return book.same_stream - before
+    if book.reporting:
+        _report_locked(book, entries, stream, owner, current_work() if what is None else what)
     for i in range(0, n, 4):
         entry = entries[i]
         if entry.spans is None:  # _waits's dispatch, without reading the span it ignores
@@ -421,7 +426,7 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
             _record_whole(book, entry, mark, stream, access)
         elif lo < hi:
             _record_span(book, entry, mark, stream, access, lo, hi)
-    if book.checking and into is None:
+    if (book.checking or book.reporting) and into is None:
         _note_locked(mark, entries, current_work() if what is None else what)
     if eager:
         book.seal(mark, direct)
@@ -470,6 +475,32 @@ def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what:
             for m in marks:
                 mark = m
                 if not book.ordered_already(stream, mark, owner):
+                    book.race(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
+                                                    entries[i + 3], False), what)
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _report_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what: Any
+                   ) -> cython.int:
+    """Ordering mode, while a race check watches: keep as races of the work
+    ``what`` the marks :func:`_waits` names that the program's own ordering
+    does not cover (``MarkBook.reportable``); the waits are queued after, as
+    always. Which of them were conflicting uses of the program (not, say,
+    the allocation of new memory) the report decides from the marks' notes."""
+    entry: Entry
+    mark: Mark
+    n: cython.Py_ssize_t = len(entries)
+    i: cython.Py_ssize_t
+    book.legacy_use(stream)
+    for i in range(0, n, 4):
+        entry = entries[i]
+        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, None)
+        if marks is not None:
+            for m in marks:
+                mark = m
+                if book.reportable(stream, mark):
                     book.race(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
                                                     entries[i + 3], False), what)
     return 0
