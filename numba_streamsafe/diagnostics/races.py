@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import sys
 import threading
 import warnings
@@ -59,13 +60,15 @@ def _watch() -> list[Any]:
             continue  # the simulated driver's checker, or check mode's, reports
         watch(True)
         out.append(resource)
+    if out:  # Numba's events and synchronises are followed, plugin selected or not
+        importlib.import_module("numba_streamsafe.numba.transparent").install()
     return out
 
 
 def hazards() -> list[sim.Hazard]:
     """Every hazard found so far by the installed runtimes: in check mode the
-    races their resources reported, else those their simulated drivers found
-    (empty on a GPU outside check mode). Each names both accesses:
+    races their resources reported, on a GPU in ordering mode those the
+    :func:`race_check` blocks found, else those their simulated drivers found. Each names both accesses:
     ``h.first`` and ``h.second`` (kernel or copy, argument, stream, the
     ``file:line`` of the user's call).
 
@@ -132,7 +135,10 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
       is reported as the race it would be without the library. Only pairs of
       uses made inside the block are named, and where the legacy default
       stream takes part a race may go unreported (its implicit ordering is
-      followed in check mode only); a reported race is always one.
+      followed in check mode only); a reported race is always one. From the
+      first such block on, Numba's events and synchronises are followed
+      whether the plugin is selected or not (transparent mode's hooks, as in
+      check mode); in ordering mode that only skips waits they make needless.
 
     Where none of these applies (no tracking resource, say) it warns that
     nothing is checked.
