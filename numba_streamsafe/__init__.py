@@ -33,6 +33,7 @@ from numba_streamsafe.core.errors import (
     StreamSafeError,
     UseAfterFree,
 )
+from numba_streamsafe.diagnostics import races as _races
 from numba_streamsafe.diagnostics.memstats import memory_stats, reset_peak_stats
 from numba_streamsafe.diagnostics.races import RaceCheck, hazards, race_check
 from numba_streamsafe.diagnostics.recorder import (
@@ -92,6 +93,16 @@ if _CHECK:
     from numba_streamsafe.diagnostics.races import start_check_mode
 
     start_check_mode()
+
+
+
+def _follow_numba() -> None:
+    """Hook Numba's events and synchronises: a race check that watches a GPU
+    in ordering mode counts them as the program's ordering."""
+    importlib.import_module("numba_streamsafe.numba.transparent").install()
+
+
+_races.on_watch.append(_follow_numba)
 
 _LAZY = {
     "tracked_kernel": "numba_streamsafe.numba.launch.kernel",

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from numba_streamsafe._driver import sim_model as sim
@@ -61,16 +60,23 @@ def _watch() -> list[Any]:
         watch(True)
         out.append(resource)
     if out:  # Numba's events and synchronises are followed, plugin selected or not
-        importlib.import_module("numba_streamsafe.numba.transparent").install()
+        for follow in on_watch:
+            follow()
     return out
+
+
+#: Called when a race check starts watching a GPU runtime in ordering mode: the
+#: Numba layer adds what makes the library follow Numba's events and synchronises
+#: (transparent mode's hooks), which the reports then count as the program's ordering.
+on_watch: list[Callable[[], None]] = []
 
 
 def hazards() -> list[sim.Hazard]:
     """Every hazard found so far by the installed runtimes: in check mode the
     races their resources reported, on a GPU in ordering mode those the
-    :func:`race_check` blocks found, else those their simulated drivers found. Each names both accesses:
-    ``h.first`` and ``h.second`` (kernel or copy, argument, stream, the
-    ``file:line`` of the user's call).
+    :func:`race_check` blocks found, else those their simulated drivers
+    found. Each names both accesses: ``h.first`` and ``h.second`` (kernel or
+    copy, argument, stream, the ``file:line`` of the user's call).
 
     Returns
     -------

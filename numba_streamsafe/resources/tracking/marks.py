@@ -586,8 +586,10 @@ class MarkBook:
         """A point of the program on ``stream`` (where it records an event or
         synchronises it): every mark of ``stream`` made so far is at or before
         it, and later uses of the stream get marks after it (its open mark is
-        closed, :meth:`retire`). Returns the point (a mark sequence number)."""
-        self.retire(stream)
+        closed, :meth:`retire`, its event recorded through libcuda unless the
+        driver has destroyed streams to check). Returns the point (a mark
+        sequence number)."""
+        self.retire(stream, not self.driver.destroyed_streams)
         return _mark_seq
 
     def program_clock(self, stream: Any) -> dict:
@@ -726,15 +728,16 @@ class MarkBook:
             mark.waiters = None
             mark.seen = None
 
-    def retire(self, stream: Any) -> None:
+    def retire(self, stream: Any, direct: cython.bint = False) -> None:
         """Close the open mark of ``stream``: seal it if a use refers to it (its
         uses can then still be waited for, once the stream is gone, captured
         by a graph, or after a point of the program; in check mode no event is
-        recorded, the mark is ``CLOSED``); forget it otherwise."""
+        recorded, the mark is ``CLOSED``); forget it otherwise. With
+        ``direct`` the event is recorded through libcuda (as :meth:`seal`)."""
         mark = self.open.get(stream)
         if mark is not None:
             if cython.cast(Mark, mark).refs:
-                self.seal(mark)
+                self.seal(mark, direct)
             else:
                 del self.open[stream]
 
