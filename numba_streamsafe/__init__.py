@@ -88,12 +88,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.e
 #: Check mode (``NUMBA_STREAMSAFE_MODE=check``): the races of the whole process
 #: are reported (raised at the first, or summarised at exit), and the program's
 #: own ordering made through Numba is followed from the Numba layer's first use.
-_CHECK = os.environ.get("NUMBA_STREAMSAFE_MODE", "").strip().lower() == "check"
-if _CHECK:
-    from numba_streamsafe.diagnostics.races import start_check_mode
-
-    start_check_mode()
-
+try:
+    _CHECK = _races.start_check_mode() is not None
+except InvalidArgument:  # a bad setting: refused where a runtime is built, not at import
+    _CHECK = False
 
 
 def _follow_numba() -> None:
