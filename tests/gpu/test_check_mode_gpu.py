@@ -3,7 +3,8 @@
 plain Numba kernels and copies (plugin selected) and for tracked kernels and
 copies; the programs that order themselves (events, an event query, stream,
 event and device synchronises, a synchronous copy, the legacy default stream)
-are not; and the library queues no wait of its own."""
+are not; and the library queues no wait of its own. The same in ordering mode
+with each case in ``nss.race_check()``: the same reports, the waits queued."""
 
 from __future__ import annotations
 
@@ -43,30 +44,42 @@ MARKERS = {"raw": "reads x: not after", "war": "writes x: not after",
            "copy_after_write": "reads x on b"}
 
 
-@pytest.mark.parametrize("kind", ["plain", "tracked"])
-def test_check_mode_reports_every_race_and_no_ordered_program(gpu, child_env, race_report,
-                                                               kind):
-    env = {"NUMBA_STREAMSAFE_MODE": "check", "NUMBA_STREAMSAFE_CHECK_REPORT": "exit"}
-    if kind == "plain":
-        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), kind], cwd=ROOT,
-                          env=child_env(**env), capture_output=True, text=True, timeout=300)
+def _run(args: list[str], env: dict[str, str], race_report, label: str) -> tuple[str, str]:
+    """Run ``check_program.py`` with ``args``; assert that every race of
+    :data:`RACES` is reported with its kind and the line of its call, and
+    that no program of :data:`ORDERED` is. Returns its stdout and stderr."""
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     rows = {line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines()
             if line.startswith("CASE ")}
     assert set(rows) == set(RACES) | set(ORDERED), proc.stdout
     for case, kinds in RACES.items():
         found, lines = rows[case]
-        race_report(f"check-mode {kind} {case}: {found} at check_program.py:{lines}")
+        race_report(f"{label} {case}: {found} at check_program.py:{lines}")
         assert kinds in found.split(","), (case, rows[case], proc.stderr[-3000:])
         assert _lines_of(case, MARKERS[case]) & set(lines.split(",")), (case, rows[case])
     for case in ORDERED:
-        race_report(f"check-mode {kind} {case}: {rows[case][0]}")
+        race_report(f"{label} {case}: {rows[case][0]}")
         assert rows[case] == ["-", "-"], (case, rows[case], proc.stderr[-3000:])
-    waits = [line for line in proc.stdout.splitlines() if line.startswith("WAITS ")]
-    assert waits == ["WAITS 0"], proc.stdout
+    return proc.stdout, proc.stderr
+
+
+def _waits(stdout: str) -> list[int]:
+    """The ``WAITS n`` lines of the program's output: the library's waits."""
+    return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("WAITS ")]
+
+
+@pytest.mark.parametrize("kind", ["plain", "tracked"])
+def test_check_mode_reports_every_race_and_no_ordered_program(gpu, child_env, race_report,
+                                                               kind):
+    env = {"NUMBA_STREAMSAFE_MODE": "check", "NUMBA_STREAMSAFE_CHECK_REPORT": "exit"}
+    if kind == "plain":
+        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
+    stdout, stderr = _run([kind], child_env(**env), race_report, f"check-mode {kind}")
+    assert _waits(stdout) == [0], stdout
     # The summary at exit lists the races (and only they were found).
-    assert "race(s) found" in proc.stderr, proc.stderr[-3000:]
+    assert "race(s) found" in stderr, stderr[-3000:]
 
 
 @pytest.mark.parametrize("kind", ["plain", "tracked"])
@@ -77,23 +90,9 @@ def test_a_race_check_in_ordering_mode_reports_every_race_and_orders_it(gpu, chi
     that order themselves; the library still queues its waits (the block runs
     ordered)."""
     env = {"NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"} if kind == "plain" else {}
-    proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), kind, "block"],
-                          cwd=ROOT, env=child_env(**env), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    rows = {line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines()
-            if line.startswith("CASE ")}
-    assert set(rows) == set(RACES) | set(ORDERED), proc.stdout
-    for case, kinds in RACES.items():
-        found, lines = rows[case]
-        race_report(f"race_check() {kind} {case}: {found} at check_program.py:{lines}")
-        assert kinds in found.split(","), (case, rows[case], proc.stderr[-3000:])
-        assert _lines_of(case, MARKERS[case]) & set(lines.split(",")), (case, rows[case])
-    for case in ORDERED:
-        assert rows[case] == ["-", "-"], (case, rows[case], proc.stderr[-3000:])
-    waits = [int(line.split()[1]) for line in proc.stdout.splitlines()
-             if line.startswith("WAITS ")]
-    assert waits and waits[0] >= len(RACES), proc.stdout
+    stdout, _ = _run([kind, "block"], child_env(**env), race_report, f"race_check() {kind}")
+    waits = _waits(stdout)
+    assert waits and waits[0] >= len(RACES), stdout
 
 
 def test_ordering_mode_reports_nothing_and_orders_the_races(gpu, child_env):
