@@ -239,13 +239,14 @@ class AsyncResource(MemoryResource):
 
     @property
     def reuse_bytes(self) -> int:
-        """The most bytes of freed blocks kept for reuse (see the parameter)."""
+        """The most bytes of freed blocks kept for reuse (see the parameter).
+        Set lower, the oldest kept blocks past the new limit are freed at once."""
         return self._reaper.reuse_bytes
 
     @reuse_bytes.setter
     def reuse_bytes(self, nbytes: int) -> None:
         check_int("reuse_bytes", nbytes, 0)
-        self._reaper.reuse_bytes = nbytes
+        self._reaper.set_reuse_bytes(nbytes)
 
     # ------------------------------------------------------------ allocation
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None

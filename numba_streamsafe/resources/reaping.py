@@ -77,6 +77,15 @@ class Reaper:
         return out
 
     # --------------------------------------------------------------- freeing
+    def set_reuse_bytes(self, nbytes: int) -> None:
+        """Keep at most ``nbytes`` of freed blocks from now on: the oldest kept
+        blocks past it are freed now (their bytes become pending)."""
+        with self.lock:
+            self.reuse_bytes = nbytes
+            self.kept.limit = nbytes
+            if self.kept.nbytes > nbytes:
+                self.kept.free_oldest(nbytes, self.free, self.pending)
+
     def keeps(self, nbytes: int, stream: int, owner: Any) -> bool:
         """Whether a freed block of ``nbytes`` on ``stream`` is kept for reuse
         (making room if need be): only blocks of streams whose owning object

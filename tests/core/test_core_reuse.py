@@ -90,6 +90,26 @@ def test_limit_and_unowned_streams(sim):
             AsyncResource(sim, reuse_bytes=bad)
 
 
+def test_a_lower_limit_frees_the_kept_blocks_past_it(sim):
+    res = AsyncResource(sim, reuse_bytes=1 << 20)
+    blocks = [res.allocate(4096, 0, f"b{i}") for i in range(3)]
+    for b in blocks:
+        res.deallocate(b)
+    frees = sim.calls["cuMemFreeAsync"]
+    assert res.counters()["kept_bytes"] == 3 * 4096
+    res.reuse_bytes = 4096  # two of them go back to the pool now
+    assert sim.calls["cuMemFreeAsync"] == frees + 2
+    assert res.counters()["kept_bytes"] == 4096
+    allocs = sim.calls["cuMemAllocAsync"]
+    again = res.allocate(4096, 0, "again")  # the one still kept, no driver call
+    assert sim.calls["cuMemAllocAsync"] == allocs and again.ptr in {b.ptr for b in blocks}
+    res.deallocate(again)
+    res.reuse_bytes = 0
+    assert res.counters()["kept_bytes"] == 0
+    with pytest.raises(InvalidArgument, match="reuse_bytes"):
+        res.reuse_bytes = -1
+
+
 def test_a_block_that_does_not_fit_evicts_the_oldest(sim):
     res = AsyncResource(sim, reuse_bytes=64 << 20)
     owner = Owner()
