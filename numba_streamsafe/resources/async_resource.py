@@ -562,12 +562,13 @@ class AsyncResource(MemoryResource):
         if entry.only_on(stream):
             return
         marks = entry.waits_for(stream, Access.READ_WRITE)
-        where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
         if self.marks.checking:
+            where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
             for mark in marks:
                 self.marks.verify(stream, mark, block.stream_owner, where)
         elif marks:
             if self.marks.reporting:  # a race check watches: the waits are races too
+                where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
                 for mark in marks:
                     if self.marks.reportable(stream, mark):
                         self.marks.race(stream, mark, block.stream_owner, where, None)
