@@ -15,7 +15,7 @@ from typing import Any
 from numba_streamsafe._driver import sim_model as sim
 from numba_streamsafe.core.errors import RaceDetected
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.runtime import installed_devices, installed_runtime
+from numba_streamsafe.runtime import get_runtime, installed_devices, installed_runtime
 
 __all__ = ["RaceCheck", "race_check", "hazards", "start_check_mode"]
 
@@ -42,14 +42,12 @@ def _watch() -> list[Any]:
     resource that orders on a real driver (ordering mode on a GPU); the
     current device's runtime is installed first where none is. Returns the
     resources watched."""
-    from numba_streamsafe.runtime import get_runtime  # the runtime is a layer below
-
     if settings().driver == "sim":
         return []
     if not installed_devices():
         with contextlib.suppress(Exception):  # no GPU (nothing to watch): the warning says so
             get_runtime()
-    out = []
+    out: list[Any] = []
     for device in installed_devices():
         rt = installed_runtime(device)
         resource = getattr(getattr(rt, "resource", None), "tracker", None)
@@ -59,9 +57,14 @@ def _watch() -> list[Any]:
             continue  # the simulated driver's checker, or check mode's, reports
         watch(True)
         out.append(resource)
-    if out:  # Numba's events and synchronises are followed, plugin selected or not
-        for follow in on_watch:
-            follow()
+    try:
+        if out:  # Numba's events and synchronises are followed, plugin selected or not
+            for follow in on_watch:
+                follow()
+    except BaseException:
+        for resource in out:
+            resource.watch_races(False)
+        raise
     return out
 
 
@@ -189,10 +192,10 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
         raise
     finally:
         sim.watchers.remove(check)
+        for resource in watched:  # its races found at frees since the last launch too
+            resource.watch_races(False)
         for system in _systems():
             check.collect(system)
-        for resource in watched:
-            resource.watch_races(False)
     if not failed and stop_at_first and check.hazards:
         raise RaceDetected(check.hazards[0])
 

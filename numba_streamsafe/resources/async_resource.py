@@ -275,7 +275,7 @@ class AsyncResource(MemoryResource):
         queue = self._deferred_queue
         if queue:
             if (len(queue) == 1 and not self._eager and tracehook.active is None
-                    and not self._deferred.held):
+                    and not self._deferred.held and not self.marks.reporting):
                 block = self._recycle_locked(queue, nbytes, stream, tag, stream_owner)
                 if block is not None:
                     return block
@@ -363,8 +363,6 @@ class AsyncResource(MemoryResource):
         mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
         table = self._table
         table.add(block, mark, self.marks)
-        if self.marks.reporting:  # the allocation's mark holds no use of the program
-            self.marks.retire(stream)
         live = table.live_bytes
         self._allocations += 1
         self._allocated_bytes += block.nbytes
@@ -383,21 +381,25 @@ class AsyncResource(MemoryResource):
         and the error is raised. In check mode: the mark every stream is
         ordered after (new memory is ready for every stream, as Numba's own
         ``cuMemAlloc`` makes it). While a race check watches in ordering mode
-        the mark is the allocation's alone (the stream's open mark is closed
-        before it and it is closed after: :meth:`watch_races` tells a wait for
-        new memory from one for a use). Caller holds the lock."""
-        if self.marks.checking:
-            return self.marks.ready
-        if self.marks.reporting:  # a mark of its own, which no use of the program shares
-            self.marks.retire(stream)
-        mark = self.marks.current(stream, owner)
-        if self._eager:
-            try:
-                self.marks.seal(mark)  # the ready event
-            except BaseException:
-                self.marks.let_go(mark)  # no use refers to it: keep no stream object alive
-                undo(ptr, stream)
-                raise
+        the mark is the allocation's alone, sealed at once (the stream's open
+        mark is closed before it): :meth:`watch_races` tells a wait for new
+        memory from one for a use. Caller holds the lock."""
+        marks = self.marks
+        if marks.checking:
+            return marks.ready
+        alone = bool(marks.reporting)
+        mark = None
+        try:
+            if alone:  # a mark of its own, which no use of the program shares
+                marks.retire(stream)
+            mark = marks.current(stream, owner)
+            if self._eager or alone:
+                marks.seal(mark)  # the ready event
+        except BaseException:
+            if mark is not None:
+                marks.let_go(mark)  # no use refers to it: keep no stream object alive
+            undo(ptr, stream)
+            raise
         return mark
 
     # ---------------------------------------------------------------- tracking
@@ -445,7 +447,10 @@ class AsyncResource(MemoryResource):
         the program's own ordering did not make needed (two conflicting uses
         of the program on two streams, neither ordered after the other; or a
         free after a use on another stream) is reported to :attr:`race_log`
-        as check mode reports it. Only uses made while watching are named.
+        as check mode reports it. Only uses made while watching are named
+        (its first start closes every open mark: later uses get marks after
+        that point, ``MarkBook.report_from``); its last end hands the races
+        still pending (found at a free) to the log.
         Where the legacy default stream takes part a race may go unreported
         (its implicit ordering is not followed in ordering mode); a reported
         one is always a race of the program as written. A checking resource
@@ -457,16 +462,22 @@ class AsyncResource(MemoryResource):
             Where the races are reported (None for a checking resource's
             own, which it reports to anyway)."""
         with self._lock:
-            if self.marks.checking:
+            marks = self.marks
+            if marks.checking:
                 return None
             if on:
                 if self.race_log is None:
                     tracehook.name_arguments_for_good()  # the reports name the arguments
                     self.race_log = RaceLog(strict=True)
-                self.marks.reporting += 1
-            elif self.marks.reporting:
-                self.marks.reporting -= 1
-            return self.race_log
+                if not marks.reporting:  # the uses from here on get marks after the point
+                    marks.report_from = marks.program_point_all()
+                marks.reporting += 1
+            elif marks.reporting:
+                marks.reporting -= 1
+            races = marks.take_races() if not marks.reporting else []
+        if races and self.race_log is not None:
+            self.race_log.add(races)  # found at a free after the block's last launch
+        return self.race_log
 
     def report_races(self) -> None:
         """Check mode: report the races found since the last report
@@ -559,6 +570,8 @@ class AsyncResource(MemoryResource):
         other streams: their waits queued on the stream (in check mode each
         verified instead: the free is a write of all of it). Caller holds the lock."""
         stream = block.stream
+        if self.marks.checking or self.marks.reporting:
+            self.marks.legacy_use(stream)  # a free on the legacy stream is work there
         if entry.only_on(stream):
             return
         marks = entry.waits_for(stream, Access.READ_WRITE)
@@ -642,8 +655,6 @@ class AsyncResource(MemoryResource):
                           self._table.epoch, _LIVE, stream_owner, True, keep)
             mark = self._ready_mark(stream, stream_owner, self.driver.release_foreign, ptr)
             self._table.add(block, mark, self.marks)
-            if self.marks.reporting:  # the hand-over's mark holds no use of the program
-                self.marks.retire(stream)
             if tracehook.active is not None:
                 tracehook.active.allocated(self, block, stream)
         return block

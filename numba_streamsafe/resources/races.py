@@ -38,11 +38,16 @@ class RaceLog:
         """Describe ``races`` (``MarkBook.take_races``) and tell the race checks
         in progress; raises :class:`~numba_streamsafe.core.errors.RaceDetected`
         where one stops at the first."""
+        self.add(races)
+        tell_watchers(self)
+
+    def add(self, races: list[tuple[Any, ...]]) -> None:
+        """Describe ``races`` into :attr:`hazards`, telling no race check (they
+        collect them when they next look)."""
         found = [hazard for stream, mark, where, what, seen in races
                  for hazard in describe(stream, mark, where, what, seen, self.strict)]
         with self._lock:
             self.hazards.extend(found)
-        tell_watchers(self)
 
 
 def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,

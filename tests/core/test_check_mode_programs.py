@@ -290,3 +290,133 @@ def test_a_race_check_tells_new_memory_from_a_use_on_its_stream():
     _, oracle = run(program)
     assert ran == set() and found == oracle, (found, oracle)
     assert {f[0] for f in found} == {"write-after-read"}, found
+
+
+# ------------------------------------------------- a race check's watch, directed
+R, W = Access.READ, Access.WRITE
+
+
+class _Owner:
+    """Stands for a user's stream object."""
+
+
+def _use(res: Any, sim: Any, stream: int, uses: list[tuple[Any, Access]], label: str) -> None:
+    """One launch on ``stream`` told to ``res`` and to the simulator's checker."""
+    set_work((label, None, None))
+    try:
+        res.preflight(uses, stream)
+        sim.trace_access(stream, [(b.ptr, b.nbytes, a) for b, a in uses], label)
+        res.commit(uses, stream)
+    finally:
+        set_work(None)
+
+
+def _found(res: Any) -> list[tuple[str, str, str]]:
+    return [(h.kind, h.first.label, h.second.label) for h in res.race_log.hazards]
+
+
+def test_a_watch_names_no_use_made_before_it_began():
+    """Notes from an earlier watch are not reported in a later one: between
+    the two a read on the legacy stream ordered the writes, which no watch
+    followed (its marks come before the second watch's point)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, reuse_bytes=0)
+    s, t = sim.create_stream(blocking=True), sim.create_stream(blocking=True)
+    res.watch_races(True)
+    x = res.allocate(NBYTES, s, "x")
+    sim.synchronize()
+    _use(res, sim, s, [(x, W)], "write x on s")
+    res.watch_races(False)
+    _use(res, sim, 0, [(x, R)], "read x on the legacy stream")
+    res.watch_races(True)
+    _use(res, sim, t, [(x, W)], "write x on t")
+    res.watch_races(False)
+    assert _found(res) == [] and sim.hazards == []
+
+
+def test_a_free_on_the_legacy_stream_orders_as_its_work_does():
+    """A free on the legacy stream is work there: a blocking stream's read
+    before it is ordered before a later free on another blocking stream (in
+    check mode and under a watch, as the simulator finds)."""
+    program = Program((BLOCKING, BLOCKING, LEGACY), 2, (2, 0),
+                      (Kernel(1, ((1, R, 0),)), Free(0), Free(1)))
+    found, oracle = run(program)
+    assert found <= oracle, (found, oracle)
+    watched, _ = run(program, check=False, watch=True)
+    assert watched <= oracle, (watched, oracle)
+
+
+def test_a_race_found_at_a_free_reaches_the_log_when_the_watch_ends():
+    """A free drained by the next allocation finds a race but no launch
+    follows to report it: the end of the watch hands it to the log."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, reuse_bytes=0)
+    s, t = sim.create_stream(), sim.create_stream()
+    res.watch_races(True)
+    x = res.allocate(NBYTES, s, "x")
+    _use(res, sim, t, [(x, W)], "write x on t")
+    res.defer_free(x)
+    res.allocate(NBYTES, s, "y")  # runs the queued free, on s
+    assert _found(res) == []
+    res.watch_races(False)
+    assert _found(res) == [("write-after-write", "write x on t", "cuMemFreeAsync")]
+
+
+def test_a_watch_tells_reused_memory_from_a_use_on_its_stream():
+    """Memory freed and allocated again at once on one stream (reuse on, a
+    stream object known): a read on another stream waits for the allocation
+    only, and a write there after still races with the read on ``s``."""
+    for check in (True, False):
+        sim = SimDriver(backing=False)
+        res = AsyncResource(sim, check=check)
+        owner = _Owner()
+        s, t = sim.create_stream(), sim.create_stream()
+        res.watch_races(True)
+        old = res.allocate(NBYTES, s, "old", stream_owner=owner)
+        res.defer_free(old)
+        b = res.allocate(NBYTES, s, "b", stream_owner=owner)
+        _use(res, sim, s, [(b, R)], "read b on s")
+        _use(res, sim, t, [(b, R)], "read b on t")
+        _use(res, sim, t, [(b, W)], "write b on t")
+        res.watch_races(False)
+        assert _found(res) == [("write-after-read", "read b on s", "write b on t")], check
+
+
+def test_a_long_run_of_works_on_one_mark_keeps_the_one_a_race_names():
+    """600 reads of ``y`` on ``s`` after one of ``x``: a write of ``x`` on
+    ``t`` races with that read, named as such (the mark's notes keep the
+    newest use of each range, not the newest works)."""
+    for check in (True, False):
+        sim = SimDriver(backing=False)
+        res = AsyncResource(sim, check=check, reuse_bytes=0)
+        s, t = sim.create_stream(), sim.create_stream()
+        res.watch_races(True)
+        x, y = res.allocate(NBYTES, s, "x"), res.allocate(NBYTES, s, "y")
+        sim.synchronize()
+        _use(res, sim, s, [(x, R)], "read x on s")
+        for _ in range(600):
+            _use(res, sim, s, [(y, R)], "read y on s")
+        _use(res, sim, t, [(x, W)], "write x on t")
+        assert _found(res) == [("write-after-read", "read x on s", "write x on t")], check
+
+
+def test_a_watch_reports_a_pair_once():
+    """A use that needs one mark for two reasons (a write and a read of ``x``
+    on ``s``) reports each hazard once, as check mode does (which names the
+    mark's first block only: a pair of mark and stream is one race there)."""
+    found = {}
+    for check in (True, False):
+        sim = SimDriver(backing=False)
+        res = AsyncResource(sim, check=check, reuse_bytes=0)
+        s, t = sim.create_stream(), sim.create_stream()
+        res.watch_races(True)
+        x, y = res.allocate(NBYTES, s, "x"), res.allocate(NBYTES, s, "y")
+        sim.synchronize()
+        _use(res, sim, s, [(x, W)], "write x on s")
+        _use(res, sim, s, [(x, R)], "read x on s")
+        _use(res, sim, s, [(y, W)], "write y on s")
+        _use(res, sim, t, [(x, W), (y, R)], "on t")
+        found[check] = sorted(_found(res))
+        assert len(found[check]) == len(set(found[check])), found[check]
+    assert set(found[True]) <= set(found[False]), found
+    assert ("read-after-write", "write y on s", "on t") in found[False], found

@@ -52,6 +52,7 @@ cdef class MarkBook:
     cdef public Py_ssize_t skipped
     cdef readonly bint checking
     cdef public Py_ssize_t reporting
+    cdef public unsigned long long report_from
     cdef public list races
     cdef public unsigned long long legacy_point
     cdef dict _flags

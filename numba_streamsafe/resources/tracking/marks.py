@@ -333,6 +333,9 @@ class MarkBook:
         #: Ordering mode: race checks watching the book (:meth:`reportable`); the
         #: races are then kept in ``races`` too, the waits still queued.
         self.reporting = 0
+        #: The point a race check's watch began at: marks up to it hold uses
+        #: made before it (unnamed), which it does not report.
+        self.report_from = 0
         self.races = []
         #: The point of the legacy default stream's last use, up to which it is
         #: ordered after every blocking stream's marks (check mode, and ordering
@@ -444,13 +447,14 @@ class MarkBook:
         program as written, the library's wait left out. It is unless the
         program's own synchronisation orders it (:meth:`ordered_already`
         without its side effects), the stream waited for the mark before
-        (the pair was judged then), or the mark is another device's. Where
+        (the pair was judged then), the mark is another device's, or it was
+        made before the watch began (``report_from``). Where
         the legacy default stream takes part (the use or the mark is on it, or
         it had work since the mark was made) the pair is never reported: its
         implicit ordering with blocking streams is not followed in ordering
         mode, so such a pair may be ordered (a missed report, never a false one)."""
-        if type(mark) is not Mark:
-            return False
+        if type(mark) is not Mark or mark.seq <= self.report_from:
+            return False  # another device's, or made before the watch began
         if _legacy(stream) or _legacy(mark.stream) or mark.seq <= self.legacy_point:
             return False
         waiters = mark.waiters

@@ -435,23 +435,57 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
 @cython.cfunc
 @cython.exceptval(-1)
 def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
-    """Check mode: ``mark``'s uses ``entries`` were the work ``what``, kept
-    for a later report: ``(entries, what)`` is appended to ``mark.seen``
-    (newest last; past :data:`_MAX_SEEN` works the older half is dropped, and
-    a report then names the work less precisely). A report reads the works
-    back (:func:`~numba_streamsafe.resources.races.describe`); nothing is
-    decided here, which keeps a check-mode launch to one tuple and one append."""
+    """``mark``'s uses ``entries`` were the work ``what`` (check mode, or a
+    race check watching), kept for a later report: ``(entries, what)`` is
+    appended to ``mark.seen``, newest last. A report reads the works back
+    (:func:`~numba_streamsafe.resources.races.describe`); nothing is decided
+    here, which keeps a launch to one tuple and one append. Past
+    :data:`_MAX_SEEN` works the list is compacted (:func:`_compact`)."""
     seen: list = mark.seen
     if seen is None:
         seen = mark.seen = []
     seen.append((entries, what))
     if len(seen) > _MAX_SEEN:
-        del seen[:_MAX_SEEN // 2]
+        _compact(seen)
     return 0
 
 
-#: Works a mark keeps for the reports before the older half is dropped (check mode).
+#: Works a mark keeps for the reports before they are compacted.
 _MAX_SEEN = cython.declare(cython.Py_ssize_t, 512)
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _compact(seen: list) -> cython.int:
+    """Keep of a mark's works only those a report can name: per block entry,
+    range and kind of access (read or write) the newest use, of blocks not
+    freed (a report names, per range, the last write and the reads after
+    it, so an older use of the same range and kind is never named). Past
+    half of :data:`_MAX_SEEN` works still, the oldest are dropped (a report
+    then names the work less precisely)."""
+    entry: Entry
+    named: set = set()
+    kept: list = []
+    i: cython.Py_ssize_t
+    for k in range(len(seen) - 1, -1, -1):  # newest first
+        work = seen[k]
+        entries: list = work[0]
+        new: cython.bint = False
+        for i in range(0, len(entries), 4):
+            entry = entries[i]
+            if entry.gone:
+                continue
+            key = (entry, entries[i + 2], entries[i + 3], entries[i + 1] & _WRITE)
+            if key not in named:
+                named.add(key)
+                new = True
+        if new:
+            kept.append(work)
+    kept.reverse()
+    if len(kept) > _MAX_SEEN // 2:
+        del kept[:len(kept) - _MAX_SEEN // 2]
+    seen[:] = kept
+    return 0
 
 
 @cython.cfunc
@@ -498,9 +532,9 @@ def _report_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what:
         entry = entries[i]
         marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, None)
         if marks is not None:
-            for m in marks:
+            for k, m in enumerate(marks):
                 mark = m
-                if book.reportable(stream, mark):
+                if mark not in marks[:k] and book.reportable(stream, mark):
                     book.race(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
                                                     entries[i + 3], False), what)
     return 0
