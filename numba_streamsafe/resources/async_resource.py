@@ -570,7 +570,7 @@ class AsyncResource(MemoryResource):
         other streams: their waits queued on the stream (in check mode each
         verified instead: the free is a write of all of it). Caller holds the lock."""
         stream = block.stream
-        if self.marks.checking or self.marks.reporting:
+        if stream <= 1 and (self.marks.checking or self.marks.reporting):
             self.marks.legacy_use(stream)  # a free on the legacy stream is work there
         if entry.only_on(stream):
             return
