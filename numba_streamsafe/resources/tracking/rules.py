@@ -439,11 +439,15 @@ def _note_locked(mark: Mark, entries: list, what: Any) -> cython.int:
     race check watching), kept for a later report: ``(entries, what)`` is
     appended to ``mark.seen``, newest last. A report reads the works back
     (:func:`~numba_streamsafe.resources.races.describe`); nothing is decided
-    here, which keeps a launch to one tuple and one append. Past
-    :data:`_MAX_SEEN` works the list is compacted (:func:`_compact`)."""
+    here, which keeps a launch to one tuple and one append (a work with the
+    same uses as the last replaces it). Past :data:`_MAX_SEEN` works the
+    list is compacted (:func:`_compact`)."""
     seen: list = mark.seen
     if seen is None:
         seen = mark.seen = []
+    elif seen and cython.cast(tuple, seen[-1])[0] == entries:
+        seen[-1] = (entries, what)  # the same uses again (a loop): the newer is the one named
+        return 0
     seen.append((entries, what))
     if len(seen) > _MAX_SEEN:
         _compact(seen)
