@@ -262,8 +262,10 @@ class AsyncResource(MemoryResource):
             # free-then-allocate cycle of one size makes no driver call.
             with self._lock:
                 block = self._reuse_locked(nbytes, stream, tag, stream_owner)
-                if block is not None:
-                    return block
+            if self.marks.races:  # found at the queued frees just made
+                self.report_races()
+            if block is not None:
+                return block
         return self._allocate_new(nbytes, stream, tag, stream_owner)
 
     def _reuse_locked(self, nbytes: int, stream: int, tag: str, stream_owner: Any
@@ -275,7 +277,8 @@ class AsyncResource(MemoryResource):
         queue = self._deferred_queue
         if queue:
             if (len(queue) == 1 and not self._eager and tracehook.active is None
-                    and not self._deferred.held and not self.marks.reporting):
+                    and not self._deferred.held and not self.marks.checking
+                    and not self.marks.reporting):  # new memory's own mark: see _ready_mark
                 block = self._recycle_locked(queue, nbytes, stream, tag, stream_owner)
                 if block is not None:
                     return block
@@ -378,22 +381,21 @@ class AsyncResource(MemoryResource):
         """The mark a new block on ``stream`` is ready after: the stream's open
         mark, which keeps ``owner``, its event recorded now with eager fences.
         If that recording fails, ``undo(ptr, stream)`` gives the memory back
-        and the error is raised. In check mode: the mark every stream is
-        ordered after (new memory is ready for every stream, as Numba's own
-        ``cuMemAlloc`` makes it). While a race check watches in ordering mode
-        the mark is the allocation's alone, sealed at once (the stream's open
-        mark is closed before it): :meth:`watch_races` tells a wait for new
-        memory from one for a use. Caller holds the lock."""
+        and the error is raised. In check mode, and while a race check
+        watches in ordering mode, the mark is the allocation's alone, its
+        event recorded at once (the stream's open mark is closed before it):
+        a wait for new memory is the library's, never the program's race.
+        Caller holds the lock."""
         marks = self.marks
-        if marks.checking:
-            return marks.ready
-        alone = bool(marks.reporting)
+        alone = bool(marks.checking or marks.reporting)
         mark = None
         try:
             if alone:  # a mark of its own, which no use of the program shares
                 marks.retire(stream)
             mark = marks.current(stream, owner)
-            if self._eager or alone:
+            if alone:
+                marks.seal_event(mark)  # the ready event, in check mode too
+            elif self._eager:
                 marks.seal(mark)  # the ready event
         except BaseException:
             if mark is not None:
@@ -657,6 +659,8 @@ class AsyncResource(MemoryResource):
             self._table.add(block, mark, self.marks)
             if tracehook.active is not None:
                 tracehook.active.allocated(self, block, stream)
+        if self.marks.races:  # found at the queued frees just made
+            self.report_races()
         return block
 
     def _release_borrowed_locked(self, entry: Entry, block: Block) -> None:

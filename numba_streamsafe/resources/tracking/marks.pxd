@@ -56,7 +56,6 @@ cdef class MarkBook:
     cdef public list races
     cdef public unsigned long long legacy_point
     cdef dict _flags
-    cdef readonly Mark ready
 
     cpdef Mark current(self, object stream, object owner=*)
     cpdef object seal(self, Mark mark, bint direct=*)
@@ -68,7 +67,9 @@ cdef class MarkBook:
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
     cdef bint _after_legacy(self, Mark mark) except? -1
-    cpdef object verify(self, object stream, Mark mark, object owner, tuple where)
+    cpdef object verify(self, object stream, Mark mark, object owner, tuple where,
+                        object what=*)
+    cpdef object seal_event(self, Mark mark)
     cpdef object race(self, object stream, Mark mark, object owner, tuple where, object what)
     cpdef bint blocking(self, object stream) except? -1
     cpdef object legacy_use(self, object used)

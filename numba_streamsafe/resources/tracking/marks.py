@@ -294,8 +294,10 @@ class MarkBook:
     event is recorded: a use that needs a mark its clocks do not cover is a
     race, kept in ``races`` as ``(stream, mark, where, what, seen)`` until the
     resource reports it; the legacy default stream's implicit ordering with
-    blocking streams counts as the program's, and new memory is ready for
-    every stream (``ready``, a mark every clock covers).
+    blocking streams counts as the program's. New memory, which the pool
+    hands out in its stream's order, gets a mark of its own with an event
+    (:meth:`seal_event`): a use on another stream waits for it, the library's
+    own ordering, never reported (:meth:`verify`).
 
     In ordering mode a race check may watch the book (``reporting``): the
     waits are queued as always, and each one the program's own ordering did
@@ -343,11 +345,6 @@ class MarkBook:
         self.legacy_point = 0
         #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
         self._flags = {}
-        ready: Mark = None
-        if checking:
-            ready = Mark(retired_stream_id())
-            ready.seq = 0  # every clock covers it
-        self.ready = ready
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -413,12 +410,33 @@ class MarkBook:
             if log is not None:
                 log.waited(stream, mark.stream, free)
 
-    def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple) -> None:
-        """Check mode: a use on ``stream`` needs ``mark`` (the rules decided);
-        unless the program orders ``stream`` after it, the pair is a race
-        (:meth:`race`, with the thread's work, :func:`set_work`)."""
-        if not self.ordered_already(stream, mark, owner):
-            self.race(stream, mark, owner, where, current_work())
+    def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any = None
+               ) -> None:
+        """Check mode: a use on ``stream`` needs ``mark`` (the rules decided).
+        Unless the program orders ``stream`` after it, the pair is a race
+        (:meth:`race`, with the work ``what``, by default the thread's,
+        :func:`set_work`) -- or, for a mark that holds no use of the program
+        (no note: new memory's, which the pool hands out in its stream's
+        order, as :meth:`seal_event` made it), the library's own ordering:
+        its wait is queued, as in ordering mode, and nothing is reported."""
+        if self.ordered_already(stream, mark, owner):
+            return
+        if not mark.seen and mark.handle is not None and mark.handle is not CLOSED:
+            self.wait_all(stream, [mark], owner)
+        else:
+            self.race(stream, mark, owner, where, current_work() if what is None else what)
+
+    def seal_event(self, mark: Mark) -> Any:
+        """:meth:`seal` with an event recorded in check mode too (for a mark
+        closed without one, now): the library's own ordering, of new memory
+        (:meth:`verify` waits for it) or of another device's use."""
+        if self.checking and (mark.handle is None or mark.handle is CLOSED):
+            handle = self.events.record(mark.stream)
+            if self.open.get(mark.stream) is mark:
+                del self.open[mark.stream]
+            mark.handle = handle
+            return handle
+        return self.seal(mark)
 
     def race(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any) -> None:
         """Keep the race of a use on ``stream`` that needs ``mark`` and is not
@@ -690,17 +708,11 @@ class MarkBook:
         use) until :meth:`release`: the event stays recorded meanwhile (a
         stream of another device waits for it; in check mode too). Returns
         whether it is held: in check mode a mark with no stream to record on
-        (new memory's, ready for every stream; one of a stream that ended) is
-        not, and needs no wait."""
-        if self.checking and (mark.handle is None or mark.handle is CLOSED):
-            if mark is self.ready or mark.stream < 0:
-                return False
-            handle = self.events.record(mark.stream)
-            if self.open.get(mark.stream) is mark:
-                del self.open[mark.stream]
-            mark.handle = handle
-        else:
-            self.seal(mark)
+        (one of a stream that ended) is not, and needs no wait."""
+        if (self.checking and (mark.handle is None or mark.handle is CLOSED)
+                and mark.stream < 0):
+            return False
+        self.seal_event(mark)
         self.hold(mark)
         return True
 

@@ -503,18 +503,14 @@ def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what:
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     book.legacy_use(stream)  # on the legacy stream: after every blocking stream's work
-    ready = book.ready
     for i in range(0, n, 4):
         entry = entries[i]
-        if entry.spans is None and entry.last_write is ready and not (entries[i + 1] & _WRITE):
-            continue  # a read of memory no stream wrote since it was allocated
         marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, book)
         if marks is not None:
             for m in marks:
                 mark = m
-                if not book.ordered_already(stream, mark, owner):
-                    book.race(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
-                                                    entries[i + 3], False), what)
+                book.verify(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
+                                                  entries[i + 3], False), what)
     return 0
 
 
