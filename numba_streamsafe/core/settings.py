@@ -33,7 +33,8 @@ variable                                  meaning
                                           their uses; ``get_ipc_handle`` works
 ``NUMBA_STREAMSAFE_MODE``                 ``order`` (default): launches, copies and frees
                                           are ordered; ``check``: the program runs as
-                                          written (no wait queued, no free delayed) and
+                                          written (no wait queued for its uses, no free
+                                          delayed; new memory is ordered) and
                                           its races are reported, on a GPU as on the
                                           simulator
 ``NUMBA_STREAMSAFE_CHECK_REPORT``         in check mode, ``raise`` (default): the launch

@@ -151,9 +151,12 @@ class AsyncResource(MemoryResource):
         ``cuMemAllocAsync`` / ``cuMemFreeAsync``. Not with ``ipc``.
     check : bool
         Check mode (``NUMBA_STREAMSAFE_MODE=check``): the resource queues no
-        wait and records no event; a use (or free) that needs a mark the
-        program's own ordering does not cover is a race, reported in
-        :attr:`race_log` as it is found. New memory is ready for every stream.
+        wait for the program's uses and frees every block at once; a use (or
+        free) that needs a mark the program's own ordering does not cover is
+        a race, reported in :attr:`race_log` as it is found. New memory is
+        the one thing it orders: each allocation records an event, which a
+        first use on another stream waits for (the pool hands memory out in
+        its stream's order), never reported.
     release_threshold : int or None
         Pooled bytes the device's stream-ordered pool keeps at a synchronize
         (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); None leaves the pool's setting
