@@ -417,17 +417,24 @@ def test_a_watch_tells_reused_memory_from_a_use_on_its_stream():
         assert _found(res) == [("write-after-read", "read b on s", "write b on t")], check
 
 
+def _two_buffers(check: bool) -> tuple[Any, ...]:
+    """``(sim, res, s, t, x, y)``: a resource (checking or watched) and two
+    buffers allocated on ``s`` and ready."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, check=check, reuse_bytes=0)
+    s, t = sim.create_stream(), sim.create_stream()
+    res.watch_races(True)
+    x, y = res.allocate(NBYTES, s, "x"), res.allocate(NBYTES, s, "y")
+    sim.synchronize()
+    return sim, res, s, t, x, y
+
+
 def test_a_long_run_of_works_on_one_mark_keeps_the_one_a_race_names():
     """600 reads of ``y`` on ``s`` after one of ``x``: a write of ``x`` on
     ``t`` races with that read, named as such (the mark's notes keep the
     newest use of each range, not the newest works)."""
     for check in (True, False):
-        sim = SimDriver(backing=False)
-        res = AsyncResource(sim, check=check, reuse_bytes=0)
-        s, t = sim.create_stream(), sim.create_stream()
-        res.watch_races(True)
-        x, y = res.allocate(NBYTES, s, "x"), res.allocate(NBYTES, s, "y")
-        sim.synchronize()
+        sim, res, s, t, x, y = _two_buffers(check)
         _use(res, sim, s, [(x, R)], "read x on s")
         for _ in range(600):
             _use(res, sim, s, [(y, R)], "read y on s")
@@ -441,12 +448,7 @@ def test_a_watch_reports_a_pair_once():
     mark's first block only: a pair of mark and stream is one race there)."""
     found = {}
     for check in (True, False):
-        sim = SimDriver(backing=False)
-        res = AsyncResource(sim, check=check, reuse_bytes=0)
-        s, t = sim.create_stream(), sim.create_stream()
-        res.watch_races(True)
-        x, y = res.allocate(NBYTES, s, "x"), res.allocate(NBYTES, s, "y")
-        sim.synchronize()
+        sim, res, s, t, x, y = _two_buffers(check)
         _use(res, sim, s, [(x, W)], "write x on s")
         _use(res, sim, s, [(x, R)], "read x on s")
         _use(res, sim, s, [(y, W)], "write y on s")
