@@ -580,16 +580,11 @@ class AsyncResource(MemoryResource):
         if entry.only_on(stream):
             return
         marks = entry.waits_for(stream, Access.READ_WRITE)
-        if self.marks.checking:
+        if self.marks.checking or self.marks.reporting:  # each a race, or new memory's wait
             where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
             for mark in marks:
                 self.marks.verify(stream, mark, block.stream_owner, where)
-        elif marks:
-            if self.marks.reporting:  # a race check watches: the waits are races too
-                where = (block, int(Access.READ_WRITE), 0, block.nbytes, True)
-                for mark in marks:
-                    if self.marks.reportable(stream, mark):
-                        self.marks.race(stream, mark, block.stream_owner, where, None)
+        if marks and not self.marks.checking:
             self.marks.wait_all(stream, marks, block.stream_owner, free=True)
 
     def defer_free(self, block: Block) -> None:

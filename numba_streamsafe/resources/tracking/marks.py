@@ -412,13 +412,21 @@ class MarkBook:
 
     def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any = None
                ) -> None:
-        """Check mode: a use on ``stream`` needs ``mark`` (the rules decided).
-        Unless the program orders ``stream`` after it, the pair is a race
-        (:meth:`race`, with the work ``what``, by default the thread's,
-        :func:`set_work`) -- or, for a mark that holds no use of the program
-        (no note: new memory's, which the pool hands out in its stream's
-        order, as :meth:`seal_event` made it), the library's own ordering:
-        its wait is queued, as in ordering mode, and nothing is reported."""
+        """A use on ``stream`` needs ``mark`` (the rules decided), in check mode
+        or while a race check watches an ordering book (:attr:`reporting`).
+
+        In ordering mode the pair is a race (:meth:`race`, with the work
+        ``what``, by default the thread's, :func:`set_work`) when
+        :meth:`reportable`; the caller queues the wait as always. In check
+        mode, unless the program orders ``stream`` after the mark, the pair is
+        such a race -- or, for a mark that holds no use of the program (no
+        note: new memory's, which the pool hands out in its stream's order, as
+        :meth:`seal_event` made it), the library's own ordering: its wait is
+        queued, as in ordering mode, and nothing is reported."""
+        if not self.checking:
+            if self.reportable(stream, mark):
+                self.race(stream, mark, owner, where, current_work() if what is None else what)
+            return
         if self.ordered_already(stream, mark, owner):
             return
         if not mark.seen and mark.handle is not None and mark.handle is not CLOSED:
@@ -454,7 +462,7 @@ class MarkBook:
         self.races.append((stream, mark, where, what, None if seen is None else list(seen)))
 
     def take_races(self) -> list:
-        """The races found since the last call (check mode)."""
+        """The races found since the last call (check mode, or a race check's)."""
         races = self.races
         self.races = []
         return races
@@ -478,7 +486,7 @@ class MarkBook:
         waiters = mark.waiters
         if waiters is not None and stream in waiters:
             return False
-        return not (mark.seq <= self.done_all or self._covered(stream, mark))
+        return not self._program_orders(stream, mark)
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)
@@ -497,11 +505,18 @@ class MarkBook:
             return True
         # The program's ordering is known for this device's streams only: a
         # foreign mark is work of another device, which no synchronise here covers.
-        if not foreign and (mark.seq <= self.done_all or (
-                (self.done or self.ordered or self.checking) and self._covered(stream, mark))):
+        if not foreign and self._program_orders(stream, mark):
             self.skipped += 1
             return True
         return False
+
+    @cython.cfunc
+    @cython.exceptval(-1, check=True)
+    def _program_orders(self, stream: Any, mark: Mark) -> cython.bint:
+        """Whether the program's own synchronisation orders ``stream``'s next
+        work after ``mark`` (a device synchronise, or :meth:`_covered`)."""
+        return mark.seq <= self.done_all or (
+            (self.done or self.ordered or self.checking) and self._covered(stream, mark))
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)

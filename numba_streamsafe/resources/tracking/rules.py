@@ -385,7 +385,7 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
         _verify_locked(book, entries, stream, owner, current_work() if what is None else what)
         return book.same_stream - before
     if book.reporting:
-        _report_locked(book, entries, stream, owner, current_work() if what is None else what)
+        _verify_locked(book, entries, stream, owner, current_work() if what is None else what)
     for i in range(0, n, 4):
         entry = entries[i]
         if entry.spans is None:  # _waits's dispatch, without reading the span it ignores
@@ -496,47 +496,26 @@ def _compact(seen: list) -> cython.int:
 @cython.exceptval(-1)
 def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what: Any
                    ) -> cython.int:
-    """Check mode's preflight: every mark :func:`_waits` names that the
-    program's ordering does not cover is a race of the work ``what``."""
+    """Every mark :func:`_waits` names for ``entries`` on ``stream``, once,
+    handed to ``MarkBook.verify`` with the work ``what``: check mode's
+    preflight (a race, or new memory's wait), or a watched ordering book's
+    reports (the waits are queued after, as always; which races were
+    conflicting uses of the program, not say the allocation of new memory,
+    the report decides from the marks' notes)."""
     entry: Entry
-    mark: Mark
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
+    counted = book if book.checking else None  # ordering mode counts its own preflight's
     book.legacy_use(stream)  # on the legacy stream: after every blocking stream's work
     for i in range(0, n, 4):
         entry = entries[i]
-        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, book)
+        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None,
+                       counted)
         if marks is not None:
-            for m in marks:
-                mark = m
-                book.verify(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
-                                                  entries[i + 3], False), what)
-    return 0
-
-
-@cython.cfunc
-@cython.exceptval(-1)
-def _report_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what: Any
-                   ) -> cython.int:
-    """Ordering mode, while a race check watches: keep as races of the work
-    ``what`` the marks :func:`_waits` names that the program's own ordering
-    does not cover (``MarkBook.reportable``); the waits are queued after, as
-    always. Which of them were conflicting uses of the program (not, say,
-    the allocation of new memory) the report decides from the marks' notes."""
-    entry: Entry
-    mark: Mark
-    n: cython.Py_ssize_t = len(entries)
-    i: cython.Py_ssize_t
-    book.legacy_use(stream)
-    for i in range(0, n, 4):
-        entry = entries[i]
-        marks = _waits(entry, stream, entries[i + 1], entries[i + 2], entries[i + 3], None, None)
-        if marks is not None:
+            where = (entry.block, entries[i + 1], entries[i + 2], entries[i + 3], False)
             for k, m in enumerate(marks):
-                mark = m
-                if mark not in marks[:k] and book.reportable(stream, mark):
-                    book.race(stream, mark, owner, (entry.block, entries[i + 1], entries[i + 2],
-                                                    entries[i + 3], False), what)
+                if m not in marks[:k]:
+                    book.verify(stream, m, owner, where, what)
     return 0
 
 
