@@ -227,6 +227,10 @@ def test_ordering_mode_orders_the_same_programs(program):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs(realloc=True))
+@example(Program((BLOCKING, LEGACY, BLOCKING), 2, (0, 0),  # a second block of one mark
+                 (Realloc(0), Kernel(0, ((0, Access.READ, 0),)),
+                  Kernel(0, ((0, Access.WRITE, 0), (1, Access.READ, 0))),
+                  Kernel(2, ((0, Access.READ, 0), (1, Access.WRITE, 0))))))
 @example(Program((NON_BLOCKING,) * 2, 1, (0,),  # reused memory read on its stream, then raced
                  (Realloc(0), Kernel(0, ((0, Access.READ, 0),)),
                   Kernel(1, ((0, Access.READ, 0),)), Kernel(1, ((0, Access.WRITE, 0),)))))
@@ -235,13 +239,16 @@ def test_a_race_check_in_ordering_mode_reports_the_races_it_orders(program):
     ``race_check()`` watches on a GPU), freed blocks kept for reuse: the
     library still orders them (the simulator finds no race in the run), and
     it reports the races of the program as written: only races the simulator
-    finds in check mode's run (check mode's own reports where a buffer is
+    finds in check mode's run (or check mode reports, where a buffer is
     allocated again, see above), and where the legacy default stream takes
     no part all pairs of streams check mode reports."""
     found, ran = run(program, check=False, watch=True, reuse=True)
     assert ran == set(), program
     checked, oracle = run(program)
-    assert found <= (checked if _reallocates(program) else oracle), program
+    # Where a buffer is allocated again, the races of the program are the
+    # simulator's and check mode's together (check mode names one block per
+    # pair of mark and stream, the simulator misses what new memory's wait orders).
+    assert found <= (checked | oracle if _reallocates(program) else oracle), program
     if LEGACY not in program.kinds:
         assert {f[1:] for f in found} == {c[1:] for c in checked}, program
 
