@@ -156,5 +156,35 @@ class NumbaEvents(Ordering):
         super().finish()
 
 
+class CuPyEvents(NumbaEvents):
+    """One CuPy event per cross-stream edge, recorded and waited for through
+    CuPy on the Numba streams' handles (``cupy.cuda.ExternalStream``): a mixed
+    program that orders itself with another library. The library learns the
+    events from the driver observer (``NUMBA_STREAMSAFE_OBSERVE``, on in check
+    mode); without it the waits are its own."""
+
+    def __init__(self, allocator: str = "streamsafe") -> None:
+        super().__init__(allocator)
+        import cupy
+
+        self.cupy = cupy
+
+    def _stream(self, stream: Any) -> Any:
+        return self.cupy.cuda.ExternalStream(nss.get_runtime().stream_handle(stream))
+
+    def mark(self, stream: Any) -> Any:
+        event = self.cupy.cuda.Event(disable_timing=True)
+        event.record(self._stream(stream))
+        return event
+
+    def wait(self, stream: Any, token: Any) -> None:
+        if token is not None:
+            self._stream(stream).wait_event(token)
+
+    def finish(self) -> None:
+        self.cupy.cuda.runtime.deviceSynchronize()
+        self.kept.clear()
+
+
 ORDERINGS = {"tracked": Ordering, "unordered": Unordered, "sync": DeviceSync,
-             "events": HandEvents, "numba-events": NumbaEvents}
+             "events": HandEvents, "numba-events": NumbaEvents, "cupy-events": CuPyEvents}

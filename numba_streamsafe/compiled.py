@@ -27,7 +27,8 @@ from types import ModuleType
 __all__ = ["ENGINE", "pure_python", "engine_builds"]
 
 #: The modules compiled from their own source where a compiler is present.
-ENGINE = ("numba_streamsafe._driver.libcuda", "numba_streamsafe.resources.tracking.lock",
+ENGINE = ("numba_streamsafe._driver.libcuda", "numba_streamsafe._driver.observer",
+          "numba_streamsafe.resources.tracking.lock",
           "numba_streamsafe.core.tracehook", "numba_streamsafe.core.sites",
           "numba_streamsafe.resources.tracking.marks",
           "numba_streamsafe.resources.tracking.rules",

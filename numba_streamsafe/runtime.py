@@ -549,6 +549,7 @@ def default_stack(driver: Driver) -> MemoryResource:
     check = config.mode == "check"
     return AsyncResource(driver, fences=config.fences, release_threshold=POOL_KEEP_ALL,
                          ipc=config.ipc, upstream=upstream, check=check,
+                         observe=config.observing,
                          reuse_bytes=0 if check else AsyncOptions.reuse_bytes)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -313,6 +313,34 @@ check)
             done
         done
     fi
+    ;;
+observe)
+    # The driver observer (issue "check mode everywhere"): the mixed programs (Numba
+    # kernels on CuPy, PyTorch and cuda.core streams, ordered by those libraries, and
+    # CuPy's copies and fills) in check mode, with their negative controls and in ordering
+    # mode; check mode's own GPU tests; check mode with the observer against ordering
+    # mode (the launch, the self-ordered pipeline, the pipeline ordered with CuPy's events,
+    # the example as written).
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    export NSS_RACE_REPORT=$OUT/race.txt
+    run observe_tests python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider -rs \
+        tests/gpu/test_mixed_gpu.py tests/gpu/test_check_mode_gpu.py ${OBSERVE_TESTS:-}
+    tail -n 3 "$OUT/observe_tests.log"; cat "$OUT/race.txt" 2>/dev/null
+    run check_mode python3 -X faulthandler benchmarks/check_mode.py --rounds "${ROUNDS:-5}"
+    tail -n 12 "$OUT/check_mode.log"
+    ;;
+ab)
+    # Ordering mode's launch, allocation and free, this tree against the earlier one in
+    # .before/ (built here), taking turns: scripts/bench_compare.sh.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    (cd .before && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+        > "$OUT/build_before.log" 2>&1
+    ROUNDS=${ROUNDS:-2} bash scripts/bench_compare.sh "$PWD/.before" launch_overhead.py \
+        > "$OUT/launch.log" 2>&1
+    ROUNDS=${ROUNDS:-2} bash scripts/bench_compare.sh "$PWD/.before" alloc_free.py \
+        > "$OUT/alloc.log" 2>&1
+    grep -E "^=== |same stream|cross stream|ratio|us/|us$" "$OUT/launch.log" "$OUT/alloc.log" \
+        | head -80
     ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the

@@ -207,6 +207,22 @@ class Driver(Protocol):
         nothing."""
         ...
 
+    def observe(self) -> Any | None:
+        """Start noting the calls other code makes on this device's context
+        (event records and waits, synchronises, copies and fills, streams made
+        and destroyed) and return where they are drained: an object with
+        ``pending()``, ``drain()``, ``lost`` and ``whole_process`` (see
+        :class:`~numba_streamsafe.resources.observed.ObservedCalls`); None
+        where they cannot be observed (:meth:`observe_failure` says why). The
+        CUDA backend uses the driver observer (CUPTI's callbacks: every call of
+        the process); the simulated one, the calls made through its
+        ``observer`` (a stand-in for another library)."""
+        ...
+
+    def observe_failure(self) -> str | None:
+        """Why :meth:`observe` returned None (None before it was called)."""
+        ...
+
     def trace_access(self, stream: int, accesses: Any, label: str, *,
                      copy: bool = False, site: str | None = None) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.

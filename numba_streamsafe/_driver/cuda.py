@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from numba_streamsafe._driver import observer
 from numba_streamsafe._driver.base import CUDA_ERROR_INVALID_HANDLE
 from numba_streamsafe._driver.limits import LaunchLimits, check_launch
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
@@ -440,6 +441,14 @@ class CudaDriver:
         return DriverError(call, CUDA_ERROR_INVALID_HANDLE,
                            f"stream {stream:#x} was destroyed; its handle names no stream any "
                            "more (the driver would crash on it). Use a live stream")
+
+    def observe(self) -> Any | None:
+        if observer.start() is not None:
+            return None
+        return observer.slot_for(int(self._ctx))
+
+    def observe_failure(self) -> str | None:
+        return observer.reason()
 
     def stream_synchronize(self, stream: int) -> None:
         if stream in self.destroyed_streams:

@@ -76,6 +76,7 @@ from numba_streamsafe._driver.sim_model import (
     tell_watchers,
     watchers,
 )
+from numba_streamsafe._driver.sim_observer import SimObserver
 from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
@@ -151,6 +152,9 @@ class SimDriver:
         self.events_destroyed = 0
         #: The captures under way and the live graphs (:meth:`begin_capture`).
         self.captures = Captures()
+        #: Another library on this device: its calls run here and are noted
+        #: for a resource that observes (:meth:`observe`).
+        self.observer = SimObserver(self)
 
     # ------------------------------------------------------------------ faults
     def inject_failure(self, call: str, code: int = CUDA_ERROR_INVALID_VALUE, *, skip: int = 0,
@@ -592,6 +596,13 @@ class SimDriver:
         else:
             clock = self._by_serial[later.stream].clock
         return clock.get(earlier.stream, 0) >= earlier.seq
+
+    def observe(self) -> SimObserver:
+        """The calls made through :attr:`observer` (another library's)."""
+        return self.observer
+
+    def observe_failure(self) -> str | None:
+        return None
 
     def stream_synchronize(self, stream: int) -> None:
         with self._lock:

@@ -37,6 +37,14 @@ variable                                  meaning
                                           delayed; new memory is ordered) and
                                           its races are reported, on a GPU as on the
                                           simulator
+``NUMBA_STREAMSAFE_OBSERVE``             ``auto`` (default): on in check mode, off in
+                                          ordering mode; ``on`` / ``1``: the tracking
+                                          resource learns the ordering, copies and
+                                          fills other code makes (CuPy, PyTorch,
+                                          cuda.core) from the driver observer (CUPTI:
+                                          no profiler can run meanwhile); ``off`` / ``0``
+``NUMBA_STREAMSAFE_CUPTI``                the CUPTI library the observer loads (a path);
+                                          unset: found beside the CUDA libraries
 ``NUMBA_STREAMSAFE_CHECK_REPORT``         in check mode, ``raise`` (default): the launch
                                           or copy that makes the first race raises
                                           ``RaceDetected``; ``exit``: every race is
@@ -55,6 +63,8 @@ from numba_streamsafe.core.errors import InvalidArgument
 __all__ = ["Settings", "settings", "reload_settings"]
 
 _OFF = ("0", "false", "no", "off")
+_ONOFF = {"1": "on", "true": "on", "yes": "on", "on": "on",
+          "0": "off", "false": "off", "no": "off", "off": "off"}
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -81,6 +91,7 @@ class Settings:
     transparent: bool = True
     mode: str = "order"
     check_report: str = "raise"
+    observe: str = "auto"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -108,7 +119,16 @@ class Settings:
             not in _OFF,
             mode=_choice("NUMBA_STREAMSAFE_MODE", "order", ("order", "check")),
             check_report=_choice("NUMBA_STREAMSAFE_CHECK_REPORT", "raise", ("raise", "exit")),
+            observe=_ONOFF.get(os.environ.get("NUMBA_STREAMSAFE_OBSERVE", "").strip().lower(),
+                               None) or _choice("NUMBA_STREAMSAFE_OBSERVE", "auto",
+                                                ("auto", "on", "off", "1", "0")),
         )
+
+    @property
+    def observing(self) -> bool:
+        """Whether tracking resources observe other code's calls
+        (``NUMBA_STREAMSAFE_OBSERVE``; ``auto``: in check mode)."""
+        return self.observe == "on" or (self.observe == "auto" and self.mode == "check")
 
 
 _current: Settings | None = None

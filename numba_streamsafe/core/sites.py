@@ -56,3 +56,19 @@ def user_site() -> tuple[str, int] | None:
 def site_text(site: tuple[str, int] | None) -> str | None:
     """``file:line`` of a :func:`user_site`."""
     return None if site is None else f"{site[0]}:{site[1]}"
+
+
+def user_site_of(frames: object) -> tuple[str, int] | None:
+    """``(file, line)`` of the innermost of ``frames`` outside this package and
+    Numba: ``[(code or file name, line), ...]`` innermost first, as the driver
+    observer keeps a caller's stack; None for no frames or none of the user's."""
+    if not frames:
+        return None
+    for code, line in frames:  # type: ignore[attr-defined]
+        name = getattr(code, "co_filename", code)
+        mine = _ours.get(name)
+        if mine is None:
+            mine = _ours[name] = _is_ours(name)
+        if not mine:
+            return name, line
+    return None

@@ -16,6 +16,7 @@ from numba_streamsafe.core.errors import InvalidArgumentType
 __all__ = [
     "StreamRef",
     "stream_handle",
+    "owns_handle",
     "default_stream_handle",
     "is_default_stream",
     "LEGACY_DEFAULT",
@@ -100,3 +101,17 @@ def stream_handle(stream: Any) -> int | None:
 
 
 _MISSING = object()
+
+
+def owns_handle(stream: Any) -> bool:
+    """Whether ``stream`` is an object whose handle lives as long as it does
+    (``numba.cuda.stream()``, a CuPy or PyTorch stream it made): once it
+    dies, the handle may name a new stream. False for a raw handle, a default
+    stream, and a wrapper of a handle made elsewhere (``cuda.external_stream``,
+    CuPy's and PyTorch's ``ExternalStream``): two such objects of one handle
+    are one stream, and either may be dropped while the stream lives on."""
+    if stream is None or isinstance(stream, int):
+        return False
+    if getattr(stream, "external", False) is True:  # numba.cuda.external_stream
+        return False
+    return type(stream).__name__ != "ExternalStream"

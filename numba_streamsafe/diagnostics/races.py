@@ -37,6 +37,18 @@ def _systems() -> list[Any]:
     return list(out.values())
 
 
+def _catch_up() -> None:
+    """Let each installed runtime's tracking resource apply what the driver
+    observer noted since its last decision (another library's last copy, say),
+    so that a race check or summary that ends now sees its races."""
+    for device in installed_devices():
+        rt = installed_runtime(device)
+        catch_up = getattr(getattr(getattr(rt, "resource", None), "tracker", None),
+                           "catch_up", None)
+        if catch_up is not None:
+            catch_up()
+
+
 def _watch() -> list[Any]:
     """Start a race check's watch of each installed runtime's tracking
     resource that orders on a real driver (ordering mode on a GPU); the
@@ -86,6 +98,7 @@ def hazards() -> list[sim.Hazard]:
     list of Hazard
         In the order found; empty where no simulated driver is installed.
     """
+    _catch_up()
     out: list[sim.Hazard] = []
     for system in _systems():
         out.extend(system.hazards)
@@ -192,6 +205,8 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
         raise
     finally:
         sim.watchers.remove(check)
+        with contextlib.suppress(RaceDetected):  # collected below
+            _catch_up()
         for resource in watched:  # its races found at frees since the last launch too
             resource.watch_races(False)
         for system in _systems():
@@ -237,6 +252,8 @@ _start_lock = threading.Lock()
 
 def _summary(check: RaceCheck) -> None:
     """Write the races ``check`` collected to standard error."""
+    with contextlib.suppress(Exception):  # at exit: report what can be
+        _catch_up()
     for system in _systems():
         check.collect(system)
     found = check.hazards

@@ -51,7 +51,7 @@ from typing import Any
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.core.streams import default_stream_handle
+from numba_streamsafe.core.streams import default_stream_handle, owns_handle
 from numba_streamsafe.core.uses import CopyUses
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.launch.kernel import TrackedKernel
@@ -240,10 +240,13 @@ def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, rea
 def _host_waited_default() -> None:
     """A synchronous copy on the default stream: the host waits for the
     default stream (where races are reported the resource is told: the host is
-    then ordered after the copy, or after the stream's earlier work)."""
+    then ordered after the copy, or after the stream's earlier work). Told
+    where the driver observer runs too: the copy was the library's, which it
+    does not note."""
     rt = installed_runtime(target.current_device())
-    if rt is not None and rt.observing:
-        _synchronised(rt, default_stream_handle(), _nothing)
+    if rt is not None and rt.observing and rt.capture is None:
+        tracker = rt.resource.tracker
+        tracker.program_completed(tracker.program_clock(default_stream_handle()))
 
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -395,10 +398,6 @@ def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]
     return synchronize
 
 
-def _nothing() -> None:
-    """No wait: a synchronous copy already made the host wait."""
-
-
 # ---------------------------------------------------------------- simulator
 def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...], sync: bool,
             work: Callable[..., Any], *args: Any) -> Any:
@@ -517,8 +516,13 @@ def _event_lock(event: Any) -> Any:
 
 
 def _noting(rt: Any) -> bool:
-    """Whether the program's ordering is noted on ``rt`` now."""
-    return rt.capture is None
+    """Whether the program's ordering is noted here on ``rt`` now: not while a
+    graph is captured, nor where the driver observer notes every call of the
+    process (Numba's events and synchronises among them)."""
+    if rt.capture is not None:
+        return False
+    observed = getattr(getattr(rt.resource, "tracker", None), "observed", None)
+    return observed is None or not observed.whole_process
 
 
 def _record(rt: Any, event: Any, handle: int, record: Callable[[], Any]) -> None:
@@ -543,7 +547,10 @@ def _wait(rt: Any, event: Any, ref: tuple[int, Any], wait: Callable[[], Any]) ->
         wait()
         if point is not None and point[0]() is rt and _noting(rt):
             handle, owner = ref
-            rt.resource.tracker.program_waited(handle, point[1], owner)
+            # The knowledge lasts while the stream's object does, where it owns
+            # the handle; a wrapper of one made elsewhere may die with the stream alive.
+            rt.resource.tracker.program_waited(handle, point[1],
+                                               owner if owns_handle(owner) else None)
 
 
 def _event_completed(event: Any, synchronize: Callable[[], Any]) -> Any:

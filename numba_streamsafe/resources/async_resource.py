@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numba_streamsafe.resources.tracking.rules as rules
 from numba_streamsafe._driver.base import CUDA_ERROR_OUT_OF_MEMORY, Driver
+from numba_streamsafe._driver.observer import quiet
 from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import (
@@ -39,6 +41,7 @@ from numba_streamsafe.core.errors import (
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.deferred import DeferredFrees
+from numba_streamsafe.resources.observed import ObservedCalls
 from numba_streamsafe.resources.races import RaceLog
 from numba_streamsafe.resources.reaping import Reaper
 from numba_streamsafe.resources.tracking.block_table import BlockTable
@@ -50,6 +53,23 @@ from numba_streamsafe.resources.upstream import Upstream, memory_source
 __all__ = ["AsyncResource", "AsyncOptions", "POOL_KEEP_ALL"]
 
 _log = logging.getLogger("numba_streamsafe")
+T = TypeVar("T")
+#: Whether the observer's absence was told (once per process).
+_told_unobserved = False
+
+
+def _say_unobserved(why: str | None) -> None:
+    """Say once that other code's CUDA calls are not observed, and why."""
+    global _told_unobserved
+    if _told_unobserved:
+        return
+    _told_unobserved = True
+    why = why or "no observer on this driver"
+    warnings.warn(
+        f"numba_streamsafe: other libraries' CUDA calls are not observed ({why}); only "
+        "Numba's own events, synchronises and copies are followed, so work that CuPy, "
+        "PyTorch or cuda.core orders may be reported as races",
+        RuntimeWarning, stacklevel=4)
 
 #: ``release_threshold`` that keeps every freed byte in the pool.
 POOL_KEEP_ALL = (1 << 64) - 1
@@ -79,12 +99,15 @@ class AsyncOptions:
     ipc: bool = False
     upstream: Upstream | None = None
     check: bool = False
+    observe: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.ipc, bool):
             raise InvalidArgument(f"ipc must be True or False, got {self.ipc!r}")
         if not isinstance(self.check, bool):
             raise InvalidArgument(f"check must be True or False, got {self.check!r}")
+        if not isinstance(self.observe, bool):
+            raise InvalidArgument(f"observe must be True or False, got {self.observe!r}")
         if self.upstream is not None:
             if not isinstance(self.upstream, Upstream):
                 raise InvalidArgument(
@@ -157,6 +180,16 @@ class AsyncResource(MemoryResource):
         the one thing it orders: each allocation records an event, which a
         first use on another stream waits for (the pool hands memory out in
         its stream's order), never reported.
+    observe : bool
+        Learn the ordering and the copies other code makes on the device's
+        context (CuPy, PyTorch, cuda.core, a C extension; Numba too) from the
+        driver's observer (CUPTI's callbacks, :meth:`Driver.observe`): an
+        event record, wait or synchronise of theirs orders the uses as
+        Numba's own do (a wait it satisfies is skipped, in check mode no race
+        is reported), and a copy or fill of theirs that touches a block is a
+        use of it. Where the observer cannot run, a warning says why (once)
+        and only Numba's own ordering is followed. CUPTI takes one subscriber:
+        a profiler cannot run meanwhile. Default: off (check mode turns it on).
     release_threshold : int or None
         Pooled bytes the device's stream-ordered pool keeps at a synchronize
         (``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD``); None leaves the pool's setting
@@ -239,6 +272,82 @@ class AsyncResource(MemoryResource):
         self._freed_bytes = 0
         self._live_peak = 0
         self._peak = 0
+        #: Other code's calls on the device's context, as the driver observer
+        #: notes them (``observe=True``), or None.
+        self.observed: ObservedCalls | None = None
+        if opts.observe:
+            self._observe(driver)
+
+    def _observe(self, driver: Driver) -> None:
+        """Learn the ordering other code makes (its event records, waits,
+        synchronises, copies and fills) from the driver's observer; where it
+        cannot run, say why once (warnings) and follow Numba's own only."""
+        source = driver.observe()
+        if source is None:
+            _say_unobserved(driver.observe_failure())
+            return
+        self.observed = ObservedCalls(self.marks, self._table, self.events, source,
+                                      bool(source.whole_process), self._stream_ended_locked)
+        self.marks.observed = self.observed
+        if source.whole_process:
+            # The library's own allocations and frees are its ordering, not the
+            # program's (a pool's events, say): not noted.
+            alloc, free = self._alloc, self._free
+
+            def alloc_quietly(nbytes: int, stream: int) -> int:
+                with quiet():
+                    return alloc(nbytes, stream)  # type: ignore[no-any-return]
+
+            def free_quietly(ptr: int, stream: int) -> None:
+                with quiet():
+                    free(ptr, stream)
+
+            self._alloc, self._free = alloc_quietly, free_quietly
+
+    def _stream_ended_locked(self, stream: int) -> None:
+        """Another library destroyed ``stream`` (the driver observer noted it):
+        no call may name it any more, so where the resource keeps anything on
+        it the device is synchronised (not noted: the library's own), its
+        kept blocks go back to the pool on the legacy stream, its queued frees
+        count as done, the blocks allocated on it will be freed on the legacy
+        stream, and its open mark leaves the book (``MarkBook.ended``).
+        Caller holds the lock."""
+        blocks = self._table.on_stream(stream)
+        if not (blocks or self._kept.has_stream(stream) or stream in self._pending.slots
+                or stream in self.marks.open):
+            return
+        with quiet():
+            self.driver.synchronize()
+        free = self._free
+        self._kept.free_stream(stream, lambda ptr, _stream: free(ptr, 0), self._pending)
+        self._pending.release_stream(stream)
+        for block in blocks:
+            block.stream = 0
+            block.stream_owner = None
+        self.marks.ended(stream)
+
+    def catch_up(self) -> None:
+        """Apply what other code did since the last decision (the driver
+        observer's notes: see :attr:`observed`) and report the races that
+        found (check mode), as the next launch or copy would: for a race check
+        or a summary that ends now."""
+        if self.observed is None:
+            return
+        with self._lock:
+            self.marks.catch_up()
+        if self.marks.races:
+            self.report_races()
+
+    def fenced(self, uses: Sequence[Use], stream: int, owner: Any, work: Callable[..., T],
+               args: tuple[Any, ...]) -> T:
+        observed = self.observed
+        if observed is None or not observed.whole_process:
+            return super().fenced(uses, stream, owner, work, args)
+        self.preflight(uses, stream, owner)
+        with quiet():  # the library's own copy: recorded by the commit, not noted
+            result = work(*args)
+        self.commit(uses, stream, owner)
+        return result
 
     @property
     def reuse_bytes(self) -> int:
@@ -264,12 +373,17 @@ class AsyncResource(MemoryResource):
             # Queued frees and the kept block under one lock: the common
             # free-then-allocate cycle of one size makes no driver call.
             with self._lock:
+                if self.observed is not None:
+                    self.marks.catch_up()
                 block = self._reuse_locked(nbytes, stream, tag, stream_owner)
             if self.marks.races:  # found at the queued frees just made
                 self.report_races()
             if block is not None:
                 return block
-        return self._allocate_new(nbytes, stream, tag, stream_owner)
+        block = self._allocate_new(nbytes, stream, tag, stream_owner)
+        if self.marks.races:  # found in what other code did meanwhile (check mode)
+            self.report_races()
+        return block
 
     def _reuse_locked(self, nbytes: int, stream: int, tag: str, stream_owner: Any
                       ) -> Block | None:
@@ -354,6 +468,8 @@ class AsyncResource(MemoryResource):
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             live = self._live
             if ptr in live:
                 # The driver returned an address we hold: never overwrite state.
@@ -543,6 +659,8 @@ class AsyncResource(MemoryResource):
 
     def _deallocate_locked(self, block: Block) -> None:
         """:meth:`deallocate` with the lock held."""
+        if self.observed is not None:
+            self.marks.catch_up()
         entry = self._live.get(block.ptr)
         if entry is None or entry.block is not block:
             entry = self._table.entry(block, "deallocate")  # another handle, or an error
@@ -761,11 +879,15 @@ class AsyncResource(MemoryResource):
         queued there so far are before it, later ones after
         (``MarkBook.program_clock``)."""
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             return self.marks.program_clock(stream)  # type: ignore[no-any-return]
 
     def program_point_all(self) -> int:
         """A point of the program on every stream (a device synchronise)."""
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             return self.marks.program_point_all()  # type: ignore[no-any-return]
 
     def program_waited(self, stream: int, clock: dict[Any, int], owner: Any = None) -> None:
@@ -774,16 +896,22 @@ class AsyncResource(MemoryResource):
         later uses on it skip the waits the clock covers (in check mode they
         are not races)."""
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             self.marks.program_waited(stream, clock, owner)
 
     def program_completed(self, clock: dict[Any, int]) -> None:
         """The host saw a point of the program complete (its :meth:`program_clock`)."""
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             self.marks.program_completed(clock)
 
     def program_completed_all(self, point: int) -> None:
         """The host saw the device complete up to ``point`` (``program_point_all``)."""
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             self.marks.program_completed_all(point)
 
     # ----------------------------------------------------------------- reaping

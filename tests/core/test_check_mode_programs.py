@@ -19,6 +19,13 @@ the simulator's alone.
 The same programs in ordering mode (``check=False``) leave the simulator no
 race: the waits the library skips because the program's own ordering covers
 them (through chains of events too) are ones it did not need.
+
+With ``foreign``, the program's ordering comes from another library instead
+(its events, waits and synchronises made through the simulated driver's
+stand-in for one, ``SimDriver.observer``, as the driver observer notes a
+CuPy or PyTorch program's on a GPU), and that library also copies into and
+fills the buffers: the resource learns all of it from the observer's notes
+(``AsyncResource(observe=True)``), and the same properties hold.
 """
 
 from __future__ import annotations
@@ -80,6 +87,22 @@ class Realloc(NamedTuple):
     buf: int
 
 
+class ForeignCopy(NamedTuple):
+    """Another library copies into ``dst`` on ``stream``, from buffer ``src``
+    (-1: from the host)."""
+
+    stream: int
+    dst: int
+    src: int
+
+
+class ForeignFill(NamedTuple):
+    """Another library fills ``buf`` on ``stream`` (``cuMemsetD8Async``)."""
+
+    stream: int
+    buf: int
+
+
 class Program:
     def __init__(self, kinds: tuple[str, ...], nbufs: int, homes: tuple[int, ...],
                  steps: tuple[Any, ...]) -> None:
@@ -90,9 +113,11 @@ class Program:
 
 
 @st.composite
-def programs(draw: Any, realloc: bool = False) -> Program:
+def programs(draw: Any, realloc: bool = False, foreign: bool = False) -> Program:
     """Random programs; with ``realloc`` they also free buffers and allocate
-    them again on their stream (:class:`Realloc`)."""
+    them again on their stream (:class:`Realloc`); with ``foreign`` another
+    library copies into and fills them (:class:`ForeignCopy`,
+    :class:`ForeignFill`)."""
     kind = st.sampled_from([LEGACY, BLOCKING, BLOCKING, NON_BLOCKING, NON_BLOCKING])
     kinds = tuple(draw(st.lists(kind, min_size=2, max_size=3)))
     nbufs = draw(st.integers(1, 2))
@@ -109,7 +134,9 @@ def programs(draw: Any, realloc: bool = False) -> Program:
                      st.builds(Record, event, stream), st.builds(Wait, stream, event),
                      st.builds(Wait, stream, event), st.builds(StreamSync, stream),
                      st.just(DeviceSync()), st.builds(Free, buf),
-                     *([st.builds(Realloc, buf)] if realloc else []))
+                     *([st.builds(Realloc, buf)] if realloc else []),
+                     *([st.builds(ForeignCopy, stream, buf, st.integers(-1, nbufs - 1)),
+                        st.builds(ForeignFill, stream, buf)] * 2 if foreign else []))
     steps = tuple(draw(st.lists(step, min_size=3, max_size=24)))
     return Program(kinds, nbufs, homes, steps)
 
@@ -122,14 +149,20 @@ def _span(part: int) -> tuple[int, int]:
     return ((0, NBYTES), (0, NBYTES // 2), (NBYTES // 2, NBYTES))[part]
 
 
-def run(program: Program, check: bool = True, watch: bool = False, reuse: bool = False
+def run(program: Program, check: bool = True, watch: bool = False, reuse: bool = False,
+        foreign: bool = False, observe: bool = True
         ) -> tuple[set[tuple[str, Any, Any]], set[tuple[str, Any, Any]]]:
     """The race pairs the checking resource reported and those the simulator
     found (``check`` False: the program in ordering mode, which reports none
     unless a race check ``watch`` es it from the start; ``reuse``: freed
-    blocks are kept for reuse on their stream)."""
+    blocks are kept for reuse on their stream). With ``foreign`` the
+    program's events, waits and synchronises are another library's
+    (``SimDriver.observer``), which the resource learns of where it
+    ``observe`` s (the negative control: it does not)."""
     sim = SimDriver(backing=False)
-    res = AsyncResource(sim, check=check, reuse_bytes=1 << 20 if reuse else 0)
+    res = AsyncResource(sim, check=check, reuse_bytes=1 << 20 if reuse else 0,
+                        observe=foreign and observe)
+    lib = sim.observer  # another library's calls: run on the simulator, and noted
     if watch:
         res.watch_races(True)
     run.skipped = 0  # type: ignore[attr-defined]
@@ -138,7 +171,9 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
     owners = [_Owner() for _ in streams]  # the streams' objects (blocks are kept for them)
     blocks: list[Any] = [res.allocate(NBYTES, streams[h], f"buf{i}", stream_owner=owners[h])
                          for i, h in enumerate(program.homes)]
-    sim.synchronize()  # the allocations are ready for every stream, in both models
+    point = res.program_point_all()  # the allocations are ready for every stream,
+    sim.synchronize()                 # in both models
+    res.program_completed_all(point)
     events: dict[int, tuple[int, dict[Any, int]]] = {}
     for k, step in enumerate(program.steps):
         if isinstance(step, Kernel):
@@ -153,6 +188,8 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             res.preflight(uses, s)
             sim.trace_access(s, [(b.ptr + lo, hi - lo, a) for b, a, lo, hi in uses], f"k{k}")
             res.commit(uses, s)
+        elif foreign and not isinstance(step, Kernel | Free | Realloc):
+            _foreign_step(lib, step, streams, blocks, events)
         elif isinstance(step, Record):
             s = streams[step.stream]
             clock = res.program_clock(s)
@@ -187,12 +224,47 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             res.defer_free(blocks[step.buf])
             blocks[step.buf] = res.allocate(NBYTES, streams[home], f"buf{step.buf}",
                                             stream_owner=owners[home])
+    res.catch_up()  # what the other library did last (as the exit summary does)
     run.skipped = res.marks.skipped  # type: ignore[attr-defined]
+    run.hazards = list(sim.hazards)  # type: ignore[attr-defined]
     hazards = res.race_log.hazards if res.race_log is not None else []
     found = {(h.kind, h.first.stream, h.second.stream) for h in hazards}
     oracle = {(h.kind, h.first.stream, h.second.stream) for h in sim.hazards
               if h.first is not None and h.second is not None}
     return found, oracle
+
+
+def _foreign_step(lib: Any, step: Any, streams: list[int], blocks: list[Any],
+                  events: dict[int, Any]) -> None:
+    """An ordering step, a copy or a fill made by another library (``lib``:
+    the simulated driver's stand-in, whose calls the resource learns of
+    through the observer's notes, not from the test)."""
+    if isinstance(step, Record):
+        handle = events[step.event][0] if step.event in events else lib.event_create()
+        lib.event_record(handle, streams[step.stream])
+        events[step.event] = (handle, None)
+    elif isinstance(step, Handoff):
+        handle = lib.event_create()
+        lib.event_record(handle, streams[step.producer])
+        lib.stream_wait_event(streams[step.consumer], handle)
+        lib.event_destroy(handle)  # as PyTorch's wait_stream does
+    elif isinstance(step, Wait):
+        if step.event in events:
+            lib.stream_wait_event(streams[step.stream], events[step.event][0])
+    elif isinstance(step, StreamSync):
+        lib.stream_synchronize(streams[step.stream])
+    elif isinstance(step, DeviceSync):
+        lib.synchronize()
+    elif isinstance(step, ForeignCopy):
+        dst = blocks[step.dst]
+        src = blocks[step.src] if step.src >= 0 else None
+        if dst is not None and (step.src < 0 or src is not None):
+            lib.copy_async(dst.ptr, src.ptr if src is not None else 0, NBYTES // 2,
+                           streams[step.stream])
+    elif isinstance(step, ForeignFill):
+        if blocks[step.buf] is not None:
+            lib.memset_async(blocks[step.buf].ptr + NBYTES // 2, 0, NBYTES // 2,
+                             streams[step.stream])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -464,3 +536,54 @@ def test_a_watch_reports_a_pair_once():
         assert len(found[check]) == len(set(found[check])), found[check]
     assert set(found[True]) <= set(found[False]), found
     assert ("read-after-write", "write y on s", "on t") in found[False], found
+
+
+# ----------------------------------------------------- another library's ordering
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(realloc=True, foreign=True))
+def test_check_mode_learns_another_librarys_ordering_and_copies(program):
+    """The ordering is another library's (its events, waits, synchronises, as
+    the driver observer notes a CuPy or PyTorch program's), and it copies into
+    and fills the buffers too: check mode reports the races the simulator
+    finds, as where the ordering is Numba's."""
+    found, oracle = run(program, foreign=True)
+    if _reallocates(program):
+        assert {o[1:] for o in oracle} <= {f[1:] for f in found}, program
+        return
+    assert {f[1:] for f in found} == {o[1:] for o in oracle}, program
+    assert found <= oracle, program
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(foreign=True))
+def test_ordering_mode_learns_another_librarys_ordering(program):
+    """The same programs in ordering mode, observing: the waits skipped
+    because the other library's ordering covers them were not needed (the
+    simulator finds no race, but those the other library's own copies and
+    fills make as they are queued, which no library can order after the fact:
+    their second access is theirs)."""
+    found, _ = run(program, check=False, foreign=True)
+    assert found == set(), program
+    ours = [h for h in run.hazards  # type: ignore[attr-defined]
+            if h.second is None or h.second.label not in _FOREIGN]
+    assert ours == [], (program, ours)
+
+
+#: The simulator's labels of the other library's copies and fills.
+_FOREIGN = ("cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemsetD8Async")
+
+
+def test_another_librarys_event_orders_what_it_covers_and_nothing_without_the_observer():
+    """A write on ``a``, the other library's event recorded there and waited
+    for on ``b``, a read on ``b``: no race observed (and the simulator finds
+    none); without the observer, check mode reports the pair (the ordering is
+    unknown to it: the negative control), and without the wait both find it."""
+    steps = (Kernel(0, ((0, Access.WRITE, 0),)), Record(0, 0), Wait(1, 0),
+             Kernel(1, ((0, Access.READ, 0),)))
+    program = Program((NON_BLOCKING,) * 2, 1, (0,), steps)
+    assert run(program, foreign=True) == (set(), set())
+    found, oracle = run(program, foreign=True, observe=False)
+    assert oracle == set() and {f[0] for f in found} == {"read-after-write"}, found
+    unordered = Program((NON_BLOCKING,) * 2, 1, (0,), steps[:2] + steps[3:])
+    found, oracle = run(unordered, foreign=True)
+    assert found == oracle and {f[0] for f in found} == {"read-after-write"}, found

@@ -33,6 +33,7 @@ cdef class EventPool:
     cdef public Py_ssize_t in_use
     cdef public Py_ssize_t recorded
     cdef public Py_ssize_t generation
+    cdef readonly set owned
 
     cpdef object acquire(self)
     cpdef object release(self, object handle)
@@ -56,7 +57,9 @@ cdef class MarkBook:
     cdef public list races
     cdef public unsigned long long legacy_point
     cdef dict _flags
+    cdef public object observed
 
+    cpdef object catch_up(self)
     cpdef Mark current(self, object stream, object owner=*)
     cpdef object seal(self, Mark mark, bint direct=*)
     cpdef object wait_all(self, object stream, list marks, object owner=*, bint free=*,
@@ -69,7 +72,7 @@ cdef class MarkBook:
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
     cdef bint _after_legacy(self, Mark mark) except? -1
     cpdef object verify(self, object stream, Mark mark, object owner, tuple where,
-                        object what=*)
+                        object what=*, bint queued=*)
     cpdef object seal_event(self, Mark mark)
     cpdef object race(self, object stream, Mark mark, object owner, tuple where, object what)
     cpdef bint blocking(self, object stream) except? -1

@@ -159,6 +159,9 @@ class EventPool:
         #: Advanced by :meth:`forget` (a context reset): handles given out before
         #: belong to a destroyed context; :class:`ForeignMark` compares it.
         self.generation = 0
+        #: Every live handle the pool made (its records and waits are the
+        #: library's own, which the driver observer's notes leave out).
+        self.owned = set()
 
     @property
     def lock(self) -> Any:
@@ -172,11 +175,14 @@ class EventPool:
             if self._idle:
                 return self._idle.pop()
         try:
-            return self.driver.event_create()
+            handle = self.driver.event_create()
         except BaseException:
             with self._lock:
                 self.in_use -= 1
             raise
+        with self._lock:
+            self.owned.add(handle)
+        return handle
 
     def release(self, handle: Any) -> None:
         """Give ``handle`` back; destroyed when the pool already keeps ``max_idle``.
@@ -190,6 +196,7 @@ class EventPool:
             if len(self._idle) < self.max_idle:
                 self._idle.append(handle)
                 return
+            self.owned.discard(handle)
         try:
             self.driver.event_destroy(handle)
         except DriverError as exc:
@@ -220,6 +227,7 @@ class EventPool:
             idle, self._idle = list(self._idle), collections.deque()
             self.in_use = 0
             self.generation += 1
+            self.owned.clear()
         for handle in idle:
             try:
                 self.driver.event_destroy(handle)
@@ -230,6 +238,7 @@ class EventPool:
         """Destroy every idle handle."""
         with self._lock:
             idle, self._idle = list(self._idle), collections.deque()
+            self.owned.difference_update(idle)
         for handle in idle:
             self.driver.event_destroy(handle)
 
@@ -345,6 +354,19 @@ class MarkBook:
         self.legacy_point = 0
         #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
         self._flags = {}
+        #: Other code's calls as the driver observer noted them
+        #: (:class:`~numba_streamsafe.resources.observed.ObservedCalls`), applied
+        #: before each decision (:meth:`catch_up`); None where none are observed.
+        self.observed: Any = None
+
+    def catch_up(self) -> None:
+        """Apply what other code did since the last call, as the driver
+        observer noted it (event records, waits, synchronises, copies: see
+        :attr:`observed`), so that the next decision knows it. Nothing where
+        nothing is observed."""
+        observed = self.observed
+        if observed is not None:
+            observed.catch_up_locked()
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -410,8 +432,8 @@ class MarkBook:
             if log is not None:
                 log.waited(stream, mark.stream, free)
 
-    def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any = None
-               ) -> None:
+    def verify(self, stream: Any, mark: Mark, owner: Any, where: tuple, what: Any = None,
+               queued: cython.bint = False) -> None:
         """A use on ``stream`` needs ``mark`` (the rules decided), in check mode
         or while a race check watches an ordering book (:attr:`reporting`).
 
@@ -422,14 +444,17 @@ class MarkBook:
         such a race -- or, for a mark that holds no use of the program (no
         note: new memory's, which the pool hands out in its stream's order, as
         :meth:`seal_event` made it), the library's own ordering: its wait is
-        queued, as in ordering mode, and nothing is reported."""
+        queued, as in ordering mode, and nothing is reported -- unless the use
+        was ``queued`` already (another library's copy, which no wait can
+        order any more): then that too is a race."""
         if not self.checking:
             if self.reportable(stream, mark):
                 self.race(stream, mark, owner, where, current_work() if what is None else what)
             return
         if self.ordered_already(stream, mark, owner):
             return
-        if not mark.seen and mark.handle is not None and mark.handle is not CLOSED:
+        if (not queued and not mark.seen and mark.handle is not None
+                and mark.handle is not CLOSED):
             self.wait_all(stream, [mark], owner)
         else:
             self.race(stream, mark, owner, where, current_work() if what is None else what)
@@ -703,6 +728,19 @@ class MarkBook:
         for stream in list(self.open):
             self.program_point(stream)
         return _mark_seq
+
+    def ended(self, stream: Any) -> None:
+        """``stream`` was destroyed behind the library's back (another library's,
+        as the driver observer noted it) and the device was synchronised since,
+        so its work is complete: its open mark leaves the book without an event
+        (none can be recorded on it any more; in check mode it is closed), and
+        in ordering mode every mark made so far counts as complete."""
+        if self.checking:
+            self.retire(stream)
+            return
+        self.open.pop(stream, None)
+        if _mark_seq > self.done_all:
+            self.done_all = _mark_seq
 
     def forget_order(self, stream: Any) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after

@@ -23,6 +23,6 @@ cdef class Entry:
 cpdef list resolve(object table, object uses, str what)
 cpdef list needed_locked(list entries, object stream)
 cpdef Py_ssize_t preflight_locked(MarkBook book, list entries, object stream, object owner,
-                                  bint direct=*, object what=*) except -1
+                                  bint direct=*, object what=*, bint queued=*) except -1
 cpdef object commit_locked(MarkBook book, list entries, object stream, object owner,
                            bint eager, bint direct=*, Mark into=*, object what=*)

@@ -362,7 +362,8 @@ def needed_locked(entries: list, stream: Any) -> list:
 
 
 def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
-                     direct: cython.bint = False, what: Any = None) -> cython.Py_ssize_t:
+                     direct: cython.bint = False, what: Any = None,
+                     queued: cython.bint = False) -> cython.Py_ssize_t:
     """Queue on ``stream`` the waits that ``entries`` (from :func:`resolve`)
     need: a use waits for the writes of its bytes on other streams, and a
     write also for their reads on other streams. Same-stream uses never
@@ -375,17 +376,28 @@ def preflight_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     is a race of the work ``what``, by default the thread's ``current_work``).
     While a race check watches an ordering book (``book.reporting``) the
     waits are queued and each wait the program's ordering did not make
-    needed is kept as such a race too (``MarkBook.reportable``)."""
+    needed is kept as such a race too (``MarkBook.reportable``).
+
+    With ``queued`` the work was queued already (another library's copy, as
+    the driver observer noted it): no wait can order it any more, so none
+    is queued, and in check mode a mark it needs that only the library's own
+    wait would have ordered (new memory's) is a race too."""
     entry: Entry
     marks = None
+    if book.observed is not None:  # what other code did first (the driver observer)
+        book.catch_up()
     before: cython.Py_ssize_t = book.same_stream
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
     if book.checking:
-        _verify_locked(book, entries, stream, owner, current_work() if what is None else what)
+        _verify_locked(book, entries, stream, owner, current_work() if what is None else what,
+                       queued)
         return book.same_stream - before
     if book.reporting:
-        _verify_locked(book, entries, stream, owner, current_work() if what is None else what)
+        _verify_locked(book, entries, stream, owner, current_work() if what is None else what,
+                       queued)
+    if queued:
+        return book.same_stream - before
     for i in range(0, n, 4):
         entry = entries[i]
         if entry.spans is None:  # _waits's dispatch, without reading the span it ignores
@@ -412,6 +424,8 @@ def commit_locked(book: MarkBook, entries: list, stream: Any, owner: Any,
     mark: Mark
     if not entries:
         return
+    if book.observed is not None:  # what other code did first (the driver observer)
+        book.catch_up()
     mark = book.current(stream, owner) if into is None else into
     n: cython.Py_ssize_t = len(entries)
     i: cython.Py_ssize_t
@@ -494,8 +508,8 @@ def _compact(seen: list) -> cython.int:
 
 @cython.cfunc
 @cython.exceptval(-1)
-def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what: Any
-                   ) -> cython.int:
+def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what: Any,
+                   queued: cython.bint) -> cython.int:
     """Every mark :func:`_waits` names for ``entries`` on ``stream``, once,
     handed to ``MarkBook.verify`` with the work ``what``: check mode's
     preflight (a race, or new memory's wait), or a watched ordering book's
@@ -515,7 +529,7 @@ def _verify_locked(book: MarkBook, entries: list, stream: Any, owner: Any, what:
             where = (entry.block, entries[i + 1], entries[i + 2], entries[i + 3], False)
             for k, m in enumerate(marks):
                 if m not in marks[:k]:
-                    book.verify(stream, m, owner, where, what)
+                    book.verify(stream, m, owner, where, what, queued)
     return 0
 
 
