@@ -340,11 +340,12 @@ class AsyncResource(MemoryResource):
 
     def fenced(self, uses: Sequence[Use], stream: int, owner: Any, work: Callable[..., T],
                args: tuple[Any, ...]) -> T:
-        observed = self.observed
-        if observed is None or not observed.whole_process:
-            return super().fenced(uses, stream, owner, work, args)
         self.preflight(uses, stream, owner)
-        with quiet():  # the library's own copy: recorded by the commit, not noted
+        observed = self.observed
+        if observed is not None and observed.whole_process:
+            with quiet():  # the library's own copy: recorded by the commit, not noted
+                result = work(*args)
+        else:
             result = work(*args)
         self.commit(uses, stream, owner)
         return result
