@@ -50,7 +50,9 @@ class ObservedCalls:
     table : BlockTable
         The resource's live blocks (a copy's addresses are looked up there).
     pool : EventPool
-        The resource's events, whose records and waits are its own.
+        The resource's events: those of every pool on its driver
+        (``EventPool.owned``) are the library's own, whose records and waits
+        are not noted.
     source : object
         Has ``pending()`` (a cheap look) and ``drain()`` (the records since
         the last drain, oldest first, each

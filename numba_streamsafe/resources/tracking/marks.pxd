@@ -34,6 +34,7 @@ cdef class EventPool:
     cdef public Py_ssize_t recorded
     cdef public Py_ssize_t generation
     cdef readonly set owned
+    cdef set _made
 
     cpdef object acquire(self)
     cpdef object release(self, object handle)

@@ -132,6 +132,20 @@ class ForeignMark(Mark):
 
 
 # ------------------------------------------------------------------ the events
+#: Per driver, the live handles its pools made: the library's own events, whose
+#: records and waits the driver observer's notes leave out (those of every runtime
+#: on that driver: another runtime's waits on its events are the library's too).
+_library_events: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def library_events(driver: Any) -> set:
+    """The live event handles the pools on ``driver`` made (shared by them)."""
+    found = _library_events.get(driver)
+    if found is None:
+        found = _library_events.setdefault(driver, set())
+    return found  # type: ignore[no-any-return]
+
+
 @cython.cclass
 class EventPool:
     """A free list of timing-disabled events.
@@ -159,9 +173,11 @@ class EventPool:
         #: Advanced by :meth:`forget` (a context reset): handles given out before
         #: belong to a destroyed context; :class:`ForeignMark` compares it.
         self.generation = 0
-        #: Every live handle the pool made (its records and waits are the
-        #: library's own, which the driver observer's notes leave out).
-        self.owned = set()
+        #: Every live handle the pools on ``driver`` made (their records and
+        #: waits are the library's own, which the driver observer's notes leave
+        #: out): :func:`library_events`, shared; :attr:`_made`, this pool's.
+        self.owned = library_events(driver)
+        self._made = set()
 
     @property
     def lock(self) -> Any:
@@ -182,6 +198,7 @@ class EventPool:
             raise
         with self._lock:
             self.owned.add(handle)
+            self._made.add(handle)
         return handle
 
     def release(self, handle: Any) -> None:
@@ -197,6 +214,7 @@ class EventPool:
                 self._idle.append(handle)
                 return
             self.owned.discard(handle)
+            self._made.discard(handle)
         try:
             self.driver.event_destroy(handle)
         except DriverError as exc:
@@ -227,7 +245,8 @@ class EventPool:
             idle, self._idle = list(self._idle), collections.deque()
             self.in_use = 0
             self.generation += 1
-            self.owned.clear()
+            self.owned.difference_update(self._made)
+            self._made.clear()
         for handle in idle:
             try:
                 self.driver.event_destroy(handle)
@@ -239,6 +258,7 @@ class EventPool:
         with self._lock:
             idle, self._idle = list(self._idle), collections.deque()
             self.owned.difference_update(idle)
+            self._made.difference_update(idle)
         for handle in idle:
             self.driver.event_destroy(handle)
 
