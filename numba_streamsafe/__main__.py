@@ -44,10 +44,10 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _one_line(text: str) -> str:
-    """``text`` with its line breaks and runs of spaces made single spaces
-    (the messages of other libraries' errors span lines)."""
-    return " ".join(text.split())
+def _error(exc: Exception) -> str:
+    """``Kind: message`` on one line (the messages of other libraries' errors
+    span lines, and end in a line break)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def _guarded(section: Callable[[], Any]) -> Any:
@@ -55,7 +55,7 @@ def _guarded(section: Callable[[], Any]) -> Any:
     try:
         return section()
     except Exception as exc:
-        return f"unknown ({type(exc).__name__}: {_one_line(str(exc))})"
+        return f"unknown ({_error(exc)})"
 
 
 def _system() -> dict[str, str]:
@@ -211,7 +211,7 @@ def _target() -> dict[str, Any]:
     try:
         return _gpus()
     except Exception as exc:  # no driver, no device: say so, and go on
-        return {"target": f"no CUDA GPU usable ({type(exc).__name__}: {exc})"}
+        return {"target": f"no CUDA GPU usable ({_error(exc)})"}
 
 
 def _gpus() -> dict[str, Any]:

@@ -32,27 +32,7 @@ no_driver = pytest.mark.skipif(hook.driver_library_exists(), reason="this machin
                                "driver library: the plugin never picks the simulator here")
 
 #: A plain Numba program on two streams: it imports nothing of the library.
-TWO_STREAMS = """
-import numpy as np
-from numba import cuda
-
-
-@cuda.jit
-def scale(src, dst, k):
-    i = cuda.grid(1)
-    if i < src.size:
-        dst[i] = src[i] * k
-
-
-a, b = cuda.stream(), cuda.stream()
-host = np.arange(256, dtype=np.float64)
-x = cuda.to_device(host, stream=a)
-y = cuda.device_array_like(x)
-scale[1, 256, b](x, y, 2.0)                  # reads what the upload on a wrote
-out = y.copy_to_host(stream=a)               # reads what the kernel on b wrote
-a.synchronize()
-print("right" if (out == 2 * host).all() else "WRONG")
-"""
+TWO_STREAMS = ROOT / "tests" / "programs" / "two_streams.py"
 
 
 def _user(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -117,10 +97,10 @@ def test_setting_one_variable_runs_a_plain_two_stream_program_on_a_cpu(tmp_path)
     CudaSupportError (no CUDA driver library); now it runs on the simulator,
     ordered, and stderr holds the one line that says so."""
     script = tmp_path / "my_program.py"
-    script.write_text(TWO_STREAMS)
+    script.write_text(TWO_STREAMS.read_text())
     proc = _user(script, **PLUGIN)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout == "right\n"
+    assert proc.stdout == "right on Numba's CUDA simulator\n"
     assert proc.stderr.splitlines() == [hook.ANNOUNCEMENT]
     assert "Numba's CUDA simulator" in hook.ANNOUNCEMENT and "NUMBA_ENABLE_CUDASIM" in \
         hook.ANNOUNCEMENT
@@ -204,7 +184,7 @@ def test_a_bad_setting_is_refused_in_one_line_when_the_plugin_loads_on_the_simul
     """Before: a 48-line traceback through the plugin's loading, ending in
     "NUMBA_CUDA_MEMORY_MANAGER names a module that cannot be imported"."""
     script = tmp_path / "my_program.py"
-    script.write_text(TWO_STREAMS)
+    script.write_text(TWO_STREAMS.read_text())
     proc = _user(script, NUMBA_ENABLE_CUDASIM="1", **PLUGIN, **{name: value})
     _one_line(proc, name, value, allowed)
 
