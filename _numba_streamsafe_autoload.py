@@ -11,10 +11,19 @@ GPU. Without a manager selected this module only reads the variable; with
 one, whether the simulator is on is read when ``numba.cuda`` loads. The
 package's wheel and its editable install both put the ``.pth`` file beside
 it (``setup.py``).
+
+With this library's plugin selected and ``NUMBA_ENABLE_CUDASIM`` unset, the
+first import of ``numba`` looks for the CUDA driver library where Numba looks
+for it. Where there is none at all (a machine without an NVIDIA driver), the
+program runs on Numba's CUDA simulator, as if ``NUMBA_ENABLE_CUDASIM=1`` had
+been given, and one line on standard error says so. Where the library is
+there, loadable or not, nothing changes: a GPU whose setup is broken gets
+Numba's own error, never the simulator in its place.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import os
@@ -22,6 +31,54 @@ import sys
 from typing import Any
 
 PLUGIN = "numba_streamsafe"
+
+#: What announces the simulator where no CUDA driver library exists.
+ANNOUNCEMENT = ("numba_streamsafe: no CUDA driver library on this machine, so this program runs "
+                "on Numba's CUDA simulator, on the CPU (NUMBA_ENABLE_CUDASIM=1; set "
+                "NUMBA_ENABLE_CUDASIM yourself, to 1 or 0, and this line goes)")
+
+
+def driver_candidates() -> list[str]:
+    """Where Numba looks for the CUDA driver library, in its order
+    (``numba.cuda.cudadrv.driver.locate_driver_and_loader``): the names the
+    system's loader finds, then the usual directories."""
+    if sys.platform == "win32":
+        dirs, names = ["\\windows\\system32"], ["nvcuda.dll"]
+    elif sys.platform == "darwin":
+        dirs, names = ["/usr/local/cuda/lib"], ["libcuda.dylib"]
+    else:
+        dirs, names = ["/usr/lib", "/usr/lib64"], ["libcuda.so", "libcuda.so.1"]
+    return names + [os.path.join(d, n) for d in dirs for n in names]
+
+
+def driver_library_exists(candidates: list[str] | None = None) -> bool:
+    """Whether a CUDA driver library is there, as Numba decides it: one of
+    the candidates loads, or exists as a file (and fails to load: a broken
+    setup, for which Numba reports the load error)."""
+    for path in driver_candidates() if candidates is None else candidates:
+        try:
+            (ctypes.WinDLL if sys.platform == "win32" else ctypes.CDLL)(path)  # type: ignore[attr-defined]
+        except OSError:
+            if os.path.isfile(path):
+                return True
+        else:
+            return True
+    return False
+
+
+def simulator_if_no_driver(candidates: list[str] | None = None) -> bool:
+    """Before Numba reads its configuration: with this library's plugin
+    selected, ``NUMBA_ENABLE_CUDASIM`` unset and no CUDA driver library at
+    all, select Numba's CUDA simulator and say so in one line on standard
+    error. True when it did. Set in the environment, the choice is also
+    that of the program's child processes (which say nothing more)."""
+    if _selected() != PLUGIN or "NUMBA_ENABLE_CUDASIM" in os.environ:
+        return False
+    if driver_library_exists(candidates):
+        return False
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    print(ANNOUNCEMENT, file=sys.stderr)
+    return True
 
 
 def _selected() -> str | None:
@@ -47,6 +104,10 @@ def load(name: str) -> None:
         ``name`` names no importable module (Numba's error on a GPU), with
         the name this library is imported by when ``name`` looks like a
         misspelling of it.
+    Exception
+        Whatever importing this library raised for another cause than its
+        name (a bad ``NUMBA_STREAMSAFE_*`` setting: ``InvalidSetting``),
+        as it is: the name is not blamed for it.
     """
     try:
         if name == PLUGIN:
@@ -54,6 +115,8 @@ def load(name: str) -> None:
         elif importlib.util.find_spec(name) is None:
             raise ModuleNotFoundError(f"No module named {name!r}")
     except Exception as exc:
+        if name == PLUGIN and not (isinstance(exc, ModuleNotFoundError) and exc.name == name):
+            raise  # this library is there: the error is its own, not its name's
         hint = ""
         if name != PLUGIN and name.replace("-", "_").lower().startswith("numba_stream"):
             hint = f" (this library's plugin is named {PLUGIN!r})"
@@ -83,12 +146,19 @@ class _ThenPlugin:
 
 
 class _Finder:
-    """Finds ``numba.cuda`` with the other finders and wraps its loader, once."""
+    """Picks the simulator where no driver exists when ``numba`` is first
+    looked for; finds ``numba.cuda`` with the other finders and wraps its
+    loader, once."""
 
     def __init__(self, name: str) -> None:
         self._name = name
+        self._decided = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name == "numba" and not self._decided:
+            self._decided = True
+            simulator_if_no_driver()
+            return None
         if name != "numba.cuda":
             return None
         sys.meta_path.remove(self)

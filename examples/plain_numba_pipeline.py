@@ -7,10 +7,14 @@ Run it as it is, then with the library's plugin selected::
 
 With the plugin selected, transparent mode orders every launch and copy of
 Numba's on the library's memory, so the result is right; without it the
-stages race. With no GPU it runs on Numba's CUDA simulator by itself (the
-plugin is loaded by ``numba.cuda``'s import there, or by the test that runs this file),
-where the library's checker reports each race with the kernel, the argument,
-the stream and this file's line.
+stages race. On a machine without a CUDA driver, the plugin's selection runs
+it on Numba's CUDA simulator (the library says so in one line), where the
+library's checker reports each race with the kernel, the argument, the stream
+and this file's line: ``hazards: 0`` with the plugin. Run as it is there
+(no plugin), the program picks the simulator itself; the simulator runs one
+stream's work at a time, so a race cannot make a round wrong, and the example
+counts its races with the library's checker in a child process (the plugin
+selected, transparent mode off: ``NUMBA_STREAMSAFE_TRANSPARENT=0``).
 
 The stages:
 
@@ -35,12 +39,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 
 from gpu_present import gpu_present
 
-if "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # no GPU: Numba's CUDA simulator
+#: The library's plugin as the environment selects it (the program imports nothing of it).
+PLUGIN_SELECTED = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "").strip() == "numba_streamsafe"
+if not PLUGIN_SELECTED and "NUMBA_ENABLE_CUDASIM" not in os.environ and not gpu_present():
+    # As it is, without a GPU: Numba's CUDA simulator (with the plugin selected the
+    # library picks it where there is no CUDA driver, and says so).
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 import numpy as np  # noqa: E402
 from numba import config, cuda  # noqa: E402
@@ -97,6 +106,24 @@ def _after(producer: object, consumer: object) -> None:
     done.wait(consumer)
 
 
+def _hazards_as_it_is(args: argparse.Namespace) -> str:
+    """This program's races as the library's checker sees them on the simulator:
+    the same rounds in a child process, with the plugin selected and transparent
+    mode off (the program as it is, watched but not ordered)."""
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "NUMBA_STREAMSAFE_TRANSPARENT": "0",
+           "NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"}
+    command = [sys.executable, os.path.abspath(__file__), "--n", str(args.n),
+               "--repeat", str(args.repeat), *(["--events"] if args.events else [])]
+    child = subprocess.run(command, env=env, capture_output=True, text=True)
+    found = [line for line in child.stdout.splitlines() if line.startswith("hazards:")]
+    if not found:
+        return ("hazards: not counted (numba_streamsafe is not installed, or its start-up hook "
+                "is not: select the plugin to see them)")
+    return (f"{found[0]} (the library's checker on this program as it is: "
+            "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe NUMBA_STREAMSAFE_TRANSPARENT=0: "
+            "the races that make rounds wrong on a GPU)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=256 if SIMULATOR else 1 << 16)
@@ -112,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     where = "Numba's CUDA simulator" if SIMULATOR else "the GPU"
     print(f"plain Numba pipeline on {where}; plugin {'loaded' if lib else 'not loaded'}")
     wrong = sum(not run(args.n, args.spins, events=args.events) for _ in range(args.repeat))
-    print(f"result: {args.repeat - wrong}/{args.repeat} rounds right")
+    serial = " (the simulator runs one stream's work at a time)" if SIMULATOR else ""
+    print(f"result: {args.repeat - wrong}/{args.repeat} rounds right{serial}")
+    if lib is None and SIMULATOR:
+        print(_hazards_as_it_is(args))
     if lib is not None:
         stats = lib.memory_stats()
         print(f"the library's waits: {stats['waits_inserted']} queued, "

@@ -15,6 +15,7 @@ from typing import Any
 
 # First: it decides which build of the engine the imports below load.
 from numba_streamsafe import compiled as _compiled  # noqa: F401
+from numba_streamsafe.core import settings as _settings
 from numba_streamsafe.core.access import Access, Read, ReadWrite, Write
 from numba_streamsafe.core.blocks import Block, BlockId, BlockState, Generation
 from numba_streamsafe.core.errors import (
@@ -23,6 +24,7 @@ from numba_streamsafe.core.errors import (
     DriverError,
     InvalidArgument,
     InvalidLaunchConfig,
+    InvalidSetting,
     OutOfBounds,
     OutOfBudget,
     OutOfMemory,
@@ -88,10 +90,14 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.e
 #: Check mode (``NUMBA_STREAMSAFE_MODE=check``): the races of the whole process
 #: are reported (raised at the first, or summarised at exit), and the program's
 #: own ordering made through Numba is followed from the Numba layer's first use.
+#: Every setting is read here: a bad one is refused now, in one line
+#: (InvalidSetting), also when Numba imports this package as its memory manager.
 try:
     _CHECK = _races.start_check_mode() is not None
-except InvalidArgument:  # a bad setting: refused where a runtime is built, not at import
-    _CHECK = False
+except InvalidSetting:
+    if not _settings.reporting():
+        raise
+    _CHECK = False  # python -m numba_streamsafe lists the bad setting
 
 
 def _follow_numba() -> None:
@@ -151,6 +157,7 @@ __all__ = [
     "DriverError",
     "InvalidArgument",
     "InvalidLaunchConfig",
+    "InvalidSetting",
     "OutOfMemory",
     "OutOfBudget",
     "StreamMisuse",

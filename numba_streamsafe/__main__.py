@@ -8,7 +8,12 @@ compiler libraries (NVVM, NVRTC), the CUDA driver, runtime and devices with
 their memory-pool support (or Numba's CUDA simulator), whether the compiled
 engine is built and in use, the memory manager Numba is told to use, the
 library's settings in force (a bad value is listed, not raised) and the other
-``NUMBA_*`` variables set. ``--json`` prints the same as JSON.
+``NUMBA_*`` variables set. Where NVVM or NVRTC is missing it names the extra
+to install (``cpu``, ``cu12`` or ``cu13``). Last come the problems that keep
+this installation from working (a numba-cuda release or a numba and numba-cuda
+pair that cannot work, ``numba.cuda`` failing to import, a bad setting, no
+compiler where a GPU would need one): the command exits 1 when there is any,
+0 otherwise. ``--json`` prints the same as JSON.
 """
 
 from __future__ import annotations
@@ -39,12 +44,18 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _error(exc: Exception) -> str:
+    """``Kind: message`` on one line (the messages of other libraries' errors
+    span lines, and end in a line break)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
 def _guarded(section: Callable[[], Any]) -> Any:
-    """A section's value, or what went wrong: the report never raises."""
+    """A section's value, or what went wrong (on one line): the report never raises."""
     try:
         return section()
     except Exception as exc:
-        return f"unknown ({type(exc).__name__}: {exc})"
+        return f"unknown ({_error(exc)})"
 
 
 def _system() -> dict[str, str]:
@@ -99,16 +110,27 @@ def _support() -> dict[str, str]:
     return out
 
 
+def _editable() -> bool | None:
+    """Whether this library is installed editable (``pip install -e``); None
+    when it is not installed. Of the copies of its metadata found (a source
+    tree's ``*.egg-info`` may come first on the path), the installed one's
+    ``direct_url.json`` says."""
+    found = None
+    for dist in metadata.distributions(name="numba-streamsafe"):
+        direct = dist.read_text("direct_url.json")
+        if direct:
+            return bool(json.loads(direct).get("dir_info", {}).get("editable"))
+        found = False
+    return found
+
+
 def _install() -> dict[str, Any]:
     import numba_streamsafe
 
     out: dict[str, Any] = {"location": os.path.dirname(numba_streamsafe.__file__)}
-    try:
-        direct = metadata.distribution("numba-streamsafe").read_text("direct_url.json")
-        editable = bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
-        out["installed"] = "editable (pip install -e)" if editable else "installed"
-    except metadata.PackageNotFoundError:
-        out["installed"] = "not installed (run from a source tree)"
+    editable = _editable()
+    out["kind"] = {True: "editable (pip install -e)", False: "from a wheel (pip install)",
+                   None: "not installed (run from a source tree)"}[editable]
     hook = os.path.join(sysconfig.get_paths()["purelib"], "numba_streamsafe_sim.pth")
     out["simulator start-up hook"] = ("installed" if os.path.exists(hook)
                                       else "not installed: under the simulator import "
@@ -117,18 +139,55 @@ def _install() -> dict[str, Any]:
 
 
 def _compilers() -> dict[str, str]:
-    """NVVM and NVRTC as numba-cuda finds them (kernels compile without a GPU)."""
-    from numba.cuda.cuda_paths import get_cuda_paths
-
-    paths = get_cuda_paths()
-    out = {}
+    """NVVM and NVRTC as numba-cuda finds them (kernels compile without a GPU),
+    each on its own; where either is missing, the extra that installs it."""
+    out: dict[str, str] = {}
+    paths = _guarded(_cuda_paths)
     for lib in ("nvvm", "nvrtc"):
-        found = paths.get(lib)
+        found = paths.get(lib) if isinstance(paths, dict) else None
         out[f"{lib} path"] = (f"{found.info} (by {found.by})" if found and found.info
-                              else "not found")
+                              else "not found" if isinstance(paths, dict) else paths)
     out["nvvm version"] = _guarded(lambda: ".".join(map(str, _nvvm_version())))
     out["nvrtc version"] = _guarded(lambda: ".".join(map(str, _nvrtc_version())))
+    if _compilers_missing(out):
+        out["install"] = _extra_advice()
     return out
+
+
+def _cuda_paths() -> dict[str, Any]:
+    from numba.cuda.cuda_paths import get_cuda_paths
+
+    return dict(get_cuda_paths())
+
+
+def _compilers_missing(compilers: dict[str, str]) -> list[str]:
+    """The compiler libraries the report could not load (by their versions)."""
+    return [lib.upper() for lib in ("nvvm", "nvrtc")
+            if compilers.get(f"{lib} version", "").startswith(("unknown", "not"))]
+
+
+def _driver_major() -> int | None:
+    """The CUDA driver's major version, None where there is no driver."""
+    try:
+        from numba_streamsafe._driver.cuda import driver_version
+
+        version = driver_version()
+    except Exception:
+        return None
+    return None if version is None else version // 1000
+
+
+def _extra_advice() -> str:
+    """The extra that brings NVVM and NVRTC: the one of this CUDA driver's
+    major version, else ``cpu`` (compilers from PyPI, no GPU needed)."""
+    major = _driver_major()
+    extra = f"cu{major}" if major in (12, 13) else "cpu"
+    what = {"cpu": "NVVM and NVRTC from PyPI, so kernels compile without a GPU",
+            "cu12": "the CUDA 12 stack, compilers included, for this CUDA 12 driver",
+            "cu13": "the CUDA 13 stack, compilers included, for this CUDA 13 driver"}[extra]
+    command = (f'pip install -e ".[{extra}]" (in the source tree)' if _editable()
+               else f'pip install "numba-streamsafe[{extra}]"')
+    return f"{command}: the {extra} extra installs {what}"
 
 
 def _nvvm_version() -> tuple[int, ...]:
@@ -152,7 +211,7 @@ def _target() -> dict[str, Any]:
     try:
         return _gpus()
     except Exception as exc:  # no driver, no device: say so, and go on
-        return {"target": f"no CUDA GPU usable ({type(exc).__name__}: {exc})"}
+        return {"target": f"no CUDA GPU usable ({_error(exc)})"}
 
 
 def _gpus() -> dict[str, Any]:
@@ -218,12 +277,44 @@ def _settings() -> dict[str, Any]:
     return out
 
 
+def _problems(report: dict[str, Any]) -> list[str]:
+    """What keeps this installation from working, read off the report and
+    found by importing ``numba.cuda``; empty when nothing does."""
+    out = []
+    support = report["support"]
+    if isinstance(support, dict):
+        out += [f"numba-cuda {text}" for key, text in support.items()
+                if key == "numba-cuda" and "NOT supported" in text]
+        out += [f"numba {support['numba']}"] if "numba" in support else []
+    else:
+        out.append(f"the supported releases: {support}")
+    imported = _guarded(_import_numba_cuda)
+    if imported is not None:
+        out.append(f"numba.cuda does not import: {imported}")
+    settings = report["settings"]
+    if isinstance(settings, dict) and "error" in settings:
+        out.append(f"a setting is refused: {settings['error']}")
+    compilers = report["compilers"]
+    missing = _compilers_missing(compilers) if isinstance(compilers, dict) else []
+    if missing and _driver_major() is not None:
+        out.append(f"{' and '.join(missing)} missing: kernels cannot compile for the GPU; "
+                   f"{compilers['install']}")
+    return out
+
+
+def _import_numba_cuda() -> None:
+    """Import ``numba.cuda`` (a numba-cuda and numba pair that cannot work
+    fails here, or at the first kernel)."""
+    import numba.cuda  # noqa: F401
+
+
 def collect() -> dict[str, Any]:
-    """The report as a dict (what ``--json`` prints)."""
+    """The report as a dict (what ``--json`` prints): the last key,
+    ``problems``, lists what keeps the installation from working."""
     from numba_streamsafe import __version__
 
     manager = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "") or "default"
-    return {
+    report = {
         "numba_streamsafe": __version__,
         "system": _guarded(_system),
         "versions": {dist: _version(dist) for dist in DISTRIBUTIONS},
@@ -239,6 +330,8 @@ def collect() -> dict[str, Any]:
                                    if k.startswith("NUMBA_")
                                    and not k.startswith("NUMBA_STREAMSAFE_")},
     }
+    report["problems"] = _problems(report)
+    return report
 
 
 def _lines(value: Any, indent: str = "") -> list[str]:
@@ -259,24 +352,31 @@ def _lines(value: Any, indent: str = "") -> list[str]:
     return [f"{indent}{value}"]
 
 
-def report() -> str:
-    """The report's text."""
-    data = collect()
+def report(data: dict[str, Any] | None = None) -> str:
+    """The report's text (of ``data``, as :func:`collect` returns it)."""
+    data = dict(collect() if data is None else data)
     head = f"numba_streamsafe {data.pop('numba_streamsafe')}"
-    return "\n".join([head, *_lines(data)])
+    problems = data.pop("problems")
+    tail = (["problems (this installation cannot work as it is):",
+             *(f"  {p}" for p in problems)] if problems else ["problems: none"])
+    return "\n".join([head, *_lines(data), *tail])
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the report; 1 when it lists a problem, else 0."""
     parser = argparse.ArgumentParser(
         prog="python -m numba_streamsafe",
-        description="What this installation of numba_streamsafe runs on (for bug reports).")
+        description="What this installation of numba_streamsafe runs on (for bug reports). "
+                    "Exits 1 when the installation cannot work as it is (the report's last "
+                    "lines say why), else 0.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
+    data = collect()
     if args.json:
-        print(json.dumps(collect(), indent=2, default=str))
+        print(json.dumps(data, indent=2, default=str))
     else:
-        print(report())
-    return 0
+        print(report(data))
+    return 1 if data["problems"] else 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+# Neither imports an engine module (the finder below must come first).
+from numba_streamsafe.core.errors import InvalidSetting
+from numba_streamsafe.core.settings import flag, reporting
+
 __all__ = ["ENGINE", "pure_python", "engine_builds"]
 
 #: The modules compiled from their own source where a compiler is present.
@@ -37,8 +41,20 @@ ENGINE = ("numba_streamsafe._driver.libcuda", "numba_streamsafe._driver.observer
           "numba_streamsafe.numba.launch.packing", "numba_streamsafe.numba.launch.policy",
           "numba_streamsafe.numba.launch.launcher")
 
+
+def _asked() -> bool:
+    """``NUMBA_STREAMSAFE_PURE_PYTHON``, a switch (a bad value is refused, as
+    every setting's is, except while ``python -m numba_streamsafe`` reports it)."""
+    try:
+        return flag("NUMBA_STREAMSAFE_PURE_PYTHON", False)
+    except InvalidSetting:
+        if not reporting():
+            raise
+        return False
+
+
 #: Whether the Python source was asked for (``NUMBA_STREAMSAFE_PURE_PYTHON``).
-pure_python = os.environ.get("NUMBA_STREAMSAFE_PURE_PYTHON", "0").strip() not in ("", "0")
+pure_python = _asked()
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

@@ -15,6 +15,7 @@ from typing import Any
 from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.core.errors import StreamMisuse
 from numba_streamsafe.core.streams import (
+    CU_STREAM_LEGACY,
     MAX_DEFAULT_STREAM,
     StreamRef,
     is_default_stream,
@@ -52,6 +53,10 @@ class StreamRegistry:
         self._checked: set[int] = set()
         #: Streams made for stream objects that carry no handle (the simulator's).
         self._made: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        #: Such objects whose stream :meth:`destroy` destroyed: refused from then on.
+        self._unmade: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Handle made for such an object -> what appends it to ``_dead`` at its death.
+        self._finalizers: dict[int, weakref.finalize] = {}
         self._lock = threading.Lock()
         #: Handles made for stream objects that have died (their finalizers
         #: append them; :meth:`handle` destroys them).
@@ -91,10 +96,12 @@ class StreamRegistry:
                         "numba.cuda.stream()"
                     )
                 destroyed.discard(handle)  # a live stream object has that address now
-            elif stream.__class__ is int and handle > MAX_DEFAULT_STREAM and \
+            elif stream.__class__ is int and (handle > MAX_DEFAULT_STREAM or
+                                               handle == CU_STREAM_LEGACY) and \
                     handle not in self._checked:
                 # A bare handle is checked once: one never created is refused here,
-                # not by whichever driver call meets it first.
+                # not by whichever driver call meets it first (CU_STREAM_LEGACY too:
+                # CUDA takes it, the simulated driver does not).
                 self.driver.check_stream(handle)
                 self._checked.add(handle)
             return handle
@@ -102,6 +109,10 @@ class StreamRegistry:
             handle = self._made.get(stream)
             if handle is not None:
                 return handle
+        if stream in self._unmade:
+            raise StreamMisuse(
+                f"stream {stream!r} was destroyed (destroy_stream): no work can be queued on it "
+                "any more. Use a live stream, e.g. a new one from numba.cuda.stream()")
         device = getattr(stream, "_nss_device", self.device)
         if device != self.device:
             raise StreamMisuse(
@@ -118,7 +129,7 @@ class StreamRegistry:
                 self._made[stream] = handle
                 # When the object dies, so does its stream (no use refers to it then:
                 # a recorded use keeps its stream object alive).
-                weakref.finalize(stream, self._dead.append, handle)
+                self._finalizers[handle] = weakref.finalize(stream, self._dead.append, handle)
         return handle
 
     def _destroy_dead(self) -> None:
@@ -130,6 +141,7 @@ class StreamRegistry:
                 handle = self._dead.popleft()
             except IndexError:
                 return
+            self._finalizers.pop(handle, None)
             try:
                 self.destroy(handle)
             except StreamMisuse:
@@ -181,6 +193,15 @@ class StreamRegistry:
                 handle, None if owned_elsewhere else self.driver.destroy_stream)
         self._keys.pop(handle, None)  # other devices' uses by it keep its old key
         self._checked.discard(handle)
+        if stream.__class__ is not int and not owned_elsewhere:
+            # A stream object whose stream was made here, and is gone now: the
+            # object is refused from now on (its handle may name a new stream soon).
+            with self._lock:
+                self._made.pop(stream, None)
+                self._unmade.add(stream)
+                finalizer = self._finalizers.pop(handle, None)
+            if finalizer is not None:
+                finalizer.detach()  # destroyed now: not again at the object's death
 
     def order_after(self, stream: int, producer: int) -> None:
         """Make ``stream`` wait for everything queued so far on ``producer``."""

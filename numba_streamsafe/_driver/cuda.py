@@ -440,7 +440,8 @@ class CudaDriver:
     def _destroyed(self, call: str, stream: int) -> DriverError:
         return DriverError(call, CUDA_ERROR_INVALID_HANDLE,
                            f"stream {stream:#x} was destroyed; its handle names no stream any "
-                           "more (the driver would crash on it). Use a live stream")
+                           "more (the driver would crash on it). Use a live stream, e.g. one "
+                           "from numba.cuda.stream()")
 
     def observe(self) -> Any | None:
         if observer.start() is not None:
@@ -498,7 +499,8 @@ class CudaDriver:
         if stream in self.destroyed_streams:
             raise StreamMisuse(
                 f"stream {stream:#x} was destroyed; its handle names no stream any more "
-                "(the driver would crash on it). Pass a live stream"
+                "(the driver would crash on it). Pass a live stream, e.g. one from "
+                "numba.cuda.stream()"
             )
         if stream < _LOWEST_HANDLE or stream % 8:
             # The driver does not check a handle: cuStreamGetCtx on one it never

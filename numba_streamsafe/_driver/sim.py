@@ -80,6 +80,7 @@ from numba_streamsafe._driver.sim_observer import SimObserver
 from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, StreamMisuse
+from numba_streamsafe.core.streams import CU_STREAM_LEGACY
 
 __all__ = ["SimDriver", "SimSystem", "Hazard", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM"]
 
@@ -552,6 +553,13 @@ class SimDriver:
                               f"stream {stream:#x} does not exist") from None
 
     def check_stream(self, stream: int) -> None:
+        if stream == CU_STREAM_LEGACY:
+            raise StreamMisuse(
+                f"stream {stream:#x} is CUDA's CU_STREAM_LEGACY, a second name of the legacy "
+                "default stream, which the simulated driver does not take. Pass None or 0 for "
+                "the default stream, or a stream of your own from numba.cuda.stream() (a stream "
+                "is made, not numbered)"
+            )
         if stream not in self._streams:
             raise StreamMisuse(
                 f"stream {stream:#x} is not a stream of simulated device {self.device}: it "

@@ -7,6 +7,9 @@ cause is fixed.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 __all__ = [
     "StreamSafeError",
     "GraphCaptureError",
@@ -16,6 +19,7 @@ __all__ = [
     "StreamMisuse",
     "InvalidArgument",
     "InvalidArgumentType",
+    "InvalidSetting",
     "InvalidLaunchConfig",
     "UseAfterFree",
     "StaleContext",
@@ -111,6 +115,58 @@ class InvalidArgumentType(InvalidArgument, TypeError):
     Both a :class:`ValueError` (as every :class:`InvalidArgument`) and a
     :class:`TypeError`, so that either ``except`` catches it.
     """
+
+
+class InvalidSetting(InvalidArgument):
+    """A ``NUMBA_STREAMSAFE_*`` environment variable holds a value it does not
+    take, or names no setting of the library. Raised when ``numba_streamsafe``
+    is imported (also when Numba imports it as the memory manager), before
+    anything is built.
+
+    The message is one line: the variable, its value and the values allowed.
+    Left uncaught, that line is all Python prints (no traceback, not even
+    through Numba's plugin loader); :func:`show_in_one_line` arranges it.
+
+    Attributes
+    ----------
+    name : str
+        The variable.
+    value : str
+        Its value, as given.
+    allowed : tuple of str
+        The values it takes (for a name that is no setting: the settings).
+    """
+
+    def __init__(self, name: str, value: str, allowed: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.value = value
+        self.allowed = allowed
+
+
+def show_in_one_line() -> None:
+    """Print an uncaught :class:`InvalidSetting` as its one line, with no
+    traceback: also when another error was raised while handling it (Numba's
+    memory-manager loader turns every error of the plugin's import into a
+    ``RuntimeError`` that names the module). Other errors print as before.
+    Installed once, over whichever hook is in place."""
+    previous = sys.excepthook
+    if getattr(previous, "_numba_streamsafe", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        seen: set[int] = set()
+        cause: BaseException | None = error
+        while cause is not None and id(cause) not in seen:
+            if isinstance(cause, InvalidSetting):
+                print(f"numba_streamsafe.InvalidSetting: {cause}", file=sys.stderr)
+                return
+            seen.add(id(cause))
+            cause = cause.__cause__ or cause.__context__
+        previous(kind, error, tb)
+
+    hook._numba_streamsafe = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 class UseAfterFree(StreamSafeError):

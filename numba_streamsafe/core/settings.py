@@ -1,8 +1,14 @@
 """The ``NUMBA_STREAMSAFE_*`` environment variables, read into one dataclass.
 
-:func:`settings` reads them once, when a process-wide runtime or launch policy
-is first built; :func:`reload_settings` reads them again (for tests, or a
-program that changes its environment before building runtimes).
+:func:`settings` reads them once, when ``numba_streamsafe`` is imported (a
+bad value, or a ``NUMBA_STREAMSAFE_`` name that is no setting, is refused
+then: :class:`~numba_streamsafe.core.errors.InvalidSetting`, one line);
+:func:`reload_settings` reads them again (for tests, or a program that changes
+its environment before building runtimes). ``NUMBA_STREAMSAFE_PURE_PYTHON``
+(``0`` or ``1``) is read by :mod:`numba_streamsafe.compiled`, with
+:func:`flag`, before anything else; its name is known here.
+A switch takes ``1``, ``true``, ``yes``, ``on`` or ``0``, ``false``, ``no``,
+``off`` (any case).
 
 ========================================  ===============================================
 variable                                  meaning
@@ -54,26 +60,106 @@ variable                                  meaning
 
 from __future__ import annotations
 
+import difflib
 import os
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.errors import InvalidSetting, show_in_one_line
 
-__all__ = ["Settings", "settings", "reload_settings"]
+__all__ = ["Settings", "settings", "reload_settings", "flag", "PREFIX", "reporting"]
 
+#: What every variable of the library's starts with.
+PREFIX = "NUMBA_STREAMSAFE_"
+_ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
-_ONOFF = {"1": "on", "true": "on", "yes": "on", "on": "on",
-          "0": "off", "false": "off", "no": "off", "off": "off"}
+#: Variables read outside :class:`Settings` (by the module named).
+_READ_ELSEWHERE = ("NUMBA_STREAMSAFE_PURE_PYTHON",  # numba_streamsafe.compiled
+                   "NUMBA_STREAMSAFE_CUPTI")  # numba_streamsafe._driver.observer (a path)
+
+
+def _refused(name: str, value: str, allowed: tuple[str, ...], message: str) -> InvalidSetting:
+    """The error for a bad variable; left uncaught, it prints as its one line."""
+    show_in_one_line()
+    return InvalidSetting(name, value, allowed, message)
+
+
+def _bad_value(name: str, value: str, allowed: tuple[str, ...]) -> InvalidSetting:
+    *first, last = (repr(a) for a in allowed)
+    return _refused(name, value, allowed,
+                    f"{name}={value!r} is not one of its values: use {', '.join(first)} or "
+                    f"{last} (or unset it)")
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = os.environ.get(name, "").strip().lower() or default
+    given = os.environ.get(name, "").strip()
+    value = given.lower() or default
     if value not in allowed:
-        raise InvalidArgument(
-            f"{name}={value!r}: use {' or '.join(repr(a) for a in allowed)} (or unset it)"
-        )
+        raise _bad_value(name, given, allowed)
     return value
+
+
+def flag(name: str, default: bool) -> bool:
+    """The switch ``name``: ``default`` when it is unset or empty.
+
+    Raises
+    ------
+    InvalidSetting
+        The variable holds neither an on nor an off value.
+    """
+    given = os.environ.get(name, "").strip()
+    value = given.lower()
+    if not value:
+        return default
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise _bad_value(name, given, ("1", "0", "true", "false", "yes", "no", "on", "off"))
+
+
+def _observe() -> str:
+    """``NUMBA_STREAMSAFE_OBSERVE``: ``auto`` (unset, empty or ``auto``), ``on`` or ``off``."""
+    given = os.environ.get("NUMBA_STREAMSAFE_OBSERVE", "").strip()
+    value = given.lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value in _ON:
+        return "on"
+    if value in _OFF:
+        return "off"
+    raise _bad_value("NUMBA_STREAMSAFE_OBSERVE", given, ("auto", "1", "0"))
+
+
+def _known() -> tuple[str, ...]:
+    return (*(PREFIX + f.name.upper() for f in fields(Settings)), *_READ_ELSEWHERE)
+
+
+def _check_names() -> None:
+    """Refuse a ``NUMBA_STREAMSAFE_`` variable that names no setting (a
+    misspelt one would otherwise leave its setting at the default, unnoticed)."""
+    known = _known()
+    for name in sorted(os.environ):
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name[len(PREFIX):],
+                                              [k[len(PREFIX):] for k in known], n=1)
+            hint = f"did you mean {PREFIX}{close[0]}? " if close else ""
+            raise _refused(name, os.environ[name], known,
+                           f"{name}={os.environ[name]!r}: {name} is not a setting of "
+                           f"numba_streamsafe: {hint}the settings are "
+                           f"{', '.join(known)} (or unset it)")
+
+
+def reporting() -> bool:
+    """True while ``python -m numba_streamsafe`` imports the package: its
+    report lists a bad setting (and exits non-zero) instead of being refused
+    before it can run. (Python sets ``sys.argv[0]`` to ``"-m"`` while it finds
+    the module to run.)"""
+    if sys.argv[:1] != ["-m"]:
+        return False
+    argv = getattr(sys, "orig_argv", [])
+    return any(a == "-m" and b == "numba_streamsafe" for a, b in zip(argv, argv[1:], strict=False))
 
 
 @dataclass(frozen=True)
@@ -99,9 +185,13 @@ class Settings:
 
         Raises
         ------
-        InvalidArgument
-            A variable holds a value it does not take (the message names both).
+        InvalidSetting
+            A variable holds a value it does not take, or a ``NUMBA_STREAMSAFE_``
+            variable names no setting (the one-line message names the variable,
+            its value and what it takes).
         """
+        _check_names()
+        flag(_READ_ELSEWHERE[0], False)
         simulator = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
         return cls(
             driver=_choice("NUMBA_STREAMSAFE_DRIVER", "sim" if simulator else "cuda",
@@ -109,19 +199,14 @@ class Settings:
             resource=_choice("NUMBA_STREAMSAFE_RESOURCE", "async", ("async", "direct")),
             fences=_choice("NUMBA_STREAMSAFE_FENCES", "lazy", ("lazy", "eager")),
             upstream=_choice("NUMBA_STREAMSAFE_UPSTREAM", "driver", ("driver", "rmm")),
-            direct_launch=os.environ.get("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "1").strip().lower()
-            not in _OFF,
-            check_access=os.environ.get("NUMBA_STREAMSAFE_CHECK_ACCESS", "1").strip().lower()
-            not in _OFF,
+            direct_launch=flag("NUMBA_STREAMSAFE_DIRECT_LAUNCH", True),
+            check_access=flag("NUMBA_STREAMSAFE_CHECK_ACCESS", True),
             access=_choice("NUMBA_STREAMSAFE_ACCESS", "declared", ("declared", "infer")),
-            ipc=os.environ.get("NUMBA_STREAMSAFE_IPC", "0").strip().lower() not in _OFF,
-            transparent=os.environ.get("NUMBA_STREAMSAFE_TRANSPARENT", "1").strip().lower()
-            not in _OFF,
+            ipc=flag("NUMBA_STREAMSAFE_IPC", False),
+            transparent=flag("NUMBA_STREAMSAFE_TRANSPARENT", True),
             mode=_choice("NUMBA_STREAMSAFE_MODE", "order", ("order", "check")),
             check_report=_choice("NUMBA_STREAMSAFE_CHECK_REPORT", "raise", ("raise", "exit")),
-            observe=_ONOFF.get(os.environ.get("NUMBA_STREAMSAFE_OBSERVE", "").strip().lower(),
-                               None) or _choice("NUMBA_STREAMSAFE_OBSERVE", "auto",
-                                                ("auto", "on", "off", "1", "0")),
+            observe=_observe(),
         )
 
     @property
@@ -136,7 +221,14 @@ _lock = threading.Lock()
 
 
 def settings() -> Settings:
-    """The settings, read from the environment on first use."""
+    """The settings, read from the environment on first use (the package's
+    import).
+
+    Raises
+    ------
+    InvalidSetting
+        A variable is refused (see :meth:`Settings.from_env`).
+    """
     current = _current
     if current is None:
         current = reload_settings()
@@ -144,7 +236,14 @@ def settings() -> Settings:
 
 
 def reload_settings() -> Settings:
-    """Read the environment again and return the new settings."""
+    """Read the environment again and return the new settings.
+
+    Raises
+    ------
+    InvalidSetting
+        A variable is refused (see :meth:`Settings.from_env`); the settings
+        in force stay as they were.
+    """
     global _current
     with _lock:
         _current = Settings.from_env()

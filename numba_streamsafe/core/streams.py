@@ -19,6 +19,7 @@ __all__ = [
     "owns_handle",
     "default_stream_handle",
     "is_default_stream",
+    "resource_stream",
     "LEGACY_DEFAULT",
     "CU_STREAM_LEGACY",
     "PER_THREAD_DEFAULT",
@@ -115,3 +116,25 @@ def owns_handle(stream: Any) -> bool:
     if getattr(stream, "external", False) is True:  # numba.cuda.external_stream
         return False
     return type(stream).__name__ != "ExternalStream"
+
+
+def resource_stream(stream: Any, call: str, runtime_call: str = "allocate(nbytes, stream)") -> int:
+    """``stream`` as the driver handle a memory resource takes (an int, not a
+    bool, >= 0).
+
+    Raises
+    ------
+    InvalidArgumentType
+        ``stream`` is anything else (a stream object, a string...): the
+        message says to go through the runtime's ``runtime_call``, which
+        takes any stream.
+    """
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return int(stream)
+    raise InvalidArgumentType(
+        f"{call}: stream {stream!r} ({type(stream).__name__}) is not a stream handle: a memory "
+        "resource takes a stream's driver handle, an int >= 0. Go through the runtime, which "
+        "takes any stream (a numba.cuda stream, a cuda.core, PyTorch or CuPy stream, an int "
+        f"handle or None): numba_streamsafe.get_runtime().{runtime_call}; or pass the handle: "
+        "numba_streamsafe.get_runtime().stream_handle(stream)"
+    )

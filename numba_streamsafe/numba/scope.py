@@ -210,10 +210,9 @@ def check_device(device: Any, caller: str) -> None:
     if SIMULATOR:
         # Numba's simulator has one device; more exist once their runtimes are installed.
         known = sorted({0, *installed_devices()})
-        where = ("On Numba's CUDA simulator more devices exist once a runtime over a simulated "
-                 "device of that ordinal is installed: set_runtime(DeviceRuntime(AsyncResource("
-                 "SimDriver(device=d, system=system))), d), as the guide's page on several GPUs "
-                 "shows")
+        where = ("On Numba's CUDA simulator a simulated device exists once its runtime is "
+                 f"built: call numba_streamsafe.get_runtime({device!r}) first (the simulated "
+                 "devices share one race checker), as the guide's page on several GPUs shows")
     else:
         known = list(range(len(gpus)))
         where = "Use one of those ordinals"

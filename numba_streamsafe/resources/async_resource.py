@@ -38,7 +38,7 @@ from numba_streamsafe.core.errors import (
     OutOfMemory,
     StreamSafeError,
 )
-from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
+from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM, resource_stream
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.observed import ObservedCalls
@@ -366,6 +366,8 @@ class AsyncResource(MemoryResource):
                  ) -> Block:
         if nbytes.__class__ is not int or nbytes <= 0:
             nbytes = positive_size(nbytes, tag)
+        if stream.__class__ is not int or stream < 0:
+            stream = resource_stream(stream, "AsyncResource.allocate")
         if stream > MAX_DEFAULT_STREAM:
             self.driver.check_stream(stream)
         if self._pending and not self._allocations % _REAP_EVERY:
@@ -756,6 +758,7 @@ class AsyncResource(MemoryResource):
             raise InvalidArgument(f"borrow: the address {ptr!r} must be a positive int (a "
                                   "device pointer of the memory lent)")
         nbytes = positive_size(nbytes, tag)
+        stream = resource_stream(stream, "AsyncResource.borrow", "borrow(ptr, nbytes, stream)")
         if stream > MAX_DEFAULT_STREAM:
             self.driver.check_stream(stream)
         if self._pending:

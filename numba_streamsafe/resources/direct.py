@@ -16,6 +16,7 @@ from numba_streamsafe.core.blocks import (
     positive_size,
 )
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, StaleContext, UseAfterFree
+from numba_streamsafe.core.streams import resource_stream
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats
 from numba_streamsafe.resources.deferred import DeferredFrees
 
@@ -51,6 +52,7 @@ class DirectResource(MemoryResource):
     def allocate(self, nbytes: int, stream: int, tag: str = "", *, stream_owner: Any = None
                  ) -> Block:
         nbytes = positive_size(nbytes, tag)
+        stream = resource_stream(stream, "DirectResource.allocate")
         self.flush()
         self.driver.check_stream(stream)
         ptr = self.driver.alloc(nbytes)

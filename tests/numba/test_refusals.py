@@ -75,7 +75,14 @@ def test_a_device_that_does_not_exist_is_refused(rt):
         with nss.use_device(5):
             pass
     assert "1 device" in str(info.value)
-    assert "SimDriver(device=d, system=system)" in str(info.value), "not mangled"
+    # Before, the advice named SimDriver, an internal class; the advice works:
+    assert "numba_streamsafe.get_runtime(5)" in str(info.value) and "Sim" not in str(info.value)
+    nss.get_runtime(5)
+    with nss.use_device(5):
+        s = cuda.stream()
+        x = nss.to_device(np.arange(4.0), stream=s)
+        assert (nss.copy_to_host(x, stream=s) == np.arange(4.0)).all()
+    assert nss.block_of(x).device == 5
 
 
 def test_an_integer_stream_never_created_is_refused_with_advice(rt, streams):
@@ -102,6 +109,55 @@ def test_a_launch_on_a_destroyed_stream_says_what_to_do(rt, streams):
     with pytest.raises(StreamMisuse) as info:
         copy[1, 64, handle](x, y)
     assert "destroyed" in str(info.value) and "live stream" in str(info.value)
+    # The stream object itself: before, a DriverError of cuStreamWaitEvent
+    # ("stream 0x... does not exist"), with no advice.
+    for use in (lambda s: copy[1, 64, s](x, y), lambda s: nss.to_device(np.ones(4), stream=s)):
+        with pytest.raises(StreamMisuse) as info:
+            use(s)
+        assert "was destroyed" in str(info.value) and "numba.cuda.stream()" in str(info.value)
+    t = cuda.stream()  # the next stream may get the handle: the old object stays refused
+    copy[1, 64, t](x, y)
+    with pytest.raises(StreamMisuse, match="was destroyed"):
+        copy[1, 64, s](x, y)
+    destroyed = rt.driver.streams_destroyed
+    del s
+    import gc
+
+    gc.collect()
+    cuda.stream()  # the dead object's stream is not destroyed a second time (it may be t's)
+    copy[1, 64, t](x, y)
+    assert rt.driver.streams_destroyed == destroyed
+
+
+def test_cuda_stream_legacy_as_a_number_is_refused_with_advice_on_the_simulator(rt, streams):
+    """``stream=1`` (CUDA's CU_STREAM_LEGACY, or a stream numbered by hand):
+    before, a DriverError of cuMemAllocAsync ("stream 0x1 does not exist")."""
+    a, _ = streams
+    x, y = _arrays(a)
+    for use in (lambda: rt.allocate(16, stream=1), lambda: nss.to_device(np.ones(4), stream=1),
+                lambda: copy[1, 64, 1](x, y)):
+        with pytest.raises(StreamMisuse) as info:
+            use()
+        text = str(info.value)
+        assert "CU_STREAM_LEGACY" in text and "None or 0" in text and "numba.cuda.stream()" in text
+    rt.resource.deallocate(rt.allocate(16, stream=0))  # the legacy default stream's own name
+
+
+@pytest.mark.parametrize("bad", ["s", 1.0, True, None, -1])
+def test_a_stream_that_is_no_handle_is_refused_at_the_resource_with_advice(rt, bad):
+    """Before, ``rt.resource.allocate(16, "s")`` raised a bare TypeError
+    ("'>' not supported between 'str' and 'int'")."""
+    from numba_streamsafe.core.errors import InvalidArgumentType
+    from numba_streamsafe.resources import DirectResource
+
+    direct = DirectResource(rt.driver)
+    for call in (lambda: rt.resource.allocate(16, bad), lambda: direct.allocate(16, bad),
+                 lambda: rt.resource.borrow(1 << 20, 16, bad)):
+        with pytest.raises(InvalidArgumentType) as info:
+            call()
+        text = str(info.value)
+        assert repr(bad) in text and "get_runtime()." in text and "stream_handle(stream)" in text
+    assert rt.resource.stats().allocations == 0 and direct.stats().allocations == 0
 
 
 def test_an_unknown_access_name_says_how_to_fix_it():
@@ -165,9 +221,68 @@ def test_python_m_numba_streamsafe_reports_versions_path_and_settings(child_env,
     for key in ("numba_streamsafe", "numba-cuda", "cuda-bindings", "numpy", "engine",
                 "memory manager", "NUMBA_STREAMSAFE_FENCES", "eager", "simulator"):
         assert key in out, (key, out)
-    for key in ("libc", "llvmlite", "Cython", "nvvm path", "nvrtc version", "installed",
+    for key in ("libc", "llvmlite", "Cython", "nvvm path", "nvrtc version", "  kind: ",
                 "simulator start-up hook", "other NUMBA_ variables", "NUMBA_ENABLE_CUDASIM"):
         assert key in out, (key, out)
+    assert out.endswith("problems: none\n"), out[-500:]
+    # Before: "installed: installed" where the source tree's egg-info came first.
+    assert "installed: installed" not in out
+    _each_line_a_key(out)
+
+
+def _each_line_a_key(text: str) -> None:
+    """Every line of the report after its head is ``key: value`` or ``key:``
+    (a value's own line break used to leave a line of its own)."""
+    import re
+
+    for line in text.splitlines()[1:]:
+        assert re.match(r"^ *[^ :][^:]*:( .+)?$", line), repr(line)
+
+
+def test_a_missing_compiler_is_one_line_with_the_extra_to_install(monkeypatch):
+    """Before: NVRTC missing broke the whole compilers section into a value
+    ending in a line break, and nothing said what to install."""
+    from numba_streamsafe import __main__ as report
+
+    def missing() -> None:
+        raise RuntimeError('Failure finding "libnvrtc.so.13":\n  No such file\n')
+
+    monkeypatch.setattr(report, "_cuda_paths", missing)
+    monkeypatch.setattr(report, "_nvrtc_version", missing)
+    for major, extra in ((None, "cpu"), (12, "cu12"), (13, "cu13")):
+        monkeypatch.setattr(report, "_driver_major", lambda major=major: major)
+        data = report.collect()
+        text = report.report(data)
+        _each_line_a_key(text)
+        compilers = data["compilers"]
+        assert compilers["nvrtc version"] == ('unknown (RuntimeError: Failure finding '
+                                              '"libnvrtc.so.13": No such file)')
+        assert f".[{extra}]" in compilers["install"] or f"[{extra}]\"" in compilers["install"]
+        assert f"the {extra} extra installs" in compilers["install"]
+        # On a GPU a missing compiler keeps kernels from compiling: a problem.
+        assert any("NVRTC" in p for p in data["problems"]) is (major is not None)
+
+
+def test_the_report_exits_1_when_numba_cuda_and_numba_cannot_work_together(child_env,
+                                                                            repo_root, tmp_path):
+    """numba-cuda 0.24 with numba 0.68 (a fake numba-cuda 0.24 ahead on the path,
+    whose version is all the rule reads): before, the report said so and exited 0."""
+    meta = tmp_path / "numba_cuda-0.24.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: numba-cuda\nVersion: 0.24.0\n")
+    env = child_env(NUMBA_ENABLE_CUDASIM="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "numba_streamsafe"], cwd=repo_root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    from importlib import metadata
+
+    if metadata.version("numba").startswith("0.6") and int(metadata.version("numba")
+                                                           .split(".")[1]) >= 66:
+        assert proc.returncode == 1, proc.stdout[-2000:]
+        tail = proc.stdout[proc.stdout.index("problems (this installation cannot work"):]
+        assert "numba-cuda 0.24.0" in tail and "install numba<=0.65" in tail
+    else:  # an older numba: the pair works
+        assert proc.returncode == 0 and "problems: none" in proc.stdout
 
 
 def test_the_report_lists_a_bad_setting_and_speaks_json(child_env, repo_root):
@@ -176,10 +291,13 @@ def test_the_report_lists_a_bad_setting_and_speaks_json(child_env, repo_root):
     proc = subprocess.run([sys.executable, "-m", "numba_streamsafe", "--json"], cwd=repo_root,
                           env=child_env(NUMBA_ENABLE_CUDASIM="1", NUMBA_STREAMSAFE_FENCES="lazzy"),
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    # Listed, not refused at the package's import (as any other program's import
+    # is); a refused setting keeps the installation from working: exit 1.
+    assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
     assert "lazzy" in report["settings"]["error"] and "'lazy' or 'eager'" in \
         report["settings"]["error"]
+    assert report["problems"] == [f"a setting is refused: {report['settings']['error']}"]
     assert report["settings"]["as given"]["NUMBA_STREAMSAFE_FENCES"] == "lazzy"
     assert report["versions"]["numba-cuda"] != "not installed"
     assert ": supported (>=" in report["support"]["numba-cuda"], report["support"]

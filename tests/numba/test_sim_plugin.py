@@ -290,37 +290,6 @@ def test_the_hook_refuses_a_name_no_module_has_and_loads_the_plugin():
     hook.load("numpy")                   # another library's module: found, not imported again
 
 
-def test_the_plain_numba_example_picks_the_simulator_by_itself(tmp_path):
-    """Without NUMBA_ENABLE_CUDASIM, on a machine without a GPU, the example
-    runs on the simulator (the plugin loaded where the package is installed)."""
-    if not SIMULATOR_ONLY:
-        pytest.skip("this machine has a GPU")
-    script = ROOT / "examples" / "plain_numba_pipeline.py"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER", "PYTHONPATH")}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env={**env, **PLUGIN},
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "plain Numba pipeline on Numba's CUDA simulator" in proc.stdout
-    loaded = "plugin loaded" in proc.stdout
-    assert loaded == _installed_hook(), proc.stdout
-    if loaded:
-        assert "rounds right" in proc.stdout
-
-
-def _no_gpu() -> bool:
-    import ctypes
-
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return True
-    return False
-
-
-SIMULATOR_ONLY = _no_gpu()
-
-
 def test_a_dead_simulator_stream_object_takes_its_stream_with_it(rt):
     """Streams made for the simulator's stream objects are destroyed once the
     objects die, so a long program's synchronize does not slow down with them."""
