@@ -8,14 +8,15 @@ It prepares an environment of its own, then runs each check in a child
 interpreter and prints a table (and ``DIR/mlir_gpu_check.json``, DIR being
 ``$OUT`` or ``./gpu-out``):
 
-- **prepare**: ``.whl-mlir/*.tar.xz`` (numba-cuda-mlir's wheel unpacked and
-  packed with xz, small enough to travel with the tree) unpacked into
-  ``/tmp/mlir-site``, with the wheels of ``.whl-mlir/`` and ``.whl/`` (NumPy
-  below 2.5, which numba-cuda needs) installed there; the machine's own
-  packages (numba-cuda, cuda-bindings, cuda-core) come after it. Done once per
-  machine (a marker file). ``--prepare-only`` stops there: a tarball too large
-  for one call can come in a call of its own (parts ``*.tar.xz`` are unpacked
-  as they come).
+- **prepare**: numba-cuda-mlir's wheel, unpacked and packed again with xz
+  (``.whl-mlir/NAME.tar.xz``, or split in parts ``NAME.tar.xz.KofN`` beside
+  ``NAME.tar.xz.sha256`` in folders under ``.whl-mlir/``, so that each call
+  carries less), unpacked into ``/tmp/mlir-site`` once every part has come;
+  the wheels of ``.whl-mlir/`` and ``.whl/`` (NumPy below 2.5, which numba-cuda
+  needs) installed there. The machine's own packages (numba-cuda,
+  cuda-bindings, cuda-core) come after it. Each step is done once while the
+  machine is kept (marker files); ``--prepare-only`` stops there, for a call
+  that only brings a part.
 - **numba-cuda-mlir alone**: a two-stream program (upload on ``a``, an event,
   the kernel on ``b``, the copy back) without the plugin: the baseline.
 - **plugin**: the same program, ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -240,11 +242,42 @@ check("numba-cuda tracked kernel beside it", "works", PLUGIN)('''
 ''')
 
 
+def _parts(site: Path) -> list[str]:
+    """Gather the carried parts of a split tarball (``NAME.tar.xz.KofN``, found anywhere
+    under ``.whl-mlir/``) in ``site/.parts``; join each tarball whose N parts are all
+    there (checked against ``NAME.tar.xz.sha256``). Returns the tarballs joined."""
+    store = site / ".parts"
+    store.mkdir(parents=True, exist_ok=True)
+    for found in glob.glob(str(ROOT / ".whl-mlir" / "**" / "*.tar.xz.*"), recursive=True):
+        if not (store / Path(found).name).exists():
+            shutil.copy(found, store / Path(found).name)
+    joined = []
+    for digest in sorted(store.glob("*.tar.xz.sha256")):
+        name = digest.name[: -len(".sha256")]
+        parts = sorted(store.glob(name + ".*of*"))
+        total = int(parts[0].name.rpartition("of")[2]) if parts else 0
+        if not parts or len(parts) != total or (store / name).exists():
+            continue
+        sha = hashlib.sha256()
+        with open(store / name, "wb") as out:
+            for k in range(1, total + 1):
+                data = (store / f"{name}.{k}of{total}").read_bytes()
+                sha.update(data)
+                out.write(data)
+        if sha.hexdigest() != digest.read_text().split()[0]:
+            (store / name).unlink()
+            raise SystemExit(f"{name}: its parts joined do not match {digest.name}")
+        joined.append(str(store / name))
+    return joined
+
+
 def prepare(site: Path) -> list[str]:
-    """Unpack the carried numba-cuda-mlir and install the carried wheels into ``site``."""
+    """Unpack the carried numba-cuda-mlir (whole, or its parts once all have come) and
+    install the carried wheels into ``site``."""
     notes = []
     site.mkdir(parents=True, exist_ok=True)
-    for tarball in sorted(glob.glob(str(ROOT / ".whl-mlir" / "*.tar.xz"))):
+    tarballs = glob.glob(str(ROOT / ".whl-mlir" / "*.tar.xz")) + _parts(site)
+    for tarball in sorted(tarballs):
         done = site / f".{Path(tarball).name}.done"
         if done.exists():
             continue
@@ -252,8 +285,13 @@ def prepare(site: Path) -> list[str]:
         subprocess.run(["tar", "-xJf", tarball, "-C", str(site)], check=True)
         done.touch()
         notes.append(f"unpacked {Path(tarball).name} in {time.time() - t0:.0f} s")
-    wheels = sorted(glob.glob(str(ROOT / ".whl-mlir" / "*.whl")) +
+    parts = sorted(p.name for p in (site / ".parts").glob("*.tar.xz.*of*"))
+    if parts:
+        notes.append("parts here: " + ", ".join(parts))
+    wheels = sorted(glob.glob(str(ROOT / ".whl-mlir" / "**" / "*.whl"), recursive=True) +
                     glob.glob(str(ROOT / ".whl" / "numpy-*.whl")))
+    if not any(Path(w).name.startswith("numpy-") for w in wheels):
+        notes.append("no .whl/numpy-*.whl carried: the machine's NumPy is used")
     todo = [w for w in wheels if not (site / f".{Path(w).name}.done").exists()]
     if todo:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
@@ -264,10 +302,14 @@ def prepare(site: Path) -> list[str]:
     return notes
 
 
+#: The variables the checks set, each as its own check says.
+SETTINGS = ("NUMBA_CUDA_MEMORY_MANAGER", "NUMBA_ENABLE_CUDASIM", "NUMBA_STREAMSAFE_TRANSPARENT",
+            "NUMBA_STREAMSAFE_MODE", "NUMBA_STREAMSAFE_DRIVER", "NUMBA_STREAMSAFE_CHECK_REPORT")
+
+
 def child_env(extra: dict[str, str], rounds: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("NUMBA_STREAMSAFE_", "NUMBA_CUDA_MEMORY_MANAGER",
-                                "NUMBA_ENABLE_CUDASIM"))}
+    # The settings the checks choose are theirs alone (NUMBA_STREAMSAFE_PURE_PYTHON is kept).
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT)])
     env["MLIR_ROUNDS"] = str(rounds)
     env.update(extra)
@@ -292,6 +334,11 @@ def versions(rounds: int) -> str:
                     out.append(f"{lib} NOT FOUND ({type(exc).__name__})")
         except Exception as exc:
             out.append(f"cuda.pathfinder: {exc}")
+        try:
+            import numba_streamsafe.compiled as c
+            out.append(f"numba_streamsafe engine: {sorted(set(c.engine_builds().values()))}")
+        except Exception as exc:
+            out.append(f"numba_streamsafe: {type(exc).__name__}: {exc}")
         print("\\n".join(out))
     ''')
     proc = subprocess.run([sys.executable, "-c", code], env=child_env({}, rounds),
