@@ -30,6 +30,19 @@ interpreter and prints a table (and ``DIR/mlir_gpu_check.json``, DIR being
   must stop with the library's one-line error.
 - **numba-cuda beside it**: a numba-cuda tracked kernel in a process that uses
   numba-cuda-mlir with the plugin.
+
+The carried files are made on any machine (the 71 MB wheel packs into 46.1 MB, in
+two parts of 28 MiB and 16 MiB)::
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d DIR numba-cuda-mlir==0.6.0
+    unzip -q DIR/numba_cuda_mlir-0.6.0-cp312-*.whl -d X
+    N=numba_cuda_mlir-0.6.0-cp312.tar.xz
+    tar --sort=name --owner=0 --group=0 --numeric-owner -C X -cf - numba_cuda_mlir \
+        numba_cuda_mlir-0.6.0.dist-info | xz --x86 --lzma2=preset=9e,dict=192MiB > $N
+    mkdir -p .whl-mlir/1 .whl-mlir/2
+    head -c 29360128 $N > .whl-mlir/1/$N.1of2 && tail -c +29360129 $N > .whl-mlir/2/$N.2of2
+    sha256sum $N | tee .whl-mlir/1/$N.sha256 > .whl-mlir/2/$N.sha256
 """
 
 from __future__ import annotations
