@@ -61,8 +61,8 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
     Given a numba-cuda-mlir context (``from numba_cuda_mlir import cuda``,
     which loads the plugin through the same hook), it makes the plugin on
     numba-cuda-mlir's classes instead, which allocates the same way; the
-    settings that cannot work there (transparent mode, check mode) are
-    refused (:mod:`numba_streamsafe.numba.mlir`).
+    settings that cannot work there (transparent mode, check mode, the
+    simulated driver) are refused (:mod:`numba_streamsafe.numba.mlir`).
     """
 
     #: Marks the plugin for the simulator's ``set_memory_manager`` stand-in.

@@ -625,7 +625,8 @@ def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> An
     Raises
     ------
     InvalidArgument
-        An unknown access name (the message names the fix).
+        An unknown access name (the message names the fix), or a kernel
+        written for numba-cuda-mlir (tracked kernels compile with numba-cuda).
     """
     if func is None:
         return lambda f: TrackedKernel(f, **options)
