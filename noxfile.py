@@ -1,4 +1,4 @@
-"""Nox sessions: tests, numba_cuda, lint, typecheck, gpu, bench, demo, docs, wheel."""
+"""Nox sessions: tests, numba_cuda, mlir, lint, typecheck, gpu, bench, demo, docs, wheel."""
 
 from __future__ import annotations
 
@@ -45,6 +45,22 @@ def numba_cuda(session: nox.Session, release: str) -> None:
     session.run("python", "-c", "from importlib.metadata import version as v; "
                 "print('numba-cuda', v('numba-cuda'), 'numba', v('numba'))")
     session.run("pytest", "-q", *session.posargs)
+
+
+#: The numba-cuda-mlir release the mlir session checks against.
+NUMBA_CUDA_MLIR = "numba-cuda-mlir==0.6.0"
+
+
+@nox.session
+def mlir(session: nox.Session) -> None:
+    """numba-cuda-mlir beside numba-cuda, on the CPU: its vendored driver loads the
+    plugin, which allocates from the runtime, and what cannot work under it is refused
+    (tests/numba/test_mlir.py; numba-cuda-mlir has no simulator, so nothing runs on a
+    device). On a GPU: ``python3 scripts/mlir_gpu_check.py``."""
+    session.install("-e", ".[test,cpu]", NUMBA_CUDA_MLIR)
+    session.run("python", "-c", "from importlib.metadata import version as v; "
+                "print('numba-cuda-mlir', v('numba-cuda-mlir'), 'numba-cuda', v('numba-cuda'))")
+    session.run("pytest", "-q", *(session.posargs or ["tests/numba/test_mlir.py"]))
 
 
 @nox.session

@@ -41,7 +41,7 @@ else:  # Numba's simulator has no memory managers: stand-ins, so imports work th
 
 from numba_streamsafe.core.errors import StreamSafeError
 from numba_streamsafe.core.streams import LEGACY_DEFAULT, PER_THREAD_DEFAULT
-from numba_streamsafe.numba import sim_plugin, target
+from numba_streamsafe.numba import mlir, sim_plugin, target
 from numba_streamsafe.numba import transparent as _transparent
 from numba_streamsafe.numba.scope import per_thread as _scopes
 from numba_streamsafe.runtime import RUNTIMES, DeviceRuntime, get_runtime
@@ -57,10 +57,22 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
 
     Host (pinned, mapped) allocations are left to
     :class:`numba.cuda.HostOnlyCUDAMemoryManager`.
+
+    Given a numba-cuda-mlir context (``from numba_cuda_mlir import cuda``,
+    which loads the plugin through the same hook), it makes the plugin on
+    numba-cuda-mlir's classes instead, which allocates the same way; the
+    settings that cannot work there (transparent mode, check mode, the
+    simulated driver) are refused (:mod:`numba_streamsafe.numba.mlir`).
     """
 
     #: Marks the plugin for the simulator's ``set_memory_manager`` stand-in.
     _nss_plugin = True
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        context = kwargs.get("context")
+        if mlir.is_mlir_context(context):  # numba-cuda-mlir's driver asks: its own plugin
+            return mlir.memory_manager(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

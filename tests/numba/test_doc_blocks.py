@@ -21,7 +21,8 @@ PRELUDE = Path(__file__).parents[1] / "helpers" / "doc_prelude.py"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 NEEDS = {"cupy": "cupy", "torch": "torch", "dask_cuda": "dask_cuda",
          "cuda.core": "a GPU (cuda.core)", "CUDA_VISIBLE_DEVICES": "a cluster of GPUs",
-         "distributed": "distributed", "plot": "matplotlib", "rmm": "rmm"}
+         "distributed": "distributed", "plot": "matplotlib", "rmm": "rmm",
+         "numba_cuda_mlir": "a GPU (numba-cuda-mlir has no simulator)"}
 #: Modules whose absence skips a block (the others need a GPU whatever is installed).
 MODULES = {
     "cupy": "cupy", "torch": "torch", "dask_cuda": "dask_cuda", "distributed": "distributed",

@@ -25,7 +25,7 @@ from numba_streamsafe.core.errors import (
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.uses import Uses
-from numba_streamsafe.numba import arrays, target
+from numba_streamsafe.numba import arrays, mlir, target
 from numba_streamsafe.numba.accesses import access_check
 from numba_streamsafe.numba.accesses.inference import infer_params
 from numba_streamsafe.numba.launch import launch_plan, launcher
@@ -154,6 +154,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         if check_access is not None and not isinstance(check_access, bool):
             raise InvalidArgument(f"{name}: check_access is True, False or None, "
                                   f"got {check_access!r}")
+        mlir.check_kernel(func)
         params = self._parse_access(func, access if isinstance(access, Mapping) else {})
         if signature is None:
             dispatcher = cuda.jit(**jit_options)(func)
@@ -624,7 +625,8 @@ def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> An
     Raises
     ------
     InvalidArgument
-        An unknown access name (the message names the fix).
+        An unknown access name (the message names the fix), or a kernel
+        written for numba-cuda-mlir (tracked kernels compile with numba-cuda).
     """
     if func is None:
         return lambda f: TrackedKernel(f, **options)
