@@ -195,6 +195,13 @@ def try_wheel(wheel: Path, deps: Path, tmp: Path, pure: bool) -> None:
     print(f"  engine: {engine['state']}")
     assert location.startswith("<venv>") and install["simulator start-up hook"] == "installed", (
         install)
+    # The hook at work: a program that only imports numba.cuda, with the plugin selected
+    # on the simulator, has the library loaded (Numba's simulator never loads plugins).
+    loaded = _run([python, "-c", "import sys; from numba import cuda; "
+                   "print('numba_streamsafe' in sys.modules)"], cwd=tmp,
+                  env=_env(NUMBA_ENABLE_CUDASIM="1", NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe"))
+    print(f"  plugin loaded by the hook under the simulator: {loaded.strip().splitlines()[-1]}")
+    assert loaded.strip().endswith("True"), loaded
     builds = set(engine["modules"].values())
     if pure:
         assert engine["state"].startswith("not built: the pure-Python wheel"), engine
