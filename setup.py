@@ -2,14 +2,17 @@
 
 The engine's modules (ENGINE below) are Cython pure-Python sources: where
 Cython and a C compiler are present the build compiles them, and where not
-the package installs and runs them as Python. Everything else is in
-pyproject.toml.
+the package installs and runs them as Python. ``NUMBA_STREAMSAFE_BUILD=python``
+builds the pure-Python wheel (``py3-none-any``): no extension, and a mark in
+the package that says the Python build was chosen (numba_streamsafe/compiled.py).
+Everything else is in pyproject.toml.
 """
 
 import ast
 import os
 import shutil
 import sys
+from typing import Any
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -67,38 +70,75 @@ def _editable_command() -> dict:
     return {"editable_wheel": EditableWithHook}
 
 
-class BuildPyWithPth(build_py):
-    """build_py that also puts the simulator's start-up hook at the top of the
-    installed tree (a ``.pth`` file runs its import line at interpreter start)."""
-
-    def run(self) -> None:
-        super().run()
-        shutil.copyfile(PTH, os.path.join(self.build_lib, PTH))
-
-    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
-
-
-def _engine() -> list[str]:
-    """The engine's source files: ``ENGINE`` of numba_streamsafe/compiled.py
-    (read, not imported: the package's dependencies need not be installed yet)."""
+def _compiled_constant(name: str) -> Any:
+    """A constant of numba_streamsafe/compiled.py (read, not imported: the
+    package's dependencies need not be installed yet)."""
     with open(os.path.join("numba_streamsafe", "compiled.py")) as f:
         tree = ast.parse(f.read())
     for node in tree.body:
         if isinstance(node, ast.AnnAssign | ast.Assign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "ENGINE" for t in targets):
-                modules = ast.literal_eval(node.value)
-                return [m.replace(".", "/") + ".py" for m in modules]
-    raise RuntimeError("numba_streamsafe/compiled.py defines no ENGINE")
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return ast.literal_eval(node.value)
+    raise RuntimeError(f"numba_streamsafe/compiled.py defines no {name}")
 
 
 #: The engine: modules compiled from their own (pure-Python mode) source.
-ENGINE = _engine()
+ENGINE = [m.replace(".", "/") + ".py" for m in _compiled_constant("ENGINE")]
+
+#: The builds ``NUMBA_STREAMSAFE_BUILD`` names: the engine compiled where a compiler is
+#: present (the default), or the pure-Python wheel.
+BUILDS = ("compiled", "python")
+
+
+def _build() -> str:
+    """The build asked for by ``NUMBA_STREAMSAFE_BUILD``; a value it does not take
+    stops the build with one line that says which it takes."""
+    value = os.environ.get("NUMBA_STREAMSAFE_BUILD", "").strip().lower() or "compiled"
+    if value not in BUILDS:
+        sys.exit(f"error: NUMBA_STREAMSAFE_BUILD={value!r} is not a build of numba_streamsafe: "
+                 "set it to 'python' for the pure-Python wheel (py3-none-any), or to "
+                 "'compiled' or nothing for the compiled engine")
+    return value
+
+
+#: Whether this is the pure-Python build (``NUMBA_STREAMSAFE_BUILD=python``).
+PYTHON_BUILD = _build() == "python"
+
+
+class BuildPyWithPth(build_py):
+    """build_py that also puts the simulator's start-up hook at the top of the
+    installed tree (a ``.pth`` file runs its import line at interpreter start)
+    and, in the pure-Python build, the mark that says so into the package."""
+
+    def run(self) -> None:
+        super().run()
+        shutil.copyfile(PTH, os.path.join(self.build_lib, PTH))
+        mark = self._mark()
+        if mark is not None:
+            with open(mark, "w") as f:
+                f.write("Built with NUMBA_STREAMSAFE_BUILD=python: the engine runs as Python "
+                        "(numba_streamsafe/compiled.py).\n")
+
+    def _mark(self) -> str | None:
+        """The pure-Python build's mark in the built tree; None in the other build,
+        and in an editable install (which runs the source tree)."""
+        if not PYTHON_BUILD or getattr(self, "editable_mode", False):
+            return None
+        return os.path.join(self.build_lib, "numba_streamsafe",
+                            _compiled_constant("PYTHON_BUILD_MARK"))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        mark = self._mark()
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH),
+                *([mark] if mark is not None else [])]
 
 
 def engine_extensions() -> list[Extension]:
-    """The engine's extensions, or none where Cython is not installed."""
+    """The engine's extensions, or none in the pure-Python build or where Cython
+    is not installed."""
+    if PYTHON_BUILD:
+        return []
     try:
         from Cython.Build import cythonize
     except ImportError:

@@ -64,7 +64,7 @@ from numba_streamsafe.runtime import (
 
 __version__ = "0.1.0"
 
-if not _compiled.pure_python and not sys.modules[
+if not (_compiled.pure_python or _compiled.python_build) and not sys.modules[
         "numba_streamsafe.resources.tracking.rules"].COMPILED:
     import warnings
 

@@ -244,11 +244,15 @@ def _runtime_version() -> str:
 
 def _engine() -> dict[str, Any]:
     import numba_streamsafe.numba.launch.launcher as launcher
-    from numba_streamsafe.compiled import engine_builds, pure_python
+    from numba_streamsafe.compiled import engine_builds, pure_python, python_build
 
     builds = engine_builds()
     if pure_python:
         state = "not in use (NUMBA_STREAMSAFE_PURE_PYTHON=1)"
+    elif python_build:
+        state = ("not built: the pure-Python wheel (py3-none-any) runs the engine as Python, "
+                 "with slower launches; a manylinux wheel has it compiled, and so does "
+                 "pip install --no-binary numba-streamsafe with a C compiler")
     elif not all(b.startswith("compiled") for b in builds.values()):
         state = ("WARNING: not built (no C compiler or no Cython at install time?): the engine "
                  "runs as Python, with slower launches; reinstall with a C compiler")

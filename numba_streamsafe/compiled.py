@@ -12,6 +12,12 @@ the ``.py`` file; where it was not, the ``.py`` file runs as it is.
 ``NUMBA_STREAMSAFE_PURE_PYTHON=1`` (read when the package is imported) runs
 the source even where the compiled modules are built: the reference the
 compiled build is tested against, and a way to rule it out.
+
+The pure-Python wheel (``py3-none-any``, built with
+``NUMBA_STREAMSAFE_BUILD=python``) has no compiled module by choice: its
+build writes :data:`PYTHON_BUILD_MARK` beside this module, and
+:data:`python_build` reads it, so that the package does not warn of a
+compiled engine it was never meant to have.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from types import ModuleType
 from numba_streamsafe.core.errors import InvalidSetting
 from numba_streamsafe.core.settings import flag, reporting
 
-__all__ = ["ENGINE", "pure_python", "engine_builds"]
+__all__ = ["ENGINE", "PYTHON_BUILD_MARK", "pure_python", "python_build", "engine_builds"]
 
 #: The modules compiled from their own source where a compiler is present.
 ENGINE = ("numba_streamsafe._driver.libcuda", "numba_streamsafe._driver.observer",
@@ -53,8 +59,16 @@ def _asked() -> bool:
         return False
 
 
+#: The file that a build without the compiled engine (``NUMBA_STREAMSAFE_BUILD=python``:
+#: the pure-Python wheel) writes into the package, beside this module.
+PYTHON_BUILD_MARK = "PYTHON_BUILD"
+
 #: Whether the Python source was asked for (``NUMBA_STREAMSAFE_PURE_PYTHON``).
 pure_python = _asked()
+
+#: Whether this installation was built without the compiled engine by choice
+#: (the pure-Python wheel): its engine runs as Python, and that is no fault.
+python_build = os.path.isfile(os.path.join(os.path.dirname(__file__), PYTHON_BUILD_MARK))
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

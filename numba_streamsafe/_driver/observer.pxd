@@ -3,7 +3,8 @@
 # cimports this file, so the observer's state exists once in the process.
 
 cdef extern from "observer_cupti.h":
-    int nss_start(const char *path, int frames)
+    int nss_start(size_t subscribe_fn, size_t enable_fn, size_t name_fn,
+                  size_t unsubscribe_fn, size_t result_fn, int frames)
     const char *nss_reason()
     int nss_stop()
     int nss_enabled_kinds()

@@ -81,6 +81,10 @@ _running = False
 #: Why the observer is not running (None while it runs, or before the first try).
 _reason: str | None = None
 _slots: dict[int, Slot] = {}
+#: The functions of CUPTI's callback API the observer calls (their addresses go to C).
+_CUPTI = ("cuptiSubscribe", "cuptiEnableCallback", "cuptiGetCallbackName", "cuptiUnsubscribe",
+          "cuptiGetResultString")
+_libraries: list = []
 
 
 def find_cupti() -> str | None:
@@ -132,7 +136,15 @@ def start(frames: int = 16) -> str | None:
             _reason = ("no CUPTI library was found; install the nvidia-cuda-cupti wheel for "
                        "your CUDA version or set NUMBA_STREAMSAFE_CUPTI to libcupti's path")
             return _reason
-        rc: cython.int = _start(path, frames)
+        try:
+            library = ctypes.CDLL(path)
+            entries = [ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0
+                       for name in _CUPTI]
+        except (OSError, AttributeError) as exc:
+            _reason = f"{path} cannot be used ({exc})"
+            return _reason
+        _libraries.append(library)  # loaded for good: CUPTI calls back into it
+        rc: cython.int = _start(entries, frames)
         if rc == 0:
             _running = True
             _reason = None
@@ -149,9 +161,9 @@ def start(frames: int = 16) -> str | None:
 
 
 @cython.cfunc
-def _start(path: str, frames: cython.int) -> cython.int:
-    encoded: bytes = os.fsencode(path)
-    return nss_start(encoded, frames)  # type: ignore[name-defined]  # noqa: F821
+def _start(entries: list, frames: cython.int) -> cython.int:
+    return nss_start(entries[0], entries[1], entries[2], entries[3],  # type: ignore[name-defined]  # noqa: F821,E501
+                     entries[4], frames)
 
 
 @cython.cfunc

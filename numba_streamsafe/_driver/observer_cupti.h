@@ -13,13 +13,13 @@
  *
  * CUPTI's types are declared here as the few fields read; its callback ids
  * are found by name (cuptiGetCallbackName) when the observer starts, so no
- * CUDA or CUPTI header is needed to build. libcupti is opened with dlopen at
- * start, from a path the Python side found.
+ * CUDA or CUPTI header is needed to build. The Python side loads libcupti
+ * (ctypes) and hands the addresses of the five functions used to nss_start:
+ * nothing here links to the dynamic loader.
  */
 #ifndef NSS_OBSERVER_CUPTI_H
 #define NSS_OBSERVER_CUPTI_H
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -118,7 +118,7 @@ typedef int (*nss_unsubscribe_fn)(void *);
 typedef int (*nss_result_fn)(int, const char **);
 
 static struct {
-    void *lib;
+    nss_name_fn name_of;
     void *subscriber;
     nss_enable_cb_fn enable;
     nss_unsubscribe_fn unsubscribe;
@@ -376,31 +376,28 @@ static void nss_callback(void *userdata, int domain, uint32_t cbid, const void *
     nss_push(context, &rec, kind == NSS_K_COPY || kind == NSS_K_MEMSET);
 }
 
-/* Open libcupti at `path`, subscribe, and enable the callbacks of nss_table.
- * Returns 0, or a CUPTI result code (39: another subscriber holds CUPTI), or
- * -1 when the library or one of its functions cannot be found. */
 static const char *nss_why = NULL;
 
 /* Why the last nss_start failed (NULL: it did not). */
 static const char *nss_reason(void) { return nss_why; }
 
-static int nss_start(const char *path, int frames) {
+/* Subscribe through the CUPTI functions given, and enable the callbacks of nss_table.
+ * Returns 0, or a CUPTI result code (39: another subscriber holds CUPTI), or
+ * -1 when one of the functions is missing. */
+
+static int nss_start(size_t subscribe_fn, size_t enable_fn, size_t name_fn,
+                     size_t unsubscribe_fn, size_t result_fn, int frames) {
+    nss_subscribe_fn subscribe = (nss_subscribe_fn)subscribe_fn;
+    nss_name_fn name_of = (nss_name_fn)name_fn;
     const char **why = &nss_why;
-    nss_subscribe_fn subscribe;
-    nss_name_fn name_of;
     int rc;
     uint32_t cbid;
     *why = NULL;
     if (nss_obs.running) return 0;
-    if (nss_obs.lib == NULL) {
-        nss_obs.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-        if (nss_obs.lib == NULL) { *why = dlerror(); return -1; }
-    }
-    subscribe = (nss_subscribe_fn)dlsym(nss_obs.lib, "cuptiSubscribe");
-    nss_obs.enable = (nss_enable_cb_fn)dlsym(nss_obs.lib, "cuptiEnableCallback");
-    name_of = (nss_name_fn)dlsym(nss_obs.lib, "cuptiGetCallbackName");
-    nss_obs.unsubscribe = (nss_unsubscribe_fn)dlsym(nss_obs.lib, "cuptiUnsubscribe");
-    nss_obs.result_string = (nss_result_fn)dlsym(nss_obs.lib, "cuptiGetResultString");
+    nss_obs.enable = (nss_enable_cb_fn)enable_fn;
+    nss_obs.unsubscribe = (nss_unsubscribe_fn)unsubscribe_fn;
+    nss_obs.result_string = (nss_result_fn)result_fn;
+    nss_obs.name_of = name_of;
     if (!subscribe || !nss_obs.enable || !name_of || !nss_obs.unsubscribe) {
         *why = "libcupti lacks the callback API";
         return -1;
@@ -517,10 +514,8 @@ static int nss_slot_for(unsigned long long context) {
 
 static const char *nss_callback_name(int cbid) {
     const char *name = NULL;
-    nss_name_fn name_of;
-    if (nss_obs.lib == NULL) return NULL;
-    name_of = (nss_name_fn)dlsym(nss_obs.lib, "cuptiGetCallbackName");
-    if (name_of == NULL || name_of(NSS_DOMAIN_DRIVER, (uint32_t)cbid, &name) != 0) return NULL;
+    if (nss_obs.name_of == NULL || nss_obs.name_of(NSS_DOMAIN_DRIVER, (uint32_t)cbid, &name) != 0)
+        return NULL;
     return name;
 }
 

@@ -76,7 +76,8 @@ _ON = ("1", "true", "yes", "on")
 _OFF = ("0", "false", "no", "off")
 #: Variables read outside :class:`Settings` (by the module named).
 _READ_ELSEWHERE = ("NUMBA_STREAMSAFE_PURE_PYTHON",  # numba_streamsafe.compiled
-                   "NUMBA_STREAMSAFE_CUPTI")  # numba_streamsafe._driver.observer (a path)
+                   "NUMBA_STREAMSAFE_CUPTI",  # numba_streamsafe._driver.observer (a path)
+                   "NUMBA_STREAMSAFE_BUILD")  # setup.py, at build time
 
 
 def _refused(name: str, value: str, allowed: tuple[str, ...], message: str) -> InvalidSetting:
