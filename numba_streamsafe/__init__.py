@@ -88,7 +88,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.e
 #: Check mode (``NUMBA_STREAMSAFE_MODE=check``): the races of the whole process
 #: are reported (raised at the first, or summarised at exit), and the program's
 #: own ordering made through Numba is followed from the Numba layer's first use.
+#: On the simulator the hazards its checker finds that no race check collected
+#: are summarised at exit.
 try:
+    _races.start_reports()
     _CHECK = _races.start_check_mode() is not None
 except InvalidArgument:  # a bad setting: refused where a runtime is built, not at import
     _CHECK = False

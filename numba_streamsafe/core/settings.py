@@ -40,7 +40,17 @@ variable                                  meaning
 ``NUMBA_STREAMSAFE_CHECK_REPORT``         in check mode, ``raise`` (default): the launch
                                           or copy that makes the first race raises
                                           ``RaceDetected``; ``exit``: every race is
-                                          collected and summarised when the process exits
+                                          collected and summarised when the process
+                                          exits, which then exits with status 1 if any
+                                          was found (on the simulator outside check
+                                          mode: the status of the exit summary)
+``NUMBA_STREAMSAFE_STACK_DEPTH``          the user's frames a race report keeps of each
+                                          side's stack, the allocation's and the free's:
+                                          an int from 0 to 256 (default 8; 0: no line)
+``NUMBA_STREAMSAFE_REPORT_FILE``          a path: each race reported is appended to it
+                                          as one line of JSON (both sides, their
+                                          stacks and streams, the allocation, the fix);
+                                          unset: no file
 ========================================  ===============================================
 """
 
@@ -51,10 +61,27 @@ import threading
 from dataclasses import dataclass
 
 from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.sites import DEFAULT_DEPTH, set_stack_depth
 
 __all__ = ["Settings", "settings", "reload_settings"]
 
 _OFF = ("0", "false", "no", "off")
+
+#: The most frames a stack keeps (``NUMBA_STREAMSAFE_STACK_DEPTH``).
+_MAX_DEPTH = 256
+
+
+def _count(name: str, default: int, high: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= high:
+        raise InvalidArgument(f"{name}={raw!r}: use an int from 0 to {high} (or unset it)")
+    return value
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -81,6 +108,8 @@ class Settings:
     transparent: bool = True
     mode: str = "order"
     check_report: str = "raise"
+    stack_depth: int = DEFAULT_DEPTH
+    report_file: str | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -108,6 +137,8 @@ class Settings:
             not in _OFF,
             mode=_choice("NUMBA_STREAMSAFE_MODE", "order", ("order", "check")),
             check_report=_choice("NUMBA_STREAMSAFE_CHECK_REPORT", "raise", ("raise", "exit")),
+            stack_depth=_count("NUMBA_STREAMSAFE_STACK_DEPTH", DEFAULT_DEPTH, _MAX_DEPTH),
+            report_file=os.environ.get("NUMBA_STREAMSAFE_REPORT_FILE", "").strip() or None,
         )
 
 
@@ -124,8 +155,10 @@ def settings() -> Settings:
 
 
 def reload_settings() -> Settings:
-    """Read the environment again and return the new settings."""
+    """Read the environment again and return the new settings (the race
+    reports' stack depth takes effect at once)."""
     global _current
     with _lock:
         _current = Settings.from_env()
+        set_stack_depth(_current.stack_depth)
         return _current

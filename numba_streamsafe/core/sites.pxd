@@ -1,3 +1,8 @@
 # C declarations of sites.py for its compiled build (see resources/tracking/marks.pxd).
 
-cpdef object user_site()
+cdef Py_ssize_t _depth
+cdef int _USER
+cdef int _SKIP
+cdef int _STOP
+
+cpdef tuple user_stack()
