@@ -85,9 +85,10 @@ class Block:
     keep : object
         Of a borrowed block: what keeps the memory alive (the producer's
         objects) until the release is complete; None otherwise.
-    allocated, freed : tuple of (str, int)
-        The user's stacks (:mod:`numba_streamsafe.core.sites`) where the
-        block was allocated (or borrowed) and where its free was asked for,
+    allocated, freed : tuple
+        The user's stacks where the block was allocated (or borrowed) and
+        where its free was asked for, as
+        :func:`~numba_streamsafe.core.sites.capture_stack` captures them,
         kept only where races are reported; empty otherwise.
     """
 

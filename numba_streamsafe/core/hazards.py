@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from numba_streamsafe.core.sites import Stack
+from numba_streamsafe.core.sites import Stack, resolve_stack
 from numba_streamsafe.core.streams import StreamOrigin, stream_origin
 
 __all__ = ["Hazard", "Side", "NUMBA", "TRACKED", "FREE", "site_text"]
@@ -50,8 +50,12 @@ _DEFAULT_STREAMS = {0: "the legacy default stream", 1: "the legacy default strea
 
 
 def site_text(stack: Stack | None) -> str | None:
-    """``file:line`` of the innermost frame of ``stack`` (None: no frame)."""
-    return f"{stack[0][0]}:{stack[0][1]}" if stack else None
+    """``file:line`` of the innermost frame of ``stack`` (either form, see
+    :func:`~numba_streamsafe.core.sites.resolve_stack`; None: no frame)."""
+    if not stack:
+        return None
+    path, line = resolve_stack(stack[:2])[0]
+    return f"{path}:{line}"
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,9 @@ class Side:
     origin: StreamOrigin | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        # A stack the launch paths captured is resolved into pairs now (a race is
+        # reported); the stream's origin is looked up while the handle is its.
+        object.__setattr__(self, "stack", resolve_stack(self.stack))
         if self.origin is None and self.stream is not None:
             object.__setattr__(self, "origin", stream_origin(self.stream))
 
@@ -118,6 +125,10 @@ class Hazard:
     nbytes: int = 0
     allocated: Stack = ()
     freed: Stack = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allocated", resolve_stack(self.allocated))
+        object.__setattr__(self, "freed", resolve_stack(self.freed))
 
     def __str__(self) -> str:
         where = f"{self.address:#x}" + (f" (+{self.nbytes} B)" if self.nbytes else "")

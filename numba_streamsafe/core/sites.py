@@ -3,18 +3,23 @@ calling thread's stack (a *stack*), for the race reports (check mode's, a
 race check's and the simulator's).
 
 A stack is a tuple of ``(file name, line)`` pairs, the innermost frame
-first, of at most :func:`stack_depth` frames (``NUMBA_STREAMSAFE_STACK_DEPTH``).
-The user's frames are those outside this package, Numba and the installed
-libraries (the ``site-packages`` Numba is installed in) and the standard
-library; the walk stops at a test runner's frames (pytest's, pluggy's,
-``runpy``'s), below which no frame is the user's. A stack is captured as
-plain values, with no text made: the reports format it when a race is
-reported (:mod:`numba_streamsafe.core.hazards`).
+first, of at most :func:`stack_depth` frames (``NUMBA_STREAMSAFE_STACK_DEPTH``):
+what :func:`user_stack` returns, and what the reports and whoever feeds them
+(a driver-level observer, say) hand around. The user's frames are those
+outside this package, Numba and the installed libraries (the
+``site-packages`` Numba is installed in) and the standard library; the walk
+stops at a test runner's frames (pytest's, pluggy's, ``runpy``'s), below
+which no frame is the user's.
+
+The launch paths capture with :func:`capture_stack` instead, which makes no
+text and looks up no line: a flat tuple ``(code, offset, code, offset, ...)``
+of each frame's code object and last instruction. :func:`resolve_stack`
+turns it into the pairs when a race is reported, and takes either form.
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
-pure-Python mode (C declarations in ``sites.pxd``): check mode's compiled
-launch captures the stack of every launch, since a race found later names
-the earlier side.
+pure-Python mode (C declarations in ``sites.pxd``, with the compiled walk
+over the frames): check mode's compiled launch captures the stack of every
+launch, since a race found later names the earlier side.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import sysconfig
 
 import cython
 
-__all__ = ["user_stack", "set_stack_depth", "stack_depth", "Stack", "DEFAULT_DEPTH",
-           "COMPILED"]
+__all__ = ["capture_stack", "user_stack", "resolve_stack", "set_stack_depth", "stack_depth",
+           "Stack", "DEFAULT_DEPTH", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -99,29 +104,74 @@ def stack_depth() -> int:
 
 
 @cython.ccall
+def capture_stack() -> tuple:
+    """The calling thread's user frames, innermost first, at most
+    :func:`stack_depth` of them, unresolved: ``(code, offset, ...)`` (an empty
+    tuple where none is found). No text is made and no line looked up; each
+    file name is classified once. :func:`resolve_stack` gives the pairs."""
+    if _depth <= 0:
+        return ()
+    if cython.compiled:
+        return nss_capture_stack(_kinds, _depth, _kind_of)  # noqa: F821 (sites.pxd)
+    out: list = []
+    n: cython.Py_ssize_t = 0
+    kinds: dict = _kinds
+    frame = sys._getframe(0)  # this function's own: the package's, skipped
+    while frame is not None and n < _depth:
+        code = frame.f_code
+        kind = kinds.get(code.co_filename)
+        if kind is None:
+            kind = kinds[code.co_filename] = _kind_of(code.co_filename)
+        if kind == _STOP:
+            break
+        if kind == _USER:
+            out.append(code)
+            out.append(frame.f_lasti)
+            n += 1
+        frame = frame.f_back  # type: ignore[assignment]
+    return tuple(out)
+
+
 def user_stack() -> tuple:
     """The calling thread's stack: ``(file, line)`` of each of the user's
     frames, innermost first, at most :func:`stack_depth` of them (an empty
-    tuple where none is found). No text is made; each file name is looked at
-    once."""
-    out: list = []
-    n: cython.Py_ssize_t = 0
-    depth: cython.Py_ssize_t = _depth
-    if depth <= 0:
+    tuple where none is found)."""
+    return resolve_stack(capture_stack())
+
+
+#: ``(code, offset)`` -> its line, for :func:`resolve_stack` (the code objects
+#: are kept by the stacks that name them).
+_lines: dict = {}
+
+
+def resolve_stack(stack: tuple | None) -> tuple:
+    """``stack`` as ``(file, line)`` pairs: a stack :func:`capture_stack`
+    made is resolved; pairs (or None: an empty stack) are returned as they are."""
+    if not stack:
         return ()
-    kinds: dict = _kinds
-    frame = sys._getframe(0)  # this function's own when run as Python: the package's
-    while frame is not None:
-        name = frame.f_code.co_filename
-        kind = kinds.get(name)
-        if kind is None:
-            kind = kinds[name] = _kind_of(name)
-        if kind == _USER:
-            out.append((name, frame.f_lineno))
-            n += 1
-            if n >= depth:
-                break
-        elif kind == _STOP:
-            break
-        frame = frame.f_back  # type: ignore[assignment]
+    if stack[0].__class__ is tuple:
+        return stack
+    out = []
+    for i in range(0, len(stack) - 1, 2):
+        code, offset = stack[i], stack[i + 1]
+        out.append((code.co_filename, _line_of(code, offset)))
     return tuple(out)
+
+
+def _line_of(code: object, offset: int) -> int:
+    """The line of the instruction at byte ``offset`` of ``code`` (as
+    ``frame.f_lineno`` reads it)."""
+    key = (code, offset)
+    line = _lines.get(key)
+    if line is None:
+        line = 0
+        for start, end, number in code.co_lines():  # type: ignore[attr-defined]
+            if start <= offset < end:
+                line = number if number is not None else 0
+                break
+        if not line:
+            line = code.co_firstlineno  # type: ignore[attr-defined]
+        if len(_lines) > 65536:
+            _lines.clear()
+        _lines[key] = line
+    return line  # type: ignore[no-any-return]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from numba_streamsafe.core.errors import InvalidArgumentType
-from numba_streamsafe.core.sites import Stack, user_stack
+from numba_streamsafe.core.sites import Stack, resolve_stack, user_stack
 
 __all__ = [
     "StreamRef",
@@ -169,7 +169,7 @@ def note_stream_created(handle: int, library: str, stack: Stack | None = None) -
     StreamOrigin
         What is now known of the handle.
     """
-    origin = StreamOrigin(library, user_stack() if stack is None else stack)
+    origin = StreamOrigin(library, user_stack() if stack is None else resolve_stack(stack))
     _origins[handle] = origin
     return origin
 
@@ -188,7 +188,8 @@ def note_stream_seen(handle: int, how: str, stack: Stack | None = None,
     known = _origins.get(handle)
     if known is not None:
         return known
-    origin = StreamOrigin(library, user_stack() if stack is None else stack, how)
+    origin = StreamOrigin(library, user_stack() if stack is None else resolve_stack(stack),
+                          how)
     return _origins.setdefault(handle, origin)
 
 

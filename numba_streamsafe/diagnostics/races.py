@@ -23,8 +23,8 @@ from numba_streamsafe.core.errors import RaceDetected
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.runtime import get_runtime, installed_devices, installed_runtime
 
-__all__ = ["RaceCheck", "race_check", "hazards", "start_check_mode", "start_reports",
-           "set_report_context", "claim", "EXIT_STATUS"]
+__all__ = ["RaceCheck", "race_check", "watching", "hazards", "start_check_mode",
+           "start_reports", "set_report_context", "claim", "claimed", "EXIT_STATUS"]
 
 #: The exit status of a process whose exit report found races, where
 #: ``NUMBA_STREAMSAFE_CHECK_REPORT=exit`` asks for one.
@@ -193,29 +193,37 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     ...     produce[grid, block, a](x)
     ...     consume[grid, block, b](x, y)            # raises RaceDetected if unordered
     """
-    watched = _watch()
     check = RaceCheck(stop_at_first)
+    with watching(check, warn_stacklevel=5):
+        yield check
+    if stop_at_first and check.hazards:
+        raise RaceDetected(check.hazards[0])
+
+
+@contextlib.contextmanager
+def watching(check: RaceCheck, warn_stacklevel: int = 3) -> Iterator[RaceCheck]:
+    """Collect into ``check`` every hazard found inside the block, where
+    :func:`race_check` looks (it runs its block in this): the installed
+    runtimes watched on a GPU in ordering mode, every hazard told as it is
+    found (a ``check.stop_at_first`` check raises at the first), and those
+    found at frees collected when the block ends, whether it raised or not.
+    Warns (at ``warn_stacklevel``) where nothing can be checked."""
+    watched = _watch()
     config = settings()
     if not _systems() and config.driver != "sim" and config.mode != "check":
         warnings.warn("race_check(): no runtime uses the simulated driver, so nothing is "
                       "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
                       "find races on the CPU, or set NUMBA_STREAMSAFE_MODE=check to find "
-                      "them on a GPU", RuntimeWarning, stacklevel=3)
+                      "them on a GPU", RuntimeWarning, stacklevel=warn_stacklevel)
     sim.watchers.append(check)
-    failed = False
     try:
         yield check
-    except BaseException:
-        failed = True
-        raise
     finally:
         sim.watchers.remove(check)
         for resource in watched:  # its races found at frees since the last launch too
             resource.watch_races(False)
         for system in _systems():
             check.collect(system)
-    if not failed and stop_at_first and check.hazards:
-        raise RaceDetected(check.hazards[0])
 
 
 # ------------------------------------------------------------ the process's report
@@ -247,12 +255,18 @@ def claim(found: list[sim.Hazard]) -> None:
             _claimed[id(hazard)] = hazard
 
 
-def _found(hazard: sim.Hazard, claimed: bool) -> None:
+def claimed(hazard: sim.Hazard) -> bool:
+    """Whether ``hazard`` was collected by a race check's block (or
+    :func:`claim` ed): reported there, not by the process's exit report."""
+    return id(hazard) in _claimed
+
+
+def _found(hazard: sim.Hazard, own: bool) -> None:
     """A race check collected ``hazard``: claim it where its block reports
-    it, and write it to the report file the first time."""
+    it (``own``), and write it to the report file the first time."""
     global _file_failed
     with _found_lock:
-        if claimed:
+        if own:
             _claimed[id(hazard)] = hazard
         if id(hazard) in _written:
             return

@@ -36,7 +36,7 @@ from numba_streamsafe.core.errors import (
     OutOfMemory,
     StreamSafeError,
 )
-from numba_streamsafe.core.sites import user_stack
+from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.deferred import DeferredFrees
@@ -374,7 +374,7 @@ class AsyncResource(MemoryResource):
         Where races are reported the block keeps the user's stack (and a
         checking driver is told it)."""
         if self._sites:
-            block.allocated = user_stack()
+            block.allocated = capture_stack()
             if self.driver.traces_accesses:
                 self.driver.trace_sites(block.ptr, allocated=block.allocated)
         mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
@@ -550,7 +550,7 @@ class AsyncResource(MemoryResource):
         if block.__class__ is not Block:
             check_block(block, "deallocate")
         if self._sites and not block.freed:
-            block.freed = user_stack()  # where the free was asked for, for the reports
+            block.freed = capture_stack()  # where the free was asked for, for the reports
         with self._lock:
             self._deallocate_locked(block)
         if self.marks.races:
@@ -608,7 +608,7 @@ class AsyncResource(MemoryResource):
         if block.__class__ is not Block:
             check_block(block, "defer_free")
         if self._sites:
-            block.freed = user_stack()  # the user's line that dropped it, for the reports
+            block.freed = capture_stack()  # the user's line that dropped it, for the reports
         self._deferred_queue.append(block)  # DeferredFrees.push, inline
         if tracehook.active is not None:
             tracehook.active.deferred(self, block)
@@ -673,7 +673,7 @@ class AsyncResource(MemoryResource):
             block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                           self._table.epoch, _LIVE, stream_owner, True, keep)
             if self._sites:  # where it was handed over: the reports' allocation site
-                block.allocated = user_stack()
+                block.allocated = capture_stack()
                 self.driver.trace_sites(ptr, allocated=block.allocated)
             mark = self._ready_mark(stream, stream_owner, self.driver.release_foreign, ptr)
             self._table.add(block, mark, self.marks)

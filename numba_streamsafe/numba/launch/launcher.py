@@ -23,7 +23,7 @@ import cython
 from numba_streamsafe._driver import libcuda
 from numba_streamsafe._driver.libcuda import launch_entry
 from numba_streamsafe.core.errors import InvalidArgument
-from numba_streamsafe.core.sites import user_stack
+from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
@@ -342,7 +342,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         e0 = len(log.seals)
     what = None
     if book.checking or book.reporting:  # the reports name the kernel, its arguments, the line
-        what = (state.label, user_stack(), (state.names, arrays), state.library)
+        what = (state.label, capture_stack(), (state.names, arrays), state.library)
     lock.take()
     try:
         if handle in state.destroyed:

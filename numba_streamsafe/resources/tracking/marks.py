@@ -248,7 +248,9 @@ def set_work(what: Any) -> None:
     (kept on the marks, named in the reports), where the caller does not hand
     it to the rules itself. ``what`` is ``(label, stack, names, library)``:
     the kernel or copy; the user's stack where it was queued (``(file,
-    line)`` pairs, innermost first: :func:`~numba_streamsafe.core.sites.user_stack`);
+    line)`` pairs, innermost first, or as
+    :func:`~numba_streamsafe.core.sites.capture_stack` captures it, resolved
+    when a race is reported);
     what names its arguments (a :class:`~numba_streamsafe.core.uses.Uses`
     with names, a direct launch's ``(names, arrays)``, or None); and who
     queued it (``"numba_streamsafe"``, ``"numba"``, another library's name,
