@@ -11,6 +11,10 @@ GPU. Without a manager selected this module only reads the variable; with
 one, whether the simulator is on is read when ``numba.cuda`` loads. The
 package's wheel and its editable install both put the ``.pth`` file beside
 it (``setup.py``).
+
+PYTEST_DONT_REWRITE: the package declares a pytest plugin, so pytest marks
+its modules for assertion rewriting; this one is imported before pytest
+starts, and the marker keeps pytest from warning that it cannot rewrite it.
 """
 
 from __future__ import annotations

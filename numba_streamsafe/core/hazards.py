@@ -102,8 +102,8 @@ class Side:
     def __str__(self) -> str:
         what = f"{self.label!r}" + (f" argument {self.param!r}" if self.param else "")
         where = "the host" if self.stream is None else f"stream {self.stream:#x}"
-        site = self.site
-        return what + f" on {where}" + (f" (called at {site})" if site else "")
+        at = f" (called at {_shown_site(self.stack)})" if self.stack else ""
+        return what + f" on {where}" + at
 
 
 @dataclass(frozen=True)
@@ -221,9 +221,12 @@ def _shown(path: str) -> str:
 
 
 def _stack_lines(stack: Stack) -> list[str]:
-    """One line per frame: ``file:line`` and its source line where readable."""
+    """One line per frame: ``file:line`` and its source line where readable
+    (a frame at the line of the one before it, a comprehension's, is shown once)."""
     out = []
-    for path, line in stack:
+    for i, (path, line) in enumerate(stack):
+        if i and stack[i - 1] == (path, line):
+            continue
         source = linecache.getline(path, line).strip()
         where = f"{_shown(path)}:{line}"
         out.append(f"      {where}" + (f"   {source}" if source else ""))
