@@ -127,7 +127,7 @@ class RacePlugin:
                     warnings.warn(pytest.PytestWarning(
                         "numba_streamsafe: no race can be found in this process (no GPU, and "
                         "not Numba's CUDA simulator), so no test fails for one; run under "
-                        "NUMBA_ENABLE_CUDASIM=1 to check on the CPU"))
+                        "NUMBA_ENABLE_CUDASIM=1 to check on the CPU"), stacklevel=2)
         finally:
             races.set_report_context(None)
         found = [h for h in check.hazards if not races.claimed(h)]

@@ -112,7 +112,8 @@ def capture_stack() -> tuple:
     if _depth <= 0:
         return ()
     if cython.compiled:
-        return nss_capture_stack(_kinds, _depth, _kind_of)  # noqa: F821 (sites.pxd)
+        return nss_capture_stack(  # type: ignore[name-defined]  # noqa: F821 (sites.pxd)
+            _kinds, _depth, _kind_of)
     out: list = []
     n: cython.Py_ssize_t = 0
     kinds: dict = _kinds

@@ -79,7 +79,7 @@ def assert_full_report(hazard, kind: str) -> None:
     assert text.startswith(f"race: {hazard}")
     assert "first (write): " in text and "second (read): " in text, text
     assert f"{name}:{line('helper call')}   produce(kind, a, x)  # <helper call>" in text, text
-    assert f"memory allocated at:\n      " in text, text
+    assert "memory allocated at:\n      " in text, text
     assert f"made by numba at {os.path.relpath(HERE)}:{line('streams')}" in text, text
     fix = hazard.fix()
     assert fix and f"fix: {fix}" in text
