@@ -299,13 +299,9 @@ def _event_calls(library: str | None, first: int, second: int) -> tuple[str, str
 
 
 def _sync(side: Side) -> str:
-    if side.library == "cupy":
-        return f"<stream {side.stream:#x}>.synchronize()"
-    if side.library == "torch":
-        return f"<stream {side.stream:#x}>.synchronize()"
+    """The host's wait for ``side``'s stream (every library names it so)."""
     stream = side.stream if side.stream is not None else 0
-    return (f"{_numba_stream(stream)}.synchronize()" if stream > 2
-            else "cuda.synchronize()")
+    return f"<stream {stream:#x}>.synchronize()" if stream > 2 else "cuda.synchronize()"
 
 
 def _stack_record(stack: Stack) -> list[list[Any]]:
