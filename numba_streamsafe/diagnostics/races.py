@@ -90,7 +90,9 @@ def hazards() -> list[sim.Hazard]:
     races their resources reported, on a GPU in ordering mode those the
     :func:`race_check` blocks found, else those their simulated drivers
     found. Each names both accesses: ``h.first`` and ``h.second`` (kernel or
-    copy, argument, stream, the ``file:line`` of the user's call).
+    copy, argument, stream, the user's stack where it was queued, who made
+    the stream); ``h.allocated`` is the memory's allocation, ``h.report()``
+    the full report with the fix, ``h.record()`` the same as a JSON object.
 
     Returns
     -------
@@ -145,9 +147,9 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
     ``stop_at_first`` (the default), the kernel or copy whose access makes the
     first one raises :class:`~numba_streamsafe.core.errors.RaceDetected` (a
     hazard found at a free is raised at the next launch or copy, or when the
-    block ends). The message and ``err.hazard`` name both accesses: the
-    kernel or copy, the argument, the stream and the ``file:line`` of the
-    call in your code.
+    block ends). The message (``err.hazard.report()``) and ``err.hazard``
+    name both accesses: the kernel or copy, the argument, the stream and the
+    stack of the call in your code; where the memory was allocated; and the fix.
 
     Where the checks run:
 
