@@ -113,21 +113,19 @@ class RacePlugin:
         error: BaseException | None = None
         races.set_report_context(item.nodeid)
         try:
-            with warnings.catch_warnings(record=self.active is None) as caught:
-                with races.watching(check):
-                    try:
-                        result = yield
-                    except BaseException as exc:  # the phase's own failure
-                        error = exc
-                    _flush()
-            if self.active is None:
-                self.active = not any("nothing is checked" in str(w.message)
-                                      for w in caught or ())
-                if not self.active:
-                    warnings.warn(pytest.PytestWarning(
-                        "numba_streamsafe: no race can be found in this process (no GPU, and "
-                        "not Numba's CUDA simulator), so no test fails for one; run under "
-                        "NUMBA_ENABLE_CUDASIM=1 to check on the CPU"), stacklevel=2)
+            with races.watching(check, warn_stacklevel=None):
+                if self.active is None:
+                    self.active = races.checking_anything()
+                    if not self.active:
+                        warnings.warn(pytest.PytestWarning(
+                            "numba_streamsafe: no race can be found in this process (no GPU, "
+                            "and not Numba's CUDA simulator), so no test fails for one; run "
+                            "under NUMBA_ENABLE_CUDASIM=1 to check on the CPU"), stacklevel=2)
+                try:
+                    result = yield
+                except BaseException as exc:  # the phase's own failure
+                    error = exc
+                _flush()
         finally:
             races.set_report_context(None)
         found = [h for h in check.hazards if not races.claimed(h)]

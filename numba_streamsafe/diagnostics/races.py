@@ -23,8 +23,9 @@ from numba_streamsafe.core.errors import RaceDetected
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.runtime import get_runtime, installed_devices, installed_runtime
 
-__all__ = ["RaceCheck", "race_check", "watching", "hazards", "start_check_mode",
-           "start_reports", "set_report_context", "claim", "claimed", "EXIT_STATUS"]
+__all__ = ["RaceCheck", "race_check", "watching", "checking_anything", "hazards",
+           "start_check_mode", "start_reports", "set_report_context", "claim", "claimed",
+           "EXIT_STATUS"]
 
 #: The exit status of a process whose exit report found races, where
 #: ``NUMBA_STREAMSAFE_CHECK_REPORT=exit`` asks for one.
@@ -202,17 +203,24 @@ def race_check(*, stop_at_first: bool = True) -> Iterator[RaceCheck]:
         raise RaceDetected(check.hazards[0])
 
 
+def checking_anything() -> bool:
+    """Whether a race check finds races here now: a simulated driver or a
+    checking resource reports, or a GPU runtime in ordering mode is watched."""
+    config = settings()
+    return bool(_systems()) or config.driver == "sim" or config.mode == "check"
+
+
 @contextlib.contextmanager
-def watching(check: RaceCheck, warn_stacklevel: int = 3) -> Iterator[RaceCheck]:
+def watching(check: RaceCheck, warn_stacklevel: int | None = 3) -> Iterator[RaceCheck]:
     """Collect into ``check`` every hazard found inside the block, where
     :func:`race_check` looks (it runs its block in this): the installed
     runtimes watched on a GPU in ordering mode, every hazard told as it is
     found (a ``check.stop_at_first`` check raises at the first), and those
     found at frees collected when the block ends, whether it raised or not.
-    Warns (at ``warn_stacklevel``) where nothing can be checked."""
+    Warns (at ``warn_stacklevel``; None: never) where nothing can be checked
+    (:func:`checking_anything`)."""
     watched = _watch()
-    config = settings()
-    if not _systems() and config.driver != "sim" and config.mode != "check":
+    if warn_stacklevel is not None and not checking_anything():
         warnings.warn("race_check(): no runtime uses the simulated driver, so nothing is "
                       "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
                       "find races on the CPU, or set NUMBA_STREAMSAFE_MODE=check to find "
