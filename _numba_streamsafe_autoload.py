@@ -19,6 +19,10 @@ program runs on Numba's CUDA simulator, as if ``NUMBA_ENABLE_CUDASIM=1`` had
 been given, and one line on standard error says so. Where the library is
 there, loadable or not, nothing changes: a GPU whose setup is broken gets
 Numba's own error, never the simulator in its place.
+
+PYTEST_DONT_REWRITE: the package declares a pytest plugin, so pytest marks
+its modules for assertion rewriting; this one is imported before pytest
+starts, and the marker keeps pytest from warning that it cannot rewrite it.
 """
 
 from __future__ import annotations

@@ -92,7 +92,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0") and os.e
 #: own ordering made through Numba is followed from the Numba layer's first use.
 #: Every setting is read here: a bad one is refused now, in one line
 #: (InvalidSetting), also when Numba imports this package as its memory manager.
+#: On the simulator the hazards its checker finds that no race check collected
+#: are summarised at exit.
 try:
+    _races.start_reports()
     _CHECK = _races.start_check_mode() is not None
 except InvalidSetting:
     if not _settings.reporting():

@@ -38,7 +38,7 @@ from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, PeerAccessRequired, StreamMisuse
-from numba_streamsafe.core.sites import site_text, user_site
+from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.uses import CopyUses, Uses
 from numba_streamsafe.resources.tracking.marks import set_work
 
@@ -123,7 +123,7 @@ def trace(rt: DeviceRuntime, stream: int, uses: Uses, label: str) -> None:
     driver = rt.driver
     if driver.traces_accesses:
         driver.trace_access(stream, access_list(uses), label, copy=uses.copy,
-                            site=site_text(user_site()))
+                            stack=capture_stack(), library=uses.library)
 
 
 def access_list(uses: Uses) -> list[tuple[Any, ...]]:
@@ -272,8 +272,8 @@ def fenced(rt: DeviceRuntime, stream: int, uses: Uses, label: str, strict: bool,
         work, args = _in_order, (rt, stream, uses, label, work, args)  # type: ignore[assignment]
     if not blocks:
         return work(*args)
-    if rt.observing:  # the race reports name the work and the user's line
-        set_work((label, user_site(), uses))
+    if rt.observing:  # the race reports name the work, the user's stack, who queued it
+        set_work((label, capture_stack(), uses, uses.library))
         try:
             return rt.resource.fenced(blocks, stream, owner, work, args)  # type: ignore[no-any-return]
         finally:

@@ -18,7 +18,10 @@ from numba_streamsafe.core.streams import (
     CU_STREAM_LEGACY,
     MAX_DEFAULT_STREAM,
     StreamRef,
+    forget_stream,
     is_default_stream,
+    note_stream_created,
+    note_stream_seen,
     stream_handle,
 )
 from numba_streamsafe.resources import MemoryResource
@@ -127,6 +130,7 @@ class StreamRegistry:
                 # Numba's cuda.stream() makes blocking streams: so does its stand-in here.
                 handle = self.driver.create_stream(blocking=True)
                 self._made[stream] = handle
+                _note_origin(handle, stream)
                 # When the object dies, so does its stream (no use refers to it then:
                 # a recorded use keeps its stream object alive).
                 self._finalizers[handle] = weakref.finalize(stream, self._dead.append, handle)
@@ -192,6 +196,8 @@ class StreamRegistry:
             self.resource.retire_stream(
                 handle, None if owned_elsewhere else self.driver.destroy_stream)
         self._keys.pop(handle, None)  # other devices' uses by it keep its old key
+        if not owned_elsewhere:  # destroyed here: CUDA may give its handle to another
+            forget_stream(handle)
         self._checked.discard(handle)
         if stream.__class__ is not int and not owned_elsewhere:
             # A stream object whose stream was made here, and is gone now: the
@@ -245,3 +251,16 @@ class StreamRegistry:
         their handles (checked again, with new keys)."""
         self._checked.clear()
         self._keys.clear()
+
+
+def _note_origin(handle: int, stream: Any) -> None:
+    """Note who made the stream ``handle`` made for the object ``stream`` (the
+    race reports name it): its library (the top package of its type), and the
+    user's stack the object kept where it was made (``_nss_origin``), else
+    where it is first used (now)."""
+    library = type(stream).__module__.partition(".")[0] or None
+    made_at = getattr(stream, "_nss_origin", None)
+    if made_at is not None and library is not None:
+        note_stream_created(handle, library, made_at)
+    else:
+        note_stream_seen(handle, "first used", library=library)

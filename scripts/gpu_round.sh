@@ -296,10 +296,14 @@ check)
     # `NSS_SUITE_ENV="NUMBA_STREAMSAFE_MODE=check" scripts/gpu_round.sh numba-suite`.
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
     NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-30} run check_tests python3 -m pytest -m gpu -q \
-        -p no:cacheprovider tests/gpu/test_check_mode_gpu.py tests/gpu/test_transparent_gpu.py -rs
+        -p no:cacheprovider tests/gpu/test_check_mode_gpu.py tests/gpu/test_transparent_gpu.py \
+        tests/gpu/test_pytest_plugin_gpu.py tests/gpu/test_race_reports_gpu.py -rs
     tail -n 3 "$OUT/check_tests.log"
     run check_mode python3 benchmarks/check_mode.py --rounds "${ROUNDS:-5}"
     tail -n 8 "$OUT/check_mode.log"
+    # The stack capture check mode makes at every launch, on this host's CPU.
+    run stack_capture python3 benchmarks/stack_capture.py
+    cat "$OUT/stack_capture.log"
     if [[ -n ${SELF_BEFORE:-} ]]; then
         (cd "$SELF_BEFORE" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace) \
             > "$OUT/build_before.log" 2>&1

@@ -224,12 +224,22 @@ class Driver(Protocol):
         ...
 
     def trace_access(self, stream: int, accesses: Any, label: str, *,
-                     copy: bool = False, site: str | None = None) -> None:
+                     copy: bool = False, stack: tuple = (),
+                     library: str | None = None) -> None:
         """Tell a checking backend that work on ``stream`` touches ``accesses``.
 
-        ``accesses`` is a sequence of ``(ptr, nbytes, Access)``. The CUDA
+        ``accesses`` is a sequence of ``(ptr, nbytes, Access)`` (or with the
+        argument's name fourth). ``stack`` is the user's stack where the work
+        was queued and ``library`` who queued it, for the reports. The CUDA
         backend does nothing; the simulated backend checks happens-before, and
         that a kernel (``copy`` False) touches memory of another device only
         with peer access.
         """
+        ...
+
+    def trace_sites(self, ptr: int, *, allocated: tuple | None = None,
+                    freed: tuple | None = None) -> None:
+        """Tell a checking backend where the user's code allocated (or freed)
+        the memory at ``ptr``, as stacks, for the reports of its hazards. The
+        CUDA backend does nothing."""
         ...

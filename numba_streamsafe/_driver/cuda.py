@@ -529,8 +529,14 @@ class CudaDriver:
             )
 
     def trace_access(self, stream: int, accesses: Iterable[tuple[Any, ...]],
-                     label: str, *, copy: bool = False, site: str | None = None) -> None:
+                     label: str, *, copy: bool = False, stack: tuple = (),
+                     library: str | None = None) -> None:
         """No checking on real hardware; use the simulated driver in tests."""
+        return None
+
+    def trace_sites(self, ptr: int, *, allocated: tuple | None = None,
+                    freed: tuple | None = None) -> None:
+        """No checking on real hardware (the tracking resource keeps the sites)."""
         return None
 
     def register_foreign(self, ptr: int, nbytes: int, stream: int) -> None:

@@ -221,6 +221,7 @@ class SimDriver:
             self._enter("cuMemFreeAsync")
             chunk = self.memory.live_chunk(ptr, "cuMemFreeAsync")
             op = self._enqueue(stream, "cuMemFreeAsync", "cuMemFreeAsync")
+            op.stack = chunk.freed
             self.checker.check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
             self.memory.pool(chunk, op)
 
@@ -231,6 +232,7 @@ class SimDriver:
             # cuMemFree synchronises the device before releasing the memory.
             self._join_device()
             op = self._host_op("cuMemFree")
+            op.stack = chunk.freed
             self.checker.check(chunk, chunk.base, chunk.nbytes, Access.WRITE, op)
             self.memory.release(chunk, op)
 
@@ -426,10 +428,12 @@ class SimDriver:
         return self.checker.hazards
 
     def trace_access(self, stream: int, accesses: Iterable[tuple[Any, ...]],
-                     label: str, *, copy: bool = False, site: str | None = None) -> None:
+                     label: str, *, copy: bool = False, stack: tuple = (),
+                     library: str | None = None) -> None:
         """Check a kernel or copy on ``stream`` that touches ``accesses``:
         ``(ptr, nbytes, access)`` or ``(ptr, nbytes, access, argument name)``.
-        ``site`` is the ``file:line`` of the user's call, for the reports.
+        ``stack`` (the user's frames, :mod:`numba_streamsafe.core.sites`) and
+        ``library`` (who queued it) are for the reports.
 
         Memory of another device of the system is checked too; a kernel
         (``copy`` False) that touches it without peer access
@@ -444,8 +448,8 @@ class SimDriver:
         """
         with self._lock:
             op = self._enqueue(stream, label, "launch")
-            if site is not None:
-                op = dataclasses.replace(op, site=site)
+            op.stack = stack
+            op.library = library
             self._trace(accesses, op, peer_checked=not copy)
         if watchers:
             tell_watchers(self.system)
@@ -464,7 +468,7 @@ class SimDriver:
             op = dataclasses.replace(base, param=entry[3]) if len(entry) > 3 else base
             device, chunk = self._owner_of(ptr)
             if chunk is None or not chunk.live:
-                checker.report("use-after-free", ptr, "the free", str(op))
+                checker.report("use-after-free", ptr, "the free", str(op), chunk, op)
                 continue
             if peer_checked and device != self.device and not self.can_access(device):
                 checker.report("no-peer-access", ptr, f"memory of device {device}",
@@ -472,6 +476,22 @@ class SimDriver:
             if ptr + nbytes > chunk.base + chunk.nbytes:
                 checker.report("out-of-bounds", ptr, f"allocation of {chunk.nbytes} B", str(op))
             checker.check(chunk, ptr, nbytes, access, op)
+
+    def trace_sites(self, ptr: int, *, allocated: tuple | None = None,
+                    freed: tuple | None = None) -> None:
+        """Tell the checker where the user's code allocated the memory at
+        ``ptr`` (``allocated``) or freed it (``freed``, named by its next
+        free), as stacks (:mod:`numba_streamsafe.core.sites`); the hazards
+        of that memory name them. Memory the model does not know is ignored."""
+        with self._lock:
+            chunk = self._owner_of(ptr)[1]
+            if chunk is None or chunk.base != ptr:
+                return
+            if allocated is not None:
+                chunk.allocated = allocated
+                chunk.freed = ()
+            if freed is not None:
+                chunk.freed = freed
 
     def assert_no_hazards(self) -> None:
         """Raise ``AssertionError`` listing every hazard seen so far."""

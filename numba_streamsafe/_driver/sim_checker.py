@@ -31,10 +31,21 @@ class HappensBefore:
         self.hazards = hazards
         self._ordered = ordered
 
-    def report(self, kind: str, ptr: int, earlier: str, later: str) -> None:
+    def report(self, kind: str, ptr: int, earlier: str, later: str,
+               chunk: Chunk | None = None, op: Op | None = None) -> None:
         """Report a hazard found outside the shadows (a use after free, an
-        access out of bounds or without peer access)."""
-        self.hazards.append(Hazard(kind, ptr, earlier, later))
+        access out of bounds or without peer access). With the ``chunk``
+        the access was to and its ``op``, a use after free names the free
+        as its first side and both sides' stacks, and every hazard the
+        memory's allocation (and free)."""
+        if chunk is None:
+            self.hazards.append(Hazard(kind, ptr, earlier, later))
+            return
+        first = second = None
+        if kind == "use-after-free" and op is not None and chunk.free_op is not None:
+            first, second = chunk.free_op.side(), op.side()
+        self.hazards.append(Hazard(kind, ptr, earlier, later, first, second, 0,
+                                   chunk.allocated, chunk.freed if not chunk.live else ()))
 
     def check(self, chunk: Chunk, ptr: int, nbytes: int, access: Access, op: Op) -> None:
         """Check ``op``'s ``access`` to ``nbytes`` at ``ptr`` against the earlier
@@ -66,7 +77,8 @@ class HappensBefore:
         for earlier, (kind, first, end) in found.values():
             if not self._ordered(earlier, op):
                 self.hazards.append(Hazard(kind, chunk.base + first, str(earlier), str(op),
-                                           earlier.side(), op.side(), end - first))
+                                           earlier.side(), op.side(), end - first,
+                                           chunk.allocated, chunk.freed))
 
     def assert_none(self) -> None:
         """Raise ``AssertionError`` listing every hazard seen so far."""

@@ -73,6 +73,7 @@ class SimPool:
                 chunk.live = True
                 chunk.nbytes = nbytes
                 chunk.free_op = None
+                chunk.allocated = chunk.freed = ()  # a new allocation: told anew
                 break
         else:
             chunk = self.new_chunk(nbytes, host_clock, call)

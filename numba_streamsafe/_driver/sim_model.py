@@ -14,6 +14,7 @@ from numba_streamsafe._driver.base import (
     CUDA_ERROR_INVALID_VALUE,
 )
 from numba_streamsafe.core.errors import DriverError
+from numba_streamsafe.core.hazards import Hazard, Side, site_text
 
 __all__ = ["SimSystem", "Hazard", "Side", "HOST", "LEGACY_STREAM", "PER_THREAD_STREAM", "ALIGN",
            "INVALID_DEVICE", "watchers", "Op", "SimStream", "Chunk", "round_capacity",
@@ -31,46 +32,6 @@ ALIGN = 256
 INVALID_DEVICE = 101
 
 
-@dataclass(frozen=True)
-class Side:
-    """One access of a hazard: the kernel or copy (``label``), the argument
-    (``param``, None when unknown), the stream handle (None: the host) and the
-    ``file:line`` of the user's call that queued it (``site``, None when unknown)."""
-
-    label: str
-    param: str | None
-    stream: int | None
-    site: str | None
-
-    def __str__(self) -> str:
-        what = f"{self.label!r}" + (f" argument {self.param!r}" if self.param else "")
-        where = "the host" if self.stream is None else f"stream {self.stream:#x}"
-        return what + f" on {where}" + (f" (called at {self.site})" if self.site else "")
-
-
-@dataclass(frozen=True)
-class Hazard:
-    """An unordered pair of conflicting accesses: ``earlier`` and ``later``
-    describe them in words; ``first`` and ``second`` (when both are accesses
-    the driver saw queued) name the kernel or copy, argument, stream and the
-    user's call of each."""
-
-    kind: str
-    address: int
-    earlier: str
-    later: str
-    first: Side | None = None
-    second: Side | None = None
-    #: Bytes from ``address`` that both accesses touch (0: not known).
-    nbytes: int = 0
-
-    def __str__(self) -> str:
-        where = f"{self.address:#x}" + (f" (+{self.nbytes} B)" if self.nbytes else "")
-        if self.first is not None and self.second is not None:
-            return f"{self.kind} at {where}: {self.first} is not ordered before {self.second}"
-        return f"{self.kind} at {where}: {self.earlier} is not ordered before {self.later}"
-
-
 #: Race checks in progress (``numba_streamsafe.race_check``): each gets every
 #: hazard found while it is active.
 watchers: list[Any] = []
@@ -85,17 +46,21 @@ class Op:
     label: str
     handle: int = HOST
     param: str | None = None
-    site: str | None = None
+    #: The user's stack where it was queued (:mod:`numba_streamsafe.core.sites`).
+    stack: tuple = ()
+    #: Who queued it (:attr:`numba_streamsafe.core.hazards.Side.library`).
+    library: str | None = None
 
     def __str__(self) -> str:
         where = "host" if self.stream == HOST else f"stream {self.handle:#x}"
         arg = f" argument {self.param!r}" if self.param else ""
-        at = f" called at {self.site}" if self.site else ""
+        site = site_text(self.stack)
+        at = f" called at {site}" if site else ""
         return f"{self.label!r}{arg} (#{self.seq} on {where}{at})"
 
     def side(self) -> Side:
         return Side(self.label, self.param, None if self.stream == HOST else self.handle,
-                    self.site)
+                    self.stack, self.library)
 
 
 class SimStream:
@@ -152,7 +117,7 @@ class _Shadow:
 
 class Chunk:
     __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "shadow",
-                 "external")
+                 "external", "allocated", "freed")
 
     def __init__(self, base: int, capacity: int, buffer: Any, external: bool = False) -> None:
         self.base = base
@@ -165,6 +130,10 @@ class Chunk:
         #: Memory another library allocated, registered while it is borrowed
         #: (:meth:`SimDriver.register_foreign`): not the pool's.
         self.external = external
+        #: The user's stacks where the memory was allocated and freed, as the
+        #: resource tells them (:meth:`SimDriver.trace_sites`); the hazards name them.
+        self.allocated: tuple = ()
+        self.freed: tuple = ()
 
 
 class SimSystem:

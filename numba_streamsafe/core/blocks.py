@@ -85,6 +85,11 @@ class Block:
     keep : object
         Of a borrowed block: what keeps the memory alive (the producer's
         objects) until the release is complete; None otherwise.
+    allocated, freed : tuple
+        The user's stacks where the block was allocated (or borrowed) and
+        where its free was asked for, as
+        :func:`~numba_streamsafe.core.sites.capture_stack` captures them,
+        kept only where races are reported; empty otherwise.
     """
 
     ptr: int
@@ -99,6 +104,8 @@ class Block:
     stream_owner: Any = field(default=None, repr=False)
     borrowed: bool = False
     keep: Any = field(default=None, repr=False)
+    allocated: tuple = field(default=(), repr=False)
+    freed: tuple = field(default=(), repr=False)
 
     @property
     def id(self) -> BlockId:

@@ -232,17 +232,19 @@ class AccessWarning(UserWarning):
 
 
 class RaceDetected(StreamSafeError, AssertionError):
-    """The simulated driver found two conflicting accesses that are not
-    ordered, inside ``numba_streamsafe.race_check()``.
+    """Two conflicting accesses that are not ordered, found inside
+    ``numba_streamsafe.race_check()`` (or in check mode).
 
     ``hazard`` holds both accesses (``hazard.first``, ``hazard.second``: kernel
-    or copy, argument, stream, and the ``file:line`` of the user's call).
+    or copy, argument, stream, the user's stack where each was queued); the
+    message is its full report (``hazard.report()``: both stacks, where the
+    memory was allocated, who made each stream, and the fix).
     """
 
     def __init__(self, hazard: object) -> None:
         self.hazard = hazard
-        super().__init__(f"race: {hazard}. Order the second after the first (declare the "
-                         "argument's access, launch on one stream, or use a tracked copy)")
+        report = getattr(hazard, "report", None)
+        super().__init__(report() if callable(report) else f"race: {hazard}")
 
 
 class GraphCaptureError(StreamMisuse):

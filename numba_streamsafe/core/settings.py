@@ -54,7 +54,17 @@ variable                                  meaning
 ``NUMBA_STREAMSAFE_CHECK_REPORT``         in check mode, ``raise`` (default): the launch
                                           or copy that makes the first race raises
                                           ``RaceDetected``; ``exit``: every race is
-                                          collected and summarised when the process exits
+                                          collected and summarised when the process
+                                          exits, which then exits with status 1 if any
+                                          was found (on the simulator outside check
+                                          mode: the status of the exit summary)
+``NUMBA_STREAMSAFE_STACK_DEPTH``          the user's frames a race report keeps of each
+                                          side's stack, the allocation's and the free's:
+                                          an int from 0 to 256 (default 8; 0: no line)
+``NUMBA_STREAMSAFE_REPORT_FILE``          a path: each race reported is appended to it
+                                          as one line of JSON (both sides, their
+                                          stacks and streams, the allocation, the fix);
+                                          unset: no file
 ========================================  ===============================================
 """
 
@@ -67,6 +77,7 @@ import threading
 from dataclasses import dataclass, fields
 
 from numba_streamsafe.core.errors import InvalidSetting, show_in_one_line
+from numba_streamsafe.core.sites import DEFAULT_DEPTH, set_stack_depth
 
 __all__ = ["Settings", "settings", "reload_settings", "flag", "PREFIX", "reporting"]
 
@@ -91,6 +102,24 @@ def _bad_value(name: str, value: str, allowed: tuple[str, ...]) -> InvalidSettin
     return _refused(name, value, allowed,
                     f"{name}={value!r} is not one of its values: use {', '.join(first)} or "
                     f"{last} (or unset it)")
+
+#: The most frames a stack keeps (``NUMBA_STREAMSAFE_STACK_DEPTH``).
+_MAX_DEPTH = 256
+
+
+def _count(name: str, default: int, high: int) -> int:
+    given = os.environ.get(name, "").strip()
+    if not given:
+        return default
+    try:
+        value = int(given)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= high:
+        raise _refused(name, given, (f"0 to {high}",),
+                       f"{name}={given!r} is not one of its values: use an int from 0 to "
+                       f"{high} (or unset it)")
+    return value
 
 
 def _choice(name: str, default: str, allowed: tuple[str, ...]) -> str:
@@ -179,6 +208,8 @@ class Settings:
     mode: str = "order"
     check_report: str = "raise"
     observe: str = "auto"
+    stack_depth: int = DEFAULT_DEPTH
+    report_file: str | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -208,6 +239,8 @@ class Settings:
             mode=_choice("NUMBA_STREAMSAFE_MODE", "order", ("order", "check")),
             check_report=_choice("NUMBA_STREAMSAFE_CHECK_REPORT", "raise", ("raise", "exit")),
             observe=_observe(),
+            stack_depth=_count("NUMBA_STREAMSAFE_STACK_DEPTH", DEFAULT_DEPTH, _MAX_DEPTH),
+            report_file=os.environ.get("NUMBA_STREAMSAFE_REPORT_FILE", "").strip() or None,
         )
 
     @property
@@ -237,7 +270,8 @@ def settings() -> Settings:
 
 
 def reload_settings() -> Settings:
-    """Read the environment again and return the new settings.
+    """Read the environment again and return the new settings (the race
+    reports' stack depth takes effect at once).
 
     Raises
     ------
@@ -248,4 +282,5 @@ def reload_settings() -> Settings:
     global _current
     with _lock:
         _current = Settings.from_env()
+        set_stack_depth(_current.stack_depth)
         return _current

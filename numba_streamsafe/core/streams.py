@@ -1,17 +1,31 @@
-"""One normal form for the stream objects users hold.
+"""One normal form for the stream objects users hold, and who made each stream.
 
 :func:`stream_handle` turns a Numba ``Stream``, a ``cuda.core`` ``Stream``, any
 object with ``__cuda_stream__``, a raw integer handle or None (the default
 stream) into the integer ``CUstream`` value the driver takes.
+
+The race reports name each stream's creator: the library that made it and
+the user's line where it was made (a :class:`StreamOrigin`). They are kept
+here per stream handle (a stream is its handle to CUDA, whichever objects
+wrap it): :func:`note_stream_created` records a creation, which whoever sees
+one calls (the Numba layer for ``numba.cuda.stream()``, the runtime for the
+streams it makes for the simulator's stream objects, a driver-level observer
+for any library's ``cuStreamCreate``); :func:`note_stream_seen` records a
+handle first met wrapped (``numba.cuda.external_stream(ptr)``) where no
+creation is known; :func:`stream_origin` reads it back when a race is
+reported. Each call is a dictionary operation (and a stack capture where no
+stack is given), safe from any thread.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from numba_streamsafe.core.errors import InvalidArgumentType
+from numba_streamsafe.core.sites import Stack, resolve_stack, user_stack
 
 __all__ = [
     "StreamRef",
@@ -24,6 +38,11 @@ __all__ = [
     "CU_STREAM_LEGACY",
     "PER_THREAD_DEFAULT",
     "MAX_DEFAULT_STREAM",
+    "StreamOrigin",
+    "note_stream_created",
+    "note_stream_seen",
+    "forget_stream",
+    "stream_origin",
 ]
 
 #: Handle values of the default streams: the legacy default stream (0, or
@@ -138,3 +157,91 @@ def resource_stream(stream: Any, call: str, runtime_call: str = "allocate(nbytes
         f"handle or None): numba_streamsafe.get_runtime().{runtime_call}; or pass the handle: "
         "numba_streamsafe.get_runtime().stream_handle(stream)"
     )
+
+
+# ------------------------------------------------------------ who made a stream
+@dataclass(frozen=True)
+class StreamOrigin:
+    """Who made a stream, as the race reports name it.
+
+    Attributes
+    ----------
+    library : str or None
+        The library that made it (``"numba"``, ``"cupy"``, ``"torch"``,
+        ``"cuda.core"``...); None where only a wrapping of it was seen.
+    stack : tuple of (str, int)
+        The user's frames where it was made (or first seen), innermost
+        first (:func:`~numba_streamsafe.core.sites.user_stack`); empty where
+        not known.
+    how : str
+        ``"made"``, or how the handle was first met where its creation was
+        not seen (say ``"wrapped by numba.cuda.external_stream()"``).
+    """
+
+    library: str | None
+    stack: Stack = ()
+    how: str = "made"
+
+
+#: Stream handle -> its origin (the newest creation noted for the handle).
+_origins: dict[int, StreamOrigin] = {}
+
+
+def note_stream_created(handle: int, library: str, stack: Stack | None = None) -> StreamOrigin:
+    """Note that ``library`` made the stream ``handle``, where the user's
+    ``stack`` says (None: the calling thread's stack now, which is right
+    when called from inside the creating call). It replaces what was known
+    of the handle: CUDA gives a destroyed stream's handle to a new stream.
+
+    Parameters
+    ----------
+    handle : int
+        The ``CUstream`` value.
+    library : str
+        Who made it: ``"numba"``, ``"cupy"``, ``"torch"``, ``"cuda.core"``...
+    stack : tuple of (str, int), optional
+        ``(file, line)`` of the user's frames, innermost first.
+
+    Returns
+    -------
+    StreamOrigin
+        What is now known of the handle.
+    """
+    origin = StreamOrigin(library, user_stack() if stack is None else resolve_stack(stack))
+    _origins[handle] = origin
+    return origin
+
+
+def note_stream_seen(handle: int, how: str, stack: Stack | None = None,
+                     library: str | None = None) -> StreamOrigin:
+    """Note the stream ``handle`` met ``how`` (say ``"wrapped by
+    numba.cuda.external_stream()"``) at the user's ``stack`` (None: now),
+    unless its creation (or an earlier sight) is known already, which is kept.
+
+    Returns
+    -------
+    StreamOrigin
+        What is now known of the handle.
+    """
+    known = _origins.get(handle)
+    if known is not None:
+        return known
+    origin = StreamOrigin(library, user_stack() if stack is None else resolve_stack(stack),
+                          how)
+    return _origins.setdefault(handle, origin)
+
+
+def forget_stream(handle: int, origin: StreamOrigin | None = None) -> None:
+    """Forget the origin of ``handle`` (its stream was destroyed); with
+    ``origin``, only while that is still the one known (a newer stream of
+    the handle keeps its own)."""
+    if origin is None or _origins.get(handle) is origin:
+        _origins.pop(handle, None)
+
+
+def stream_origin(handle: int | None) -> StreamOrigin | None:
+    """What is known of who made the stream ``handle`` (None: nothing, or a
+    default stream, or the host)."""
+    if handle is None:
+        return None
+    return _origins.get(handle)

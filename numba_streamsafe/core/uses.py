@@ -10,8 +10,9 @@ from __future__ import annotations
 from numba_streamsafe.core import tracehook
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
+from numba_streamsafe.core.hazards import NUMBA, TRACKED
 
-__all__ = ["Uses", "CopyUses"]
+__all__ = ["Uses", "CopyUses", "PlainUses"]
 
 
 class Uses:
@@ -32,6 +33,9 @@ class Uses:
     #: Whether the work is a copy, which reaches another device's memory
     #: without peer access (:class:`CopyUses`).
     copy = False
+    #: Who queued the work, as the race reports name it (and write its fix):
+    #: this library's tracked work (:class:`PlainUses`: plain Numba's).
+    library = TRACKED
 
     def __init__(self) -> None:
         self.blocks: list[tuple[Block, Access, int, int]] = []
@@ -88,3 +92,11 @@ class CopyUses(Uses):
 
     __slots__ = ()
     copy = True
+
+
+class PlainUses(Uses):
+    """The buffers of a plain Numba kernel's launch (transparent mode): the
+    race reports advise an event for them, not an annotation."""
+
+    __slots__ = ()
+    library = NUMBA

@@ -16,6 +16,7 @@ from numba import cuda
 
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.streams import stream_handle
+from numba_streamsafe.numba import stream_origins
 from numba_streamsafe.numba.scope import SIMULATOR, current_device
 from numba_streamsafe.runtime import DeviceRuntime, get_runtime, sole_runtime
 
@@ -148,6 +149,9 @@ def numba_stream(stream: Any) -> Any:
         return stream
     return cuda.external_stream(stream_handle(stream))
 
+
+# The race reports name who made each of Numba's streams, from here on.
+stream_origins.install()
 
 if SIMULATOR:
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray as _SimArray

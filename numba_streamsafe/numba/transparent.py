@@ -50,6 +50,7 @@ from typing import Any
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
+from numba_streamsafe.core.hazards import NUMBA
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import default_stream_handle, owns_handle
 from numba_streamsafe.core.uses import CopyUses
@@ -144,6 +145,7 @@ class _NumbaUses(CopyUses):
     resolved on."""
 
     __slots__ = ("rt",)
+    library = NUMBA
 
     def __init__(self, rt: Any) -> None:
         super().__init__()

@@ -38,6 +38,7 @@ from numba_streamsafe.core.errors import (
     OutOfMemory,
     StreamSafeError,
 )
+from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.streams import MAX_DEFAULT_STREAM, resource_stream
 from numba_streamsafe.resources.base import MemoryResource, ResourceStats, Use
 from numba_streamsafe.resources.deferred import DeferredFrees
@@ -256,6 +257,10 @@ class AsyncResource(MemoryResource):
             system = getattr(driver, "system", None)
             if system is not None:
                 system.reports = False
+        #: Whether blocks keep the user's stacks where they were allocated and
+        #: freed, for the race reports: check mode, a race check watching
+        #: (:meth:`watch_races`), or a driver that checks accesses (told them).
+        self._sites = bool(opts.check or driver.traces_accesses)
         self._reaper = Reaper(driver, self._lock, self._free, opts.reuse_bytes)
         # Read (never written) on every allocation and free.
         self._pending = self._reaper.pending
@@ -484,7 +489,13 @@ class AsyncResource(MemoryResource):
         return block
 
     def _register(self, block: Block, stream: int, stream_owner: Any) -> None:
-        """Make ``block`` live, ready after its allocation; caller holds the lock."""
+        """Make ``block`` live, ready after its allocation; caller holds the lock.
+        Where races are reported the block keeps the user's stack (and a
+        checking driver is told it)."""
+        if self._sites:
+            block.allocated = capture_stack()
+            if self.driver.traces_accesses:
+                self.driver.trace_sites(block.ptr, allocated=block.allocated)
         mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
         table = self._table
         table.add(block, mark, self.marks)
@@ -596,8 +607,10 @@ class AsyncResource(MemoryResource):
                 if not marks.reporting:  # the uses from here on get marks after the point
                     marks.report_from = marks.program_point_all()
                 marks.reporting += 1
+                self._sites = True
             elif marks.reporting:
                 marks.reporting -= 1
+                self._sites = bool(marks.reporting or self.driver.traces_accesses)
             races = marks.take_races() if not marks.reporting else []
         if races and self.race_log is not None:
             self.race_log.add(races)  # found at a free after the block's last launch
@@ -655,6 +668,8 @@ class AsyncResource(MemoryResource):
     def deallocate(self, block: Block) -> None:
         if block.__class__ is not Block:
             check_block(block, "deallocate")
+        if self._sites and not block.freed:
+            block.freed = capture_stack()  # where the free was asked for, for the reports
         with self._lock:
             self._deallocate_locked(block)
         if self.marks.races:
@@ -676,6 +691,8 @@ class AsyncResource(MemoryResource):
         owner = block.stream_owner
         keep = self._reaper.keeps(nbytes, stream, owner)
         if not keep:
+            if block.freed and self.driver.traces_accesses:
+                self.driver.trace_sites(block.ptr, freed=block.freed)
             self._free(block.ptr, stream)
         # The free is queued (or the block kept): from here on nothing can fail.
         self._table.remove(entry)
@@ -711,6 +728,8 @@ class AsyncResource(MemoryResource):
     def defer_free(self, block: Block) -> None:
         if block.__class__ is not Block:
             check_block(block, "defer_free")
+        if self._sites:
+            block.freed = capture_stack()  # the user's line that dropped it, for the reports
         self._deferred_queue.append(block)  # DeferredFrees.push, inline
         if tracehook.active is not None:
             tracehook.active.deferred(self, block)
@@ -775,6 +794,9 @@ class AsyncResource(MemoryResource):
             self.driver.register_foreign(ptr, nbytes, stream)
             block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                           self._table.epoch, _LIVE, stream_owner, True, keep)
+            if self._sites:  # where it was handed over: the reports' allocation site
+                block.allocated = capture_stack()
+                self.driver.trace_sites(ptr, allocated=block.allocated)
             mark = self._ready_mark(stream, stream_owner, self.driver.release_foreign, ptr)
             self._table.add(block, mark, self.marks)
             if tracehook.active is not None:

@@ -31,7 +31,8 @@ from typing import Any
 
 from numba_streamsafe._driver import observer
 from numba_streamsafe.core.access import Access
-from numba_streamsafe.core.sites import user_site_of
+from numba_streamsafe.core.sites import user_frames
+from numba_streamsafe.core.streams import note_stream_created, stream_origin
 from numba_streamsafe.resources.tracking import rules
 
 __all__ = ["ObservedCalls"]
@@ -83,8 +84,6 @@ class ObservedCalls:
         self.whole_process = whole_process
         #: The clock of each event's last record (by handle), until it is destroyed.
         self.clocks: dict[int, dict[Any, int]] = {}
-        #: Where each stream seen created was made: ``(thread, stack)``.
-        self.origins: dict[int, tuple[int, Any]] = {}
         #: Records applied, and copies or fills found to touch a block.
         self.applied = 0
         self.uses = 0
@@ -111,12 +110,12 @@ class ObservedCalls:
 
     def apply(self, record: tuple[Any, ...]) -> None:
         """Apply one record (see the class's ``source``)."""
-        kind, cbid, stream, event, dst, src, nbytes, flags, thread, stack = record
+        kind, cbid, stream, event, dst, src, nbytes, flags, _thread, stack = record
         self.applied += 1
         if kind in (observer.COPY, observer.MEMSET):
             self._use(kind, cbid, stream, dst, src, nbytes, flags, stack)
         elif kind == observer.STREAM_CREATED:
-            self.origins[stream] = (thread, stack)
+            self._created(stream, stack)
             self._forget(stream)
         elif kind == observer.STREAM_DESTROYED:
             if stream > 2:
@@ -144,6 +143,16 @@ class ObservedCalls:
                 book.program_completed(clock)
         elif kind == observer.CTX_SYNC:
             book.program_completed_all(book.program_point_all())
+
+    def _created(self, stream: int, stack: Any) -> None:
+        """Who made ``stream``, for the reports: the library whose frames the
+        creator's stack shows innermost, where it was kept (else not known),
+        and the user's line. Numba's own streams are noted as they are made."""
+        known = stream_origin(stream)
+        if known is not None and known.library == "numba":
+            return  # noted by the Numba layer when it was made (this is that creation)
+        note_stream_created(stream, _library_of(stack) or "another library",
+                            user_frames(stack))
 
     def _forget(self, stream: int) -> None:
         """A stream with handle ``stream`` ended or began: a later stream with
@@ -173,9 +182,30 @@ class ObservedCalls:
             self.uses += 1
             entries = rules.resolve(self.table, uses, "a copy of another library")
             name = cbid if isinstance(cbid, str) else observer.callback_name(cbid)
-            what = (f"{name} (not Numba's)",
-                    user_site_of(stack), None)
+            library = _library_of(stack)
+            what = (f"{name} ({library or 'not Numba'})", user_frames(stack), None, library)
             rules.preflight_locked(book, entries, stream, None, False, what, True)
             rules.commit_locked(book, entries, stream, None, False, False, None, what)
         if flags & observer.SYNC_AFTER:
             book.program_completed(book.program_clock(stream))
+
+
+def _library_of(frames: Any) -> str | None:
+    """The installed package whose frames are innermost in ``frames`` (a
+    caller's stack as the observer keeps it: ``(code or file name, line)``),
+    say ``"torch"``; None where the innermost frames are the user's (a library
+    called from compiled code makes no frame of its own) or none were kept."""
+    if not frames:
+        return None
+    for code, _line in frames:
+        name = getattr(code, "co_filename", code)
+        for marker in ("site-packages", "dist-packages"):
+            at = name.find(marker)
+            if at >= 0:
+                rest = name[at + len(marker) + 1:].replace("\\", "/").split("/")
+                if rest and rest[0] and not rest[0].startswith("numba"):
+                    return rest[0].removesuffix(".py")
+                break
+        else:
+            return None
+    return None

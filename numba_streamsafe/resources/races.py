@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from numba_streamsafe._driver.sim_model import Hazard, Side, tell_watchers
+from numba_streamsafe._driver.sim_model import tell_watchers
 from numba_streamsafe.core.access import Access
-from numba_streamsafe.core.sites import site_text
+from numba_streamsafe.core.hazards import FREE, Hazard, Side
 from numba_streamsafe.core.uses import Uses
 
 __all__ = ["RaceLog", "describe"]
@@ -53,7 +53,8 @@ class RaceLog:
 def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
              seen: list[Any] | None, strict: bool = False) -> list[Hazard]:
     """The hazards of a use on ``stream`` (``where``: ``(block, access, lo,
-    hi, free)``; ``what``: its work, ``(label, site, names)``) that needs
+    hi, free)``; ``what``: its work, ``(label, stack, names, library)``, see
+    :func:`~numba_streamsafe.resources.tracking.marks.set_work`) that needs
     ``mark``, which the program does not order it after: against the last
     write of those bytes the mark's uses made (read- or write-after-write)
     and, for a write, against their last read if it came after
@@ -66,8 +67,10 @@ def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
     if block is not None and free:
         lo, hi = 0, block.nbytes
     ptr = block.ptr if block is not None else 0
-    if free:
-        second = Side("cuMemFreeAsync", None, stream, None)
+    allocated = block.allocated if block is not None else ()
+    freed = block.freed if block is not None and free else ()
+    if free:  # where the user dropped the memory
+        second = Side(FREE, None, stream, freed)
     else:
         second = _side(what, stream, ptr, lo, hi)
     out = []
@@ -75,11 +78,12 @@ def describe(stream: Any, mark: Any, where: tuple[Any, ...], what: Any,
         first = _side(e_what, mark.stream, ptr, e_lo, e_hi)
         first_lo, first_hi = max(lo, e_lo), min(hi, e_hi)
         out.append(Hazard(kind, ptr + first_lo, str(first), str(second), first, second,
-                          max(first_hi - first_lo, 0)))
+                          max(first_hi - first_lo, 0), allocated, freed))
     if not out and not strict:  # what the mark's uses were is not known (no note)
         kind = "write-after-write" if later_write else "read-after-write"
-        first = Side("work", None, mark.stream, None)
-        out.append(Hazard(kind, ptr + lo, str(first), str(second), first, second, hi - lo))
+        first = Side("work", None, mark.stream)
+        out.append(Hazard(kind, ptr + lo, str(first), str(second), first, second, hi - lo,
+                          allocated, freed))
     return out
 
 
@@ -133,11 +137,12 @@ def _within(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
 
 def _side(what: Any, stream: Any, ptr: int, lo: int, hi: int) -> Side:
     """One side of a hazard: the work's label, the argument over those bytes,
-    the stream, the user's line."""
+    the stream, the user's stack, who queued it."""
     if what is None:
-        return Side("work", None, stream, None)
-    label, _, names = what
-    return Side(label, _name(names, ptr, lo, hi), stream, site_text(what[1]))
+        return Side("work", None, stream)
+    label, stack, names = what[0], what[1], what[2]
+    library = what[3] if len(what) > 3 else None
+    return Side(label, _name(names, ptr, lo, hi), stream, stack or (), library)
 
 
 def _name(names: Any, ptr: int, lo: int, hi: int) -> str | None:

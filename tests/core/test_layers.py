@@ -30,7 +30,7 @@ LAYERS = {
     "protocol": 4, "diagnostics": 4, "diagnostics.recorder": 4, "diagnostics.memstats": 4,
     "diagnostics.races": 4, "diagnostics.trace_records": 4, "diagnostics.tracing": 5,
     "diagnostics.trace_export": 5,
-    "graphs": 5,
+    "graphs": 5, "pytest_plugin": 5,
     "numba": 5,
     "__init__": 6, "dask": 6, "__main__": 6,
 }

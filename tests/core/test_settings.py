@@ -27,6 +27,9 @@ CHOICES = {"NUMBA_STREAMSAFE_DRIVER": ("cuda", "sim"),
 SWITCHES = ("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "NUMBA_STREAMSAFE_CHECK_ACCESS",
             "NUMBA_STREAMSAFE_IPC", "NUMBA_STREAMSAFE_TRANSPARENT",
             "NUMBA_STREAMSAFE_PURE_PYTHON")
+#: The settings of other shapes, each tested below.
+OTHERS = ("NUMBA_STREAMSAFE_OBSERVE", "NUMBA_STREAMSAFE_STACK_DEPTH",
+          "NUMBA_STREAMSAFE_REPORT_FILE")
 
 
 @pytest.fixture
@@ -42,7 +45,7 @@ def clean(monkeypatch):
 def test_every_setting_of_the_dataclass_is_validated_here():
     """The tables above cover every field: a new setting is tested once it is added."""
     names = {PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
-    assert names | {"NUMBA_STREAMSAFE_PURE_PYTHON"} == set(CHOICES) | set(SWITCHES)
+    assert names | {"NUMBA_STREAMSAFE_PURE_PYTHON"} == set(CHOICES) | set(SWITCHES) | set(OTHERS)
 
 
 @pytest.mark.parametrize("name", sorted(CHOICES))
@@ -111,3 +114,39 @@ def test_a_name_that_is_no_setting_is_refused_with_the_closest_one(clean):
     with pytest.raises(InvalidSetting, match="is not a setting") as info:
         Settings.from_env()
     assert "did you mean" not in str(info.value)
+
+
+def test_observe_is_auto_or_a_switch_and_on_in_check_mode_by_default(clean):
+    assert Settings.from_env().observe == "auto" and not Settings.from_env().observing
+    clean.setenv("NUMBA_STREAMSAFE_MODE", "check")
+    assert Settings.from_env().observing
+    for word, value in (("AUTO", "auto"), ("1", "on"), ("yes", "on"), ("0", "off"),
+                        ("Off", "off")):
+        clean.setenv("NUMBA_STREAMSAFE_OBSERVE", word)
+        assert Settings.from_env().observe == value
+    assert not Settings.from_env().observing  # off, in check mode too
+    clean.setenv("NUMBA_STREAMSAFE_MODE", "order")
+    clean.setenv("NUMBA_STREAMSAFE_OBSERVE", "1")
+    assert Settings.from_env().observing  # on, in ordering mode too
+    clean.setenv("NUMBA_STREAMSAFE_OBSERVE", "sometimes")
+    with pytest.raises(InvalidSetting) as info:
+        Settings.from_env()
+    text = str(info.value)
+    assert "\n" not in text and "NUMBA_STREAMSAFE_OBSERVE='sometimes'" in text
+    assert all(repr(v) in text for v in ("auto", "1", "0"))
+
+
+def test_the_stack_depth_is_an_int_in_its_range(clean):
+    assert Settings.from_env().stack_depth == 8
+    clean.setenv("NUMBA_STREAMSAFE_STACK_DEPTH", " 0 ")
+    assert Settings.from_env().stack_depth == 0
+    for bad in ("-1", "257", "eight"):
+        clean.setenv("NUMBA_STREAMSAFE_STACK_DEPTH", bad)
+        with pytest.raises(InvalidSetting, match=f"STACK_DEPTH='{bad}' is not one of its values"):
+            Settings.from_env()
+
+
+def test_the_report_file_is_a_path_or_none(clean, tmp_path):
+    assert Settings.from_env().report_file is None
+    clean.setenv("NUMBA_STREAMSAFE_REPORT_FILE", str(tmp_path / "races.jsonl"))
+    assert Settings.from_env().report_file == str(tmp_path / "races.jsonl")

@@ -44,13 +44,15 @@ MARKERS = {"raw": "reads x: not after", "war": "writes x: not after",
            "copy_after_write": "reads x on b"}
 
 
-def _run(args: list[str], env: dict[str, str], race_report, label: str) -> tuple[str, str]:
-    """Run ``check_program.py`` with ``args``; assert that every race of
-    :data:`RACES` is reported with its kind and the line of its call, and
-    that no program of :data:`ORDERED` is. Returns its stdout and stderr."""
+def _run(args: list[str], env: dict[str, str], race_report, label: str, status: int = 0
+         ) -> tuple[str, str]:
+    """Run ``check_program.py`` with ``args``; assert that it exits with
+    ``status``, that every race of :data:`RACES` is reported with its kind
+    and the line of its call, and that no program of :data:`ORDERED` is.
+    Returns its stdout and stderr."""
     proc = subprocess.run([sys.executable, "-X", "faulthandler", str(PROGRAM), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-4000:]
     rows = {line.split()[1]: line.split()[2:] for line in proc.stdout.splitlines()
             if line.startswith("CASE ")}
     assert set(rows) == set(RACES) | set(ORDERED), proc.stdout
@@ -76,10 +78,12 @@ def test_check_mode_reports_every_race_and_no_ordered_program(gpu, child_env, ra
     env = {"NUMBA_STREAMSAFE_MODE": "check", "NUMBA_STREAMSAFE_CHECK_REPORT": "exit"}
     if kind == "plain":
         env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
-    stdout, stderr = _run([kind], child_env(**env), race_report, f"check-mode {kind}")
+    # NUMBA_STREAMSAFE_CHECK_REPORT=exit: races were found, so the process exits with 1.
+    stdout, stderr = _run([kind], child_env(**env), race_report, f"check-mode {kind}", status=1)
     assert _waits(stdout) == [0], stdout
-    # The summary at exit lists the races (and only they were found).
+    # The summary at exit lists the races (and only they were found), each in full.
     assert "race(s) found" in stderr, stderr[-3000:]
+    assert "memory allocated at:" in stderr and "fix: " in stderr, stderr[-3000:]
 
 
 @pytest.mark.parametrize("kind", ["plain", "tracked"])

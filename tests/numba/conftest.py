@@ -89,6 +89,28 @@ def rt():
 
 
 @pytest.fixture
+def checked(rt, monkeypatch):
+    """Device 0's runtime in check mode: a checking resource over a simulated
+    driver, with the plugin selected (plain Numba's work is seen)."""
+    from numba_streamsafe.core.settings import reload_settings
+    from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
+
+    monkeypatch.setenv("NUMBA_STREAMSAFE_MODE", "check")
+    reload_settings()
+    runtime = DeviceRuntime(AsyncResource(SimDriver(), reuse_bytes=0, check=True))
+    old = set_runtime(runtime, 0)
+    sim_plugin.install()
+    try:
+        yield runtime
+    finally:
+        sim_plugin.uninstall()
+        gc.collect()
+        set_runtime(old, 0)
+        monkeypatch.delenv("NUMBA_STREAMSAFE_MODE")
+        reload_settings()
+
+
+@pytest.fixture
 def streams(rt):
     """Two simulator streams ``a`` and ``b`` (each a distinct stream of ``rt``'s driver)."""
     a, b = cuda.stream(), cuda.stream()

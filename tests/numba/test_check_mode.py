@@ -20,34 +20,11 @@ import pytest
 from numba import cuda
 
 import numba_streamsafe as nss
-from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.core.settings import reload_settings
 from numba_streamsafe.numba import emm, sim_plugin  # noqa: F401 - emm: companion
-from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.runtime import DeviceRuntime, set_runtime
 from tests.helpers.sim_kernels import copy, fill, tracked_copy, tracked_fill
 
 N = 64
 HERE = os.path.basename(__file__)
-
-
-@pytest.fixture
-def checked(rt, monkeypatch):
-    """Device 0's runtime in check mode: a checking resource over a simulated
-    driver, with the plugin selected (plain Numba's work is seen)."""
-    monkeypatch.setenv("NUMBA_STREAMSAFE_MODE", "check")
-    reload_settings()
-    runtime = DeviceRuntime(AsyncResource(SimDriver(), reuse_bytes=0, check=True))
-    old = set_runtime(runtime, 0)
-    sim_plugin.install()
-    try:
-        yield runtime
-    finally:
-        sim_plugin.uninstall()
-        gc.collect()
-        set_runtime(old, 0)
-        monkeypatch.delenv("NUMBA_STREAMSAFE_MODE")
-        reload_settings()
 
 
 def _found(rt):
@@ -281,7 +258,7 @@ def test_the_per_thread_default_stream_and_the_legacy_stream_order_each_other(ch
     assert [h.kind for h in _found(checked)] == ["write-after-write", "write-after-read"]
 
 
-def _example(*args: str, mode: str) -> str:
+def _example(*args: str, mode: str, status: int = 0) -> str:
     import subprocess
     import sys
 
@@ -291,17 +268,17 @@ def _example(*args: str, mode: str) -> str:
     proc = subprocess.run([sys.executable, "plain_numba_pipeline.py", "--repeat", "2", *args],
                           cwd=os.path.join(os.path.dirname(__file__), "..", "..", "examples"),
                           env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
 def test_the_plain_example_ordered_by_its_own_events_has_no_race():
     """``examples/plain_numba_pipeline.py`` as written races (stages 3 and 4,
-    reported in check mode with the example's lines); with ``--events`` it
-    orders itself, check mode finds nothing, and ordering mode skips more of
-    its waits than without."""
-    racy = _example(mode="check")
+    reported in check mode with the example's lines, and the process exits
+    with 1); with ``--events`` it orders itself, check mode finds nothing
+    (exit status 0), and ordering mode skips more of its waits than without."""
+    racy = _example(mode="check", status=1)  # NUMBA_STREAMSAFE_CHECK_REPORT=exit: races, 1
     assert "4 race(s) found" in racy and "'square' argument 'src'" in racy, racy
     assert "plain_numba_pipeline.py:" in racy
     assert "no race found" in _example("--events", mode="check")

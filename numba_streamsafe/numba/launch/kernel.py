@@ -15,6 +15,7 @@ import numpy as np
 from numba import cuda
 
 from numba_streamsafe._driver.limits import check_launch
+from numba_streamsafe.core import hazards
 from numba_streamsafe.core.access import Access, annotation_access, as_access
 from numba_streamsafe.core.errors import (
     InvalidArgument,
@@ -24,7 +25,7 @@ from numba_streamsafe.core.errors import (
 )
 from numba_streamsafe.core.modes import RecorderMode
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.core.uses import Uses
+from numba_streamsafe.core.uses import PlainUses, Uses
 from numba_streamsafe.numba import arrays, mlir, target
 from numba_streamsafe.numba.accesses import access_check
 from numba_streamsafe.numba.accesses.inference import infer_params
@@ -74,6 +75,9 @@ class KernelKind:
     transparent : bool
         Fenced only while the thread's transparent mode fences
         (:func:`numba_streamsafe.transparent`).
+    library : str
+        Who the race reports say queued its launches (and whose fix they
+        write): this library (a tracked kernel), or plain Numba.
     """
 
     name: str
@@ -83,15 +87,18 @@ class KernelKind:
     checks_config: bool
     uploads_host: bool
     transparent: bool
+    library: str
 
 
 #: A ``@tracked_kernel``.
 TRACKED = KernelKind("tracked_kernel", declared=True, strict=True, warns=True,
-                     checks_config=True, uploads_host=True, transparent=False)
+                     checks_config=True, uploads_host=True, transparent=False,
+                     library=hazards.TRACKED)
 #: A plain ``cuda.jit`` kernel under transparent mode. On a GPU Numba checks
 #: the configuration; Numba's simulator checks nothing, so the library does.
 PLAIN = KernelKind("plain kernel", declared=False, strict=False, warns=False,
-                   checks_config=target.SIMULATOR, uploads_host=False, transparent=True)
+                   checks_config=target.SIMULATOR, uploads_host=False, transparent=True,
+                   library=hazards.NUMBA)
 
 
 class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
@@ -384,7 +391,7 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         a host array Numba transfers, and (``traced``) every array over a block
         as ``(parameter, block, lo, hi)``; what the kind refuses raises."""
         kind = self.kind
-        uses = Uses()
+        uses = PlainUses() if kind.library == hazards.NUMBA else Uses()
         seen: list[tuple[str, Any, int, int]] = []
         host = False
         for param, shown, access, arg in flat:

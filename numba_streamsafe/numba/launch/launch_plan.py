@@ -421,4 +421,4 @@ def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | N
     accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
     names = tuple(name for name, access in kernel.params if access is not None)
     return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel.warned_grids,
-                                no_warn, kernel.__name__, names)
+                                no_warn, kernel.__name__, names, kernel.kind.library)

@@ -6,7 +6,7 @@ from numba_streamsafe.resources.tracking.lock cimport Lock
 from numba_streamsafe.resources.tracking.marks cimport MarkBook
 from numba_streamsafe.resources.tracking.rules cimport Entry, commit_locked, preflight_locked
 from numba_streamsafe.core.tracehook cimport TraceLog, current_log, launches_direct
-from numba_streamsafe.core.sites cimport user_site
+from numba_streamsafe.core.sites cimport capture_stack
 
 
 
@@ -49,6 +49,7 @@ cdef class LaunchState:
     cdef readonly str label
     cdef readonly tuple names
     cdef readonly object device
+    cdef readonly str library
 
 
 cdef class Kernel:

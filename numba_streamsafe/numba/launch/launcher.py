@@ -23,7 +23,7 @@ import cython
 from numba_streamsafe._driver import libcuda
 from numba_streamsafe._driver.libcuda import launch_entry
 from numba_streamsafe.core.errors import InvalidArgument
-from numba_streamsafe.core.sites import user_site
+from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
@@ -120,10 +120,11 @@ class LaunchState:
     runtime, its resource's table, mark book and lock, the launch policy, the
     kernel's access per parameter (-1: none) and its known plans, and what a
     trace records of its launches: the kernel's name and the names of the
-    parameters with an access."""
+    parameters with an access; and who the race reports say queued them
+    (``library``: this library's tracked kernel, or plain Numba)."""
 
     def __init__(self, rt: Any, policy: Any, accesses: tuple, warned: set, no_warn: bool,
-                 label: str = "", names: tuple = ()) -> None:
+                 label: str = "", names: tuple = (), library: str = "numba_streamsafe") -> None:
         resource = rt.resource
         self.rt = rt
         self.table = resource.table
@@ -142,6 +143,7 @@ class LaunchState:
         self.label = label
         self.names = names
         self.device = rt.device
+        self.library = library
 
     def add_plan(self, plan: Plan) -> None:
         """Know ``plan`` (the newest eight are kept)."""
@@ -340,7 +342,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
         e0 = len(log.seals)
     what = None
     if book.checking or book.reporting:  # the reports name the kernel, its arguments, the line
-        what = (state.label, user_site(), (state.names, arrays))
+        what = (state.label, capture_stack(), (state.names, arrays), state.library)
     lock.take()
     try:
         if handle in state.destroyed:

@@ -268,14 +268,22 @@ class EventPool:
 CLOSED: str = "closed"
 
 #: Per thread, what the use being checked or recorded is (check mode's
-#: reports): ``(label, site, names)``, set by :func:`set_work`.
+#: reports): ``(label, stack, names, library)``, set by :func:`set_work`.
 _work = threading.local()
 
 
 def set_work(what: Any) -> None:
-    """Check mode: the work whose uses this thread checks and records next,
-    ``(label, site, names)`` (kept on the marks, named in the reports), where
-    the caller does not hand it to the rules itself."""
+    """Check mode: the work whose uses this thread checks and records next
+    (kept on the marks, named in the reports), where the caller does not hand
+    it to the rules itself. ``what`` is ``(label, stack, names, library)``:
+    the kernel or copy; the user's stack where it was queued (``(file,
+    line)`` pairs, innermost first, or as
+    :func:`~numba_streamsafe.core.sites.capture_stack` captures it, resolved
+    when a race is reported);
+    what names its arguments (a :class:`~numba_streamsafe.core.uses.Uses`
+    with names, a direct launch's ``(names, arrays)``, or None); and who
+    queued it (``"numba_streamsafe"``, ``"numba"``, another library's name,
+    or None). Only made where races are reported; read back only for a report."""
     _work.what = what
 
 

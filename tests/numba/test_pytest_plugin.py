@@ -1,0 +1,42 @@
+"""The pytest plugin (``numba_streamsafe.pytest_plugin``) on the simulator.
+
+The small suite of :mod:`tests.helpers.plugin_suite` (one racy test, one
+ordered, one racy through a helper) runs in a child pytest with two
+pytest-xdist workers, once under the simulator's checker (transparent mode
+off, so plain Numba's races stay) and once in check mode: exactly the racy
+tests fail, each failure names its test and carries the full report, and the
+report file's JSON lines name the tests. Without the flag nothing fails: the
+plugin is inert until asked for.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+
+from numba_streamsafe.pytest_plugin import NAME
+from tests.helpers.plugin_suite import check_failures, run_suite
+
+MODES = {
+    "simulator": {"NUMBA_STREAMSAFE_TRANSPARENT": "0"},
+    "check": {"NUMBA_STREAMSAFE_MODE": "check", "NUMBA_STREAMSAFE_CHECK_REPORT": "exit"},
+}
+
+
+def _env(child_env, mode: str) -> dict[str, str]:
+    return child_env(NUMBA_ENABLE_CUDASIM="1", NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe",
+                     **MODES[mode])
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_with_the_plugin_exactly_the_racy_tests_fail_and_are_named(tmp_path, child_env, mode):
+    check_failures(*run_suite(tmp_path, _env(child_env, mode), "-p", NAME))
+
+
+@pytest.mark.skipif(not any(ep.name == NAME for ep in entry_points(group="pytest11")),
+                    reason="the package's entry points are not installed (pip install -e .)")
+def test_the_entry_point_is_inert_until_the_flag_asks(tmp_path, child_env):
+    proc, outcomes, _ = run_suite(tmp_path, _env(child_env, "simulator"))
+    assert outcomes and not any(outcomes.values()), proc.stdout[-3000:]
+    check_failures(*run_suite(tmp_path, _env(child_env, "simulator"), "--streamsafe"))
