@@ -74,12 +74,13 @@ import difflib
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from numba_streamsafe.core.errors import InvalidSetting, show_in_one_line
-from numba_streamsafe.core.sites import DEFAULT_DEPTH, set_stack_depth
 
-__all__ = ["Settings", "settings", "reload_settings", "flag", "PREFIX", "reporting"]
+__all__ = ["Settings", "settings", "reload_settings", "loaded", "on_reload", "flag", "PREFIX",
+           "reporting"]
 
 #: What every variable of the library's starts with.
 PREFIX = "NUMBA_STREAMSAFE_"
@@ -105,6 +106,10 @@ def _bad_value(name: str, value: str, allowed: tuple[str, ...]) -> InvalidSettin
 
 #: The most frames a stack keeps (``NUMBA_STREAMSAFE_STACK_DEPTH``).
 _MAX_DEPTH = 256
+#: The frames a race report's stack keeps when ``NUMBA_STREAMSAFE_STACK_DEPTH``
+#: does not say (``numba_streamsafe.core.sites`` takes it; this module imports no
+#: module of the engine, so that ``numba_streamsafe.compiled`` can read it first).
+DEFAULT_DEPTH = 8
 
 
 def _count(name: str, default: int, high: int) -> int:
@@ -282,5 +287,17 @@ def reload_settings() -> Settings:
     global _current
     with _lock:
         _current = Settings.from_env()
-        set_stack_depth(_current.stack_depth)
+        for hook in on_reload:
+            hook(_current)
         return _current
+
+
+def loaded() -> Settings | None:
+    """The settings read so far (None before the first read)."""
+    return _current
+
+
+#: Called with the new settings each time they are read (:func:`reload_settings`):
+#: the parts that keep a setting of their own (the race reports' stack depth,
+#: ``numba_streamsafe.core.sites``) take it there.
+on_reload: list[Callable[[Settings], None]] = []

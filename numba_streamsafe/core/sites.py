@@ -30,6 +30,8 @@ import sysconfig
 
 import cython
 
+from numba_streamsafe.core import settings as _settings
+
 __all__ = ["capture_stack", "user_stack", "resolve_stack", "user_frames", "set_stack_depth",
            "stack_depth", "Stack", "DEFAULT_DEPTH", "COMPILED"]
 
@@ -40,7 +42,7 @@ COMPILED: bool = cython.compiled
 Stack = tuple
 
 #: Frames a stack keeps when the setting does not say.
-DEFAULT_DEPTH = 8
+DEFAULT_DEPTH = _settings.DEFAULT_DEPTH
 
 _depth = cython.declare(cython.Py_ssize_t, DEFAULT_DEPTH)
 
@@ -96,6 +98,16 @@ def set_stack_depth(depth: int) -> None:
     sets it from ``NUMBA_STREAMSAFE_STACK_DEPTH``."""
     global _depth
     _depth = depth
+
+
+def _take(config: _settings.Settings) -> None:
+    """The depth of newly read settings (``NUMBA_STREAMSAFE_STACK_DEPTH``)."""
+    set_stack_depth(config.stack_depth)
+
+
+_settings.on_reload.append(_take)
+if _settings.loaded() is not None:
+    _take(_settings.loaded())  # type: ignore[arg-type]
 
 
 def stack_depth() -> int:
