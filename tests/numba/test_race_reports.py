@@ -112,6 +112,8 @@ def test_check_mode_reports_both_stacks_the_allocation_the_streams_and_the_fix(c
 def simulated(rt):
     """``rt`` with Numba's work routed to it (the plugin selected): the
     simulator's checker sees plain Numba's launches and copies."""
+    from numba_streamsafe.numba import emm  # noqa: F401 - its companion: transparent mode's hooks
+
     sim_plugin.install()
     try:
         yield rt
