@@ -64,6 +64,7 @@ cdef class MarkBook:
     cpdef object release(self, Mark mark)
     cpdef bint reportable(self, object stream, Mark mark) except? -1
     cdef bint ordered_already(self, object stream, Mark mark, object owner) except? -1
+    cpdef bint complete(self, Mark mark) except? -1
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1

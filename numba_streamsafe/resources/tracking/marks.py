@@ -507,8 +507,26 @@ class MarkBook:
         # foreign mark is work of another device, which no synchronise here covers.
         if not foreign and self._program_orders(stream, mark):
             self.skipped += 1
+            if waiters is not None and self.complete(mark):
+                # No stream waits for it any more: the streams that did may go
+                # (their objects are no longer kept alive for it).
+                mark.waiters = None
             return True
         return False
+
+    def complete(self, mark: Mark) -> cython.bint:
+        """Whether the host saw the work of ``mark`` complete (a device
+        synchronise, or a synchronise of a point of its stream after it): no
+        use waits for it any more. Never for another device's mark."""
+        if type(mark) is not Mark:
+            return False
+        seq = mark.seq
+        if seq <= self.done_all:
+            return True
+        if not self.done:
+            return False
+        done = self.done.get(mark.origin)
+        return done is not None and seq <= done
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)

@@ -544,15 +544,42 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
 @cython.exceptval(-1)
 def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.int:
     """``mark`` becomes the read of ``stream`` in ``reads``: it covers the
-    stream's earlier read, whose use ends."""
+    stream's earlier read, whose use ends. ``reads`` are kept in the order
+    they were last noted, oldest first: a stream new to them first drops
+    the oldest whose work the host saw complete (:func:`_drop_complete`), so
+    a block that stream after stream reads keeps the reads of the streams
+    since the host last waited, not one per stream ever made (whose objects
+    the marks would keep alive)."""
     prev: Mark
     earlier = reads.get(stream)
     if earlier is not mark:
+        if earlier is None:
+            if reads:
+                _drop_complete(book, reads)
+        else:
+            del reads[stream]  # noted again at the end
         reads[stream] = mark
         book.hold(mark)
         if earlier is not None:
             prev = earlier
             book.release(prev)
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _drop_complete(book: MarkBook, reads: dict) -> cython.int:
+    """Drop the oldest reads of ``reads`` whose work the host saw complete
+    (``MarkBook.complete``), up to the first that it did not: no later write
+    waits for them."""
+    m: Mark
+    while reads:
+        stream = next(iter(reads))
+        m = reads[stream]
+        if not book.complete(m):
+            break
+        del reads[stream]
+        book.release(m)
     return 0
 
 
