@@ -195,6 +195,10 @@ class SimSystem:
     system=s)``. A driver built without one gets a system of its own.
     """
 
+    #: Settled serials beyond the tracked ones whose entries may stay in the
+    #: clocks before a pass removes them all (:meth:`_settle`).
+    settle_batch = 32
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self._serials = itertools.count(1)
@@ -273,15 +277,16 @@ class SimSystem:
         """The host waited for all the work of the destroyed streams
         ``serials``: they are no longer ``tracked`` (:meth:`covers` orders
         their work before everything). Their entries, harmless now, leave
-        the clocks once the settled serials outnumber the tracked ones (and
-        32): one pass over the clocks per batch, and clocks at most about
-        twice the size of :attr:`tracked`."""
+        the clocks once the settled serials outnumber the tracked ones by
+        more than :attr:`settle_batch`: one pass over the clocks per batch,
+        and no clock names more than ``2 * len(tracked) + settle_batch``
+        serials."""
         settled = self.settled
         for serial in serials:
             self.tracked.discard(serial)
             self.unfinished.pop(serial, None)
             settled.add(serial)
-        if len(settled) <= len(self.tracked) + 32:
+        if len(settled) <= len(self.tracked) + self.settle_batch:
             return
         for clock in self.clocks():
             if len(clock) < len(settled):
