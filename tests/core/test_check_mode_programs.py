@@ -4,9 +4,10 @@ multi-stream programs (Hypothesis).
 A program runs on a :class:`~numba_streamsafe._driver.sim.SimDriver` under a
 checking :class:`~numba_streamsafe.resources.AsyncResource` (``check=True``):
 kernels over whole buffers and halves of them, on the legacy default
-stream, blocking streams and non-blocking ones, ordered only by what the
-program does itself (events recorded and waited for, stream and device
-synchronises, frees). Every such operation is made on the simulated driver
+stream, blocking streams and non-blocking ones (destroyed and replaced by
+new ones as the program goes), ordered only by what the program does
+itself (events recorded and waited for, stream and device synchronises,
+frees). Every such operation is made on the simulated driver
 (which checks the accesses) and told to the resource as Numba's hooks tell it.
 
 The property: the resource reports a race between the same pairs of streams
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.resources.tracking.marks import set_work
+from numba_streamsafe.resources.tracking.marks import retired_stream_id, set_work
 
 #: Stream kinds: the legacy default stream, blocking and non-blocking streams.
 LEGACY, BLOCKING, NON_BLOCKING = "legacy", "blocking", "non-blocking"
@@ -72,6 +74,17 @@ class Free(NamedTuple):
     buf: int
 
 
+class Replace(NamedTuple):
+    """The stream is destroyed (its history retired first, as
+    ``destroy_stream`` does) and a new stream of its kind takes its place:
+    the destroyed stream's queued work still races with what is not ordered
+    after it. The buffers allocated on it are freed first (their frees
+    queued there) and allocated again on the new stream. Skipped for the
+    legacy default stream."""
+
+    stream: int
+
+
 class Realloc(NamedTuple):
     """The buffer freed (queued, as Numba's finalizers queue it) and allocated
     again at once on its home stream: reused there when the resource keeps
@@ -109,6 +122,7 @@ def programs(draw: Any, realloc: bool = False) -> Program:
                      st.builds(Record, event, stream), st.builds(Wait, stream, event),
                      st.builds(Wait, stream, event), st.builds(StreamSync, stream),
                      st.just(DeviceSync()), st.builds(Free, buf),
+                     *[st.builds(Replace, stream)] * 4,
                      *([st.builds(Realloc, buf)] if realloc else []))
     steps = tuple(draw(st.lists(step, min_size=3, max_size=24)))
     return Program(kinds, nbufs, homes, steps)
@@ -128,8 +142,12 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
     found (``check`` False: the program in ordering mode, which reports none
     unless a race check ``watch`` es it from the start; ``reuse``: freed
     blocks are kept for reuse on their stream)."""
-    sim = SimDriver(backing=False)
+    # Destroyed handles are not handed out again: the simulator names a
+    # destroyed stream's work by its handle, the resource by the identity it
+    # renamed it to (``renamed``).
+    sim = SimDriver(backing=False, recycle_streams=False)
     res = AsyncResource(sim, check=check, reuse_bytes=1 << 20 if reuse else 0)
+    renamed: dict[Any, int] = {}
     if watch:
         res.watch_races(True)
     run.skipped = 0  # type: ignore[attr-defined]
@@ -187,9 +205,25 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             res.defer_free(blocks[step.buf])
             blocks[step.buf] = res.allocate(NBYTES, streams[home], f"buf{step.buf}",
                                             stream_owner=owners[home])
+        elif isinstance(step, Replace) and program.kinds[step.stream] != LEGACY:
+            s = streams[step.stream]
+            homed = [i for i, b in enumerate(blocks) if b is not None and b.stream == s]
+            for i in homed:
+                res.deallocate(blocks[i])
+            # The identity the resource renames the stream's history to is the
+            # next retired_stream_id after this one (nothing else takes one here).
+            renamed[retired_stream_id() - 1] = s
+            res.retire_stream(s, sim.destroy_stream)
+            streams[step.stream] = sim.create_stream(
+                blocking=program.kinds[step.stream] == BLOCKING)
+            owners[step.stream] = _Owner()
+            for i in homed:
+                blocks[i] = res.allocate(NBYTES, streams[step.stream], f"buf{i}",
+                                         stream_owner=owners[step.stream])
     run.skipped = res.marks.skipped  # type: ignore[attr-defined]
     hazards = res.race_log.hazards if res.race_log is not None else []
-    found = {(h.kind, h.first.stream, h.second.stream) for h in hazards}
+    found = {(h.kind, renamed.get(h.first.stream, h.first.stream),
+              renamed.get(h.second.stream, h.second.stream)) for h in hazards}
     oracle = {(h.kind, h.first.stream, h.second.stream) for h in sim.hazards
               if h.first is not None and h.second is not None}
     return found, oracle
@@ -251,6 +285,29 @@ def test_a_race_check_in_ordering_mode_reports_the_races_it_orders(program):
     assert found <= (checked | oracle if _reallocates(program) else oracle), program
     if LEGACY not in program.kinds:
         assert {f[1:] for f in found} == {c[1:] for c in checked}, program
+
+
+@pytest.mark.parametrize("order", [None, "handoff", "stream-synchronize",
+                                   "device-synchronize"])
+def test_a_destroyed_streams_work_races_in_check_mode_as_in_the_simulator(order):
+    """A stream writes a buffer and is replaced by a new one; another stream
+    then reads the buffer. Unless the program ordered the read after the
+    write (an event handed over before the destroy, or the host's wait for
+    the stream or the device) both the resource and the simulator find the
+    race, with the destroyed stream as the earlier side; in ordering mode
+    the library orders it."""
+    before = {"handoff": [Handoff(0, 1)], "stream-synchronize": [StreamSync(0)]}.get(order, [])
+    after = [DeviceSync()] if order == "device-synchronize" else []
+    steps = (Kernel(0, ((0, Access.WRITE, 0),)), *before, Replace(0), *after,
+             Kernel(1, ((0, Access.READ, 0),)))
+    program = Program((NON_BLOCKING,) * 3, 1, (2,), steps)
+    found, oracle = run(program)
+    assert found == oracle, (found, oracle)
+    if order is None:
+        assert {f[0] for f in found} == {"read-after-write"}, found
+    else:
+        assert found == set(), found
+    assert run(program, check=False) == (set(), set())
 
 
 def test_ordering_mode_skips_waits_in_such_programs():
