@@ -24,7 +24,10 @@ Like CUDA, the model may hand a destroyed stream's handle to the next stream
 created (``recycle_streams``); the checker keeps the two apart (each stream
 has a serial of its own), so a reused handle inherits no ordering. Work queued
 on a destroyed stream still completes: a device-wide synchronize (and so
-``cuMemFree``) orders the host after it.
+``cuMemFree``) orders the host after it, and until something orders it, it
+races with later work. Once the host has waited for its last operation the
+stream leaves the clocks (:meth:`SimSystem.retire`): the clocks, and the cost
+of a launch and of a synchronise, do not grow with the streams made over a run.
 
 Several simulated devices share one :class:`SimSystem`: one lock, one host
 clock, one counter of stream serials and handles, and events any device's
