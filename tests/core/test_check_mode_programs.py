@@ -141,7 +141,9 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
     """The race pairs the checking resource reported and those the simulator
     found (``check`` False: the program in ordering mode, which reports none
     unless a race check ``watch`` es it from the start; ``reuse``: freed
-    blocks are kept for reuse on their stream)."""
+    blocks are kept for reuse on their stream). A stream is named by its
+    place in the program and how many streams were there before it
+    (:class:`Replace`), the same in every run of the program."""
     # Destroyed handles are not handed out again: the simulator names a
     # destroyed stream's work by its handle, the resource by the identity it
     # renamed it to (``renamed``).
@@ -153,6 +155,7 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
     run.skipped = 0  # type: ignore[attr-defined]
     streams = [0 if kind == LEGACY else sim.create_stream(blocking=kind == BLOCKING)
                for kind in program.kinds]
+    names = {s: (i, 0) for i, s in enumerate(streams)}
     owners = [_Owner() for _ in streams]  # the streams' objects (blocks are kept for them)
     blocks: list[Any] = [res.allocate(NBYTES, streams[h], f"buf{i}", stream_owner=owners[h])
                          for i, h in enumerate(program.homes)]
@@ -216,15 +219,19 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             res.retire_stream(s, sim.destroy_stream)
             streams[step.stream] = sim.create_stream(
                 blocking=program.kinds[step.stream] == BLOCKING)
+            names[streams[step.stream]] = (step.stream, names[s][1] + 1)
             owners[step.stream] = _Owner()
             for i in homed:
                 blocks[i] = res.allocate(NBYTES, streams[step.stream], f"buf{i}",
                                          stream_owner=owners[step.stream])
     run.skipped = res.marks.skipped  # type: ignore[attr-defined]
     hazards = res.race_log.hazards if res.race_log is not None else []
-    found = {(h.kind, renamed.get(h.first.stream, h.first.stream),
-              renamed.get(h.second.stream, h.second.stream)) for h in hazards}
-    oracle = {(h.kind, h.first.stream, h.second.stream) for h in sim.hazards
+    def name(stream: Any) -> Any:
+        stream = renamed.get(stream, stream)
+        return names.get(stream, stream)
+
+    found = {(h.kind, name(h.first.stream), name(h.second.stream)) for h in hazards}
+    oracle = {(h.kind, name(h.first.stream), name(h.second.stream)) for h in sim.hazards
               if h.first is not None and h.second is not None}
     return found, oracle
 
@@ -411,6 +418,29 @@ def _use(res: Any, sim: Any, stream: int, uses: list[tuple[Any, Access]], label:
 
 def _found(res: Any) -> list[tuple[str, str, str]]:
     return [(h.kind, h.first.label, h.second.label) for h in res.race_log.hazards]
+
+
+def test_a_synchronise_of_a_new_stream_at_a_retired_handle_is_no_synchronise_of_the_old():
+    """A stream reads a buffer and is destroyed; the next stream gets its
+    handle and the host synchronises that one. A write of the buffer on
+    another stream still races with the destroyed stream's read: check mode
+    reports it, as the simulator finds it (before, the synchronise's point
+    was taken for the destroyed stream's work too)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, check=True, reuse_bytes=0)
+    s, t = sim.create_stream(), sim.create_stream()
+    buf = res.allocate(NBYTES, t, "buf")
+    sim.synchronize()
+    _use(res, sim, s, [(buf, R)], "read on s")
+    res.retire_stream(s, sim.destroy_stream)
+    again = sim.create_stream()
+    assert again == s  # the handle is handed out again
+    clock = res.program_clock(again)
+    sim.stream_synchronize(again)
+    res.program_completed(clock)
+    _use(res, sim, t, [(buf, W)], "write on t")
+    assert [h.kind for h in sim.hazards] == ["write-after-read"]
+    assert _found(res) == [("write-after-read", "read on s", "write on t")]
 
 
 def test_a_watch_names_no_use_made_before_it_began():

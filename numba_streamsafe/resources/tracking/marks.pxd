@@ -56,6 +56,8 @@ cdef class MarkBook:
     cdef public list races
     cdef public unsigned long long legacy_point
     cdef dict _flags
+    cdef dict _origins
+    cdef Py_ssize_t _retired
 
     cpdef Mark current(self, object stream, object owner=*)
     cpdef object seal(self, Mark mark, bint direct=*)
@@ -65,6 +67,7 @@ cdef class MarkBook:
     cpdef bint reportable(self, object stream, Mark mark) except? -1
     cdef bint ordered_already(self, object stream, Mark mark, object owner) except? -1
     cpdef bint complete(self, Mark mark) except? -1
+    cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1

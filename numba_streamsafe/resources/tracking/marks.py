@@ -71,21 +71,21 @@ class Mark:
     handle), kept alive while the mark is in use. ``seq`` numbers marks in
     the order they are made: of two marks of one stream, the one with the
     higher ``seq`` stands for all the other does. ``origin`` is the stream
-    it was made on, kept when a retired stream's marks are renamed
-    (``stream`` then names no live stream): the program's clocks know the
-    mark by it (a new stream with the handle makes only later marks, which
-    the clocks' points do not reach). In check mode ``seen`` lists the
+    it was made on as the program's clocks know it (``MarkBook.origin``),
+    kept when a retired stream's marks are renamed (``stream`` then names no
+    live stream): points taken on the stream reach the mark, points taken on
+    a later stream at the same handle do not. In check mode ``seen`` lists the
     works whose uses the mark holds, ``(entries, what)`` (the uses as the
     rules resolved them, and the work), oldest first, for the reports.
     Callers change a mark only under their resource's lock.
     """
 
-    def __init__(self, stream: int, owner: Any = None) -> None:
+    def __init__(self, stream: int, owner: Any = None, origin: Any = None) -> None:
         global _mark_seq
         _mark_seq += 1
         self.seq = _mark_seq
         self.stream = stream
-        self.origin = stream
+        self.origin = stream if origin is None else origin
         self.handle = None
         self.refs = 0
         self.owner = owner
@@ -345,6 +345,10 @@ class MarkBook:
         self.legacy_point = 0
         #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
         self._flags = {}
+        #: The key in the clocks of the stream at each handle whose earlier
+        #: stream was retired (:meth:`origin`).
+        self._origins = {}
+        self._retired = 0
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -352,7 +356,7 @@ class MarkBook:
         mark: Mark
         found = self.open.get(stream)
         if found is None:
-            mark = Mark(stream, owner)
+            mark = Mark(stream, owner, self._origins.get(stream) if self._origins else None)
             self.open[stream] = mark
         else:
             mark = found
@@ -670,7 +674,7 @@ class MarkBook:
         entry = self.ordered.get(stream)
         if entry is not None and (entry[0] is None or entry[0]() is not None):
             _join_clock(clock, entry[1])
-        clock[stream] = self.program_point(stream)
+        clock[self.origin(stream)] = self.program_point(stream)
         return clock
 
     def program_waited(self, stream: Any, clock: dict, owner: Any = None) -> None:
@@ -724,9 +728,25 @@ class MarkBook:
 
     def forget_order(self, stream: Any) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after
-        nothing the old one was."""
+        nothing the old one was, and the clocks know it by a new key
+        (:meth:`origin`), so a point taken on it covers none of the old
+        stream's marks."""
         self.ordered.pop(stream, None)
         self._flags.pop(stream, None)
+        self._retired += 1
+        self._origins[stream] = (stream, self._retired)
+
+    def origin(self, stream: Any) -> Any:
+        """The key the clocks know the stream at handle ``stream`` by (a mark's
+        ``origin``): the handle itself, or, once a stream at that handle was
+        retired (:meth:`forget_order`), the handle with a count of its own,
+        so that points taken on a later stream there do not reach the marks
+        of the earlier one."""
+        if self._origins:
+            found = self._origins.get(stream)
+            if found is not None:
+                return found
+        return stream
 
     @cython.cfunc
     @cython.exceptval(check=False)
@@ -800,4 +820,5 @@ class MarkBook:
         self.done.clear()
         self.ordered.clear()
         self._flags.clear()
+        self._origins.clear()
         self.races = []
