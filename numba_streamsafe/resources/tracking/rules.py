@@ -545,19 +545,18 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
 def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.int:
     """``mark`` becomes the read of ``stream`` in ``reads``: it covers the
     stream's earlier read, whose use ends. ``reads`` are kept in the order
-    they were last noted, oldest first: a stream new to them first drops
-    the oldest whose work the host saw complete (:func:`_drop_complete`), so
-    a block that stream after stream reads keeps the reads of the streams
+    they were last noted, oldest first, and a new mark first drops the
+    oldest whose work the host saw complete (:func:`_drop_complete`): a
+    block that stream after stream reads keeps the reads of the streams
     since the host last waited, not one per stream ever made (whose objects
     the marks would keep alive)."""
     prev: Mark
     earlier = reads.get(stream)
     if earlier is not mark:
-        if earlier is None:
-            if reads:
-                _drop_complete(book, reads)
-        else:
+        if earlier is not None:
             del reads[stream]  # noted again at the end
+        if reads:
+            _drop_complete(book, reads)
         reads[stream] = mark
         book.hold(mark)
         if earlier is not None:
