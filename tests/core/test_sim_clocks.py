@@ -16,8 +16,7 @@ answer every query alike and hand out the same addresses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -77,8 +76,7 @@ def _clock_state(system: SimSystem) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------ the programs
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One driver call: ``kind`` and its small-integer arguments (indexes taken
     modulo what exists when the step runs)."""
 
