@@ -196,7 +196,8 @@ class SimSystem:
     """
 
     #: Settled serials beyond the tracked ones whose entries may stay in the
-    #: clocks before a pass removes them all (:meth:`_settle`).
+    #: clocks before a pass removes them all (:meth:`_settle`; negative: a
+    #: pass at every settle).
     settle_batch = 32
 
     def __init__(self) -> None:

@@ -79,8 +79,10 @@ class Replace(NamedTuple):
     ``destroy_stream`` does) and a new stream of its kind takes its place:
     the destroyed stream's queued work still races with what is not ordered
     after it. The buffers allocated on it are freed first (their frees
-    queued there) and allocated again on the new stream. Skipped for the
-    legacy default stream."""
+    queued there) and allocated again on the new stream; a stream with frees
+    queued is synchronised first (as a program waits for a stream's frees
+    before it destroys it; the library would otherwise, which the simulator
+    would see and check mode not). Skipped for the legacy default stream."""
 
     stream: int
 
@@ -213,6 +215,10 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             homed = [i for i, b in enumerate(blocks) if b is not None and b.stream == s]
             for i in homed:
                 res.deallocate(blocks[i])
+            if s in res.pending_per_stream():
+                clock = res.program_clock(s)
+                sim.stream_synchronize(s)
+                res.program_completed(clock)
             # The identity the resource renames the stream's history to is the
             # next retired_stream_id after this one (nothing else takes one here).
             renamed[retired_stream_id() - 1] = s
