@@ -821,8 +821,8 @@ class AsyncResource(MemoryResource):
                 # and the forgetting. A failed destroy leaves the history as it was.
                 if destroy is not None:
                     destroy(stream)
-                self._table.forget_stream(stream)
-                self.marks.forget_order(stream)
+                held = self._table.forget_stream(stream)
+                self.marks.forget_order(stream, held != 0)
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""

@@ -58,6 +58,7 @@ cdef class MarkBook:
     cdef dict _flags
     cdef dict _origins
     cdef Py_ssize_t _retired
+    cdef dict _retired_keys
 
     cpdef Mark current(self, object stream, object owner=*)
     cpdef object seal(self, Mark mark, bint direct=*)

@@ -346,9 +346,13 @@ class MarkBook:
         #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
         self._flags = {}
         #: The key in the clocks of the stream at each handle whose earlier
-        #: stream was retired (:meth:`origin`).
+        #: stream was retired with marks still held (:meth:`origin`).
         self._origins = {}
         self._retired = 0
+        #: The keys of retired streams whose marks are still held -> the
+        #: newest point of their marks: once a device synchronise passes it,
+        #: the key leaves the clocks (:meth:`program_completed_all`).
+        self._retired_keys = {}
 
     def current(self, stream: Any, owner: Any = None) -> Mark:
         """The open mark of ``stream`` (made now if it has none); ``owner`` is
@@ -719,6 +723,19 @@ class MarkBook:
         (a device synchronise; the point taken with :meth:`program_point_all`)."""
         if point > self.done_all:
             self.done_all = point
+        if self._retired_keys:
+            self._forget_completed_keys()
+
+    def _forget_completed_keys(self) -> None:
+        """The keys of retired streams whose marks are all complete leave the
+        clocks (no mark of theirs is judged by them any more)."""
+        done_all = self.done_all
+        gone = [k for k, newest in self._retired_keys.items() if newest <= done_all]
+        for key in gone:
+            del self._retired_keys[key]
+            self.done.pop(key, None)
+            for entry in self.ordered.values():
+                entry[1].pop(key, None)
 
     def program_point_all(self) -> int:
         """:meth:`program_point` of every stream with an open mark."""
@@ -726,22 +743,25 @@ class MarkBook:
             self.program_point(stream)
         return _mark_seq
 
-    def forget_order(self, stream: Any) -> None:
+    def forget_order(self, stream: Any, held: cython.bint = True) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after
-        nothing the old one was, and the clocks know it by a new key
+        nothing the old one was. Where blocks still hold marks of the old
+        stream (``held``), the clocks know the new one by a new key
         (:meth:`origin`), so a point taken on it covers none of the old
         stream's marks."""
         self.ordered.pop(stream, None)
         self._flags.pop(stream, None)
-        self._retired += 1
-        self._origins[stream] = (stream, self._retired)
+        if held:
+            self._retired_keys[self.origin(stream)] = _mark_seq
+            self._retired += 1
+            self._origins[stream] = (stream, self._retired)
 
     def origin(self, stream: Any) -> Any:
         """The key the clocks know the stream at handle ``stream`` by (a mark's
         ``origin``): the handle itself, or, once a stream at that handle was
-        retired (:meth:`forget_order`), the handle with a count of its own,
-        so that points taken on a later stream there do not reach the marks
-        of the earlier one."""
+        retired while blocks held its marks (:meth:`forget_order`), the
+        handle with a count of its own, so that points taken on a later
+        stream there do not reach the marks of the earlier one."""
         if self._origins:
             found = self._origins.get(stream)
             if found is not None:
@@ -821,4 +841,5 @@ class MarkBook:
         self.ordered.clear()
         self._flags.clear()
         self._origins.clear()
+        self._retired_keys.clear()
         self.races = []

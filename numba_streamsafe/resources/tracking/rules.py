@@ -211,22 +211,25 @@ class Entry:
         self.spans = None
         self.reads = {}
 
-    def forget_stream(self, stream: Any, tomb: Any) -> None:
+    def forget_stream(self, stream: Any, tomb: Any) -> int:
         """Rename ``stream`` to ``tomb`` in the marks and reads the entry holds
-        and drop it from those marks' waiters (the stream's history ends)."""
+        and drop it from those marks' waiters (the stream's history ends).
+        Returns how many of the entry's uses were the stream's."""
         span: Span
+        n: cython.int = 0
         if self.spans is None:
             m: Mark = self.last_write
             if m.stream == stream:
                 m.stream = tomb
+                n = 1
             if m.waiters:
                 m.waiters.pop(stream, None)
-            _forget(self.reads, stream, tomb)
-            return
+            return n + _forget(self.reads, stream, tomb)
         for s in self.spans:
             span = s
-            _forget(span.writes, stream, tomb)
-            _forget(span.reads, stream, tomb)
+            n += _forget(span.writes, stream, tomb)
+            n += _forget(span.reads, stream, tomb)
+        return n
 
 
 @cython.cfunc
@@ -240,17 +243,21 @@ def _only(marks: dict, stream: Any) -> cython.bint:
 @cython.cfunc
 @cython.exceptval(-1)
 def _forget(marks: dict, stream: Any, tomb: Any) -> cython.int:
+    """:meth:`Entry.forget_stream` over one dict of marks; 1 if it held the
+    stream's mark, else 0."""
     m: Mark
+    n: cython.int = 0
     found = marks.pop(stream, None)
     if found is not None:
         m = found
         m.stream = tomb
         marks[tomb] = m
+        n = 1
     for mark in marks.values():
         m = mark
         if m.waiters:
             m.waiters.pop(stream, None)
-    return 0
+    return n
 
 
 # ------------------------------------------------------------------- the rules
