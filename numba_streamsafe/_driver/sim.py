@@ -24,7 +24,10 @@ Like CUDA, the model may hand a destroyed stream's handle to the next stream
 created (``recycle_streams``); the checker keeps the two apart (each stream
 has a serial of its own), so a reused handle inherits no ordering. Work queued
 on a destroyed stream still completes: a device-wide synchronize (and so
-``cuMemFree``) orders the host after it.
+``cuMemFree``) orders the host after it, and until something orders it, it
+races with later work. Once the host has waited for its last operation the
+stream leaves the clocks (:meth:`SimSystem.retire`): the clocks, and the cost
+of a launch and of a synchronise, do not grow with the streams made over a run.
 
 Several simulated devices share one :class:`SimSystem`: one lock, one host
 clock, one counter of stream serials and handles, and events any device's
@@ -125,17 +128,17 @@ class SimDriver:
         self.device = device
         self.recycle_streams = recycle_streams
         self._lock = system.lock
-        self._serials = system.serials
         self._streams: dict[int, SimStream] = {
-            LEGACY_STREAM: SimStream(LEGACY_STREAM, next(self._serials)),
-            PER_THREAD_STREAM: SimStream(PER_THREAD_STREAM, next(self._serials), blocking=True),
+            LEGACY_STREAM: SimStream(LEGACY_STREAM, system.new_serial()),
+            PER_THREAD_STREAM: SimStream(PER_THREAD_STREAM, system.new_serial(), blocking=True),
         }
         #: Serial -> stream, for the live streams.
         self._by_serial: dict[int, SimStream] = {s.serial: s for s in self._streams.values()}
         #: Handles of destroyed streams, handed out again newest first.
         self._free_handles: list[int] = []
-        #: Clocks of destroyed streams whose work the host has not yet waited for.
-        self._retired: list[dict[int, int]] = []
+        #: What the destroyed streams' work is ordered after (the join of their
+        #: clocks), until a device-wide synchronise waits for it.
+        self._retired: dict[int, int] = {}
         #: Handles of destroyed streams not yet handed out again.
         self.destroyed_streams: set[int] = set()
         #: Streams created and destroyed over the driver's life.
@@ -201,8 +204,7 @@ class SimDriver:
                 raise DriverError("cuMemAllocAsync", CUDA_ERROR_INVALID_VALUE,
                                   "size must be positive")
             op = self._enqueue(stream, "cuMemAllocAsync", "cuMemAllocAsync")
-            chunk = self.memory.take(nbytes, op, self._ordered, self._host_clock,
-                                     "cuMemAllocAsync")
+            chunk = self.memory.take(nbytes, op, self._ordered, "cuMemAllocAsync")
             self.checker.check(chunk, chunk.base, nbytes, Access.WRITE, op)
             return chunk.base
 
@@ -211,7 +213,7 @@ class SimDriver:
             self._enter("cuMemAlloc")
             if nbytes <= 0:
                 raise DriverError("cuMemAlloc", CUDA_ERROR_INVALID_VALUE, "size must be positive")
-            chunk = self.memory.new_chunk(nbytes, self._host_clock, "cuMemAlloc")
+            chunk = self.memory.new_chunk(nbytes, "cuMemAlloc")
             self.checker.check(chunk, chunk.base, nbytes, Access.WRITE,
                                self._host_op("cuMemAlloc"))
             return chunk.base
@@ -290,7 +292,7 @@ class SimDriver:
     def pool_trim(self, keep_bytes: int = 0) -> None:
         with self._lock:
             self._enter("cuMemPoolTrimTo")
-            self.memory.trim_completed(keep_bytes, self._host_clock)
+            self.memory.trim_completed(keep_bytes)
 
     def set_pool_attribute(self, name: str, value: int) -> None:
         """Record a pool attribute (the model keeps freed memory pooled until a
@@ -512,7 +514,7 @@ class SimDriver:
                 self.destroyed_streams.discard(handle)
             else:
                 handle = self.system.take_handles()
-            stream = SimStream(handle, next(self._serials), blocking)
+            stream = SimStream(handle, self.system.new_serial(), blocking)
             self._streams[handle] = stream
             self._by_serial[stream.serial] = stream
             self.streams_created += 1
@@ -520,7 +522,9 @@ class SimDriver:
 
     def destroy_stream(self, stream: int) -> None:
         """Destroy ``stream``. Its queued work still completes (the host is ordered
-        after it at the next device-wide synchronize); the handle may be reused."""
+        after it at the next device-wide synchronize); the handle may be reused.
+        The stream leaves the clocks once the host waited for its work
+        (:meth:`SimSystem.retire`)."""
         with self._lock:
             self._enter("cuStreamDestroy")
             if stream in (LEGACY_STREAM, 1, PER_THREAD_STREAM):
@@ -529,8 +533,8 @@ class SimDriver:
             s = self._stream(stream, "cuStreamDestroy")
             del self._streams[stream]
             del self._by_serial[s.serial]
-            if s.clock:
-                self._retired.append(s.clock)
+            join_clocks(self._retired, s.clock)
+            self.system.retire(s.serial, s.clock.get(s.serial, 0))
             self.destroyed_streams.add(stream)
             if self.recycle_streams:
                 self._free_handles.append(stream)
@@ -595,6 +599,7 @@ class SimDriver:
         serial = s.serial
         seq = clock.get(serial, 0) + 1
         clock[serial] = seq
+        s.unseen = True
         return Op(serial, seq, label, stream)
 
     def _joined(self, stream: int, call: str) -> SimStream:
@@ -607,10 +612,14 @@ class SimDriver:
         join_clocks(clock, self._host_clock)
         if stream == LEGACY_STREAM:
             for other in self._streams.values():
-                if other.blocking:
+                if other.blocking and other.unseen:
                     join_clocks(clock, other.clock)
+                    s.unseen = True
         elif s.blocking:
-            join_clocks(clock, self._streams[LEGACY_STREAM].clock)
+            legacy = self._streams[LEGACY_STREAM]
+            if legacy.unseen:
+                join_clocks(clock, legacy.clock)
+                s.unseen = True
         return s
 
     def _host_op(self, label: str) -> Op:
@@ -623,7 +632,7 @@ class SimDriver:
             clock = self._host_clock
         else:
             clock = self._by_serial[later.stream].clock
-        return clock.get(earlier.stream, 0) >= earlier.seq
+        return self.system.covers(clock, earlier)
 
     def observe(self) -> SimObserver:
         """The calls made through :attr:`observer` (another library's)."""
@@ -639,7 +648,9 @@ class SimDriver:
                 self.captures.refuse_outside(stream, "cuStreamSynchronize")
             # A synchronise of the legacy stream (or of a blocking one) waits
             # for what an operation queued there now would wait for.
-            self._join_host(self._joined(stream, "cuStreamSynchronize").clock)
+            s = self._joined(stream, "cuStreamSynchronize")
+            self._join_host(s.clock)
+            s.unseen = False
 
     def stream_blocking(self, stream: int) -> bool:
         with self._lock:
@@ -652,9 +663,7 @@ class SimDriver:
             self._enter("cuStreamQuery")
             if self.captures:
                 self.captures.refuse_outside(stream, "cuStreamQuery")
-            clock = self._stream(stream, "cuStreamQuery").clock
-            host = self._host_clock
-            return all(host.get(k, 0) >= v for k, v in clock.items())
+            return self.system.host_covers(self._stream(stream, "cuStreamQuery").clock)
 
     def synchronize(self) -> None:
         """Device-wide synchronise: the host is ordered after every stream,
@@ -666,14 +675,21 @@ class SimDriver:
             self._join_device()
 
     def _join_device(self) -> None:
-        for s in self._streams.values():
-            self._join_host(s.clock)
-        for clock in self._retired:
-            self._join_host(clock)
-        self._retired = []
+        for s in list(self._streams.values()):
+            if s.unseen:
+                self._join_host(s.clock)
+                s.unseen = False
+        retired, self._retired = self._retired, {}
+        self._join_host(retired)
 
     def _join_host(self, clock: dict[int, int]) -> None:
-        join_clocks(self._host_clock, clock)
+        self.system.after_host(clock)
+
+    def clocks(self) -> Iterable[dict[int, int]]:
+        """The clocks this device keeps: its streams' and its destroyed streams'."""
+        for s in self._streams.values():
+            yield s.clock
+        yield self._retired
 
     # ------------------------------------------------------------------ events
     def event_create(self) -> int:
@@ -721,10 +737,7 @@ class SimDriver:
         with self._lock:
             self._enter("cuEventQuery")
             clock = self._event(event, "cuEventQuery")
-            if not clock:
-                return True
-            host = self._host_clock
-            return all(host.get(k, 0) >= v for k, v in clock.items())
+            return not clock or self.system.host_covers(clock)
 
     def event_synchronize(self, event: int) -> None:
         with self._lock:
@@ -744,6 +757,7 @@ class SimDriver:
             s = self._stream(stream, "cuStreamWaitEvent")
             if clock:
                 join_clocks(s.clock, clock)
+                s.unseen = True
 
     @property
     def live_streams(self) -> int:

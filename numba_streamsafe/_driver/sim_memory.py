@@ -53,8 +53,7 @@ class SimPool:
         self._used_high = 0
 
     # ------------------------------------------------------------ allocation
-    def take(self, nbytes: int, op: Op, ordered: Callable[[Op, Op], bool],
-             host_clock: dict[int, int], call: str) -> Chunk:
+    def take(self, nbytes: int, op: Op, ordered: Callable[[Op, Op], bool], call: str) -> Chunk:
         """A live chunk of at least ``nbytes`` for the allocation ``op``: the
         newest pooled chunk whose free is ordered before ``op`` (CUDA's pool
         prefers the most recently freed block), else a new one.
@@ -76,12 +75,12 @@ class SimPool:
                 chunk.allocated = chunk.freed = ()  # a new allocation: told anew
                 break
         else:
-            chunk = self.new_chunk(nbytes, host_clock, call)
+            chunk = self.new_chunk(nbytes, call)
         self._used += chunk.capacity
         self._used_high = max(self._used_high, self._used)
         return chunk
 
-    def new_chunk(self, nbytes: int, host_clock: dict[int, int], call: str) -> Chunk:
+    def new_chunk(self, nbytes: int, call: str) -> Chunk:
         """A new live chunk of ``nbytes`` (reserved from the device, trimming
         completed frees first when it is full).
 
@@ -92,7 +91,7 @@ class SimPool:
         """
         cap = round_capacity(nbytes)
         if self._reserved + cap > self.capacity:
-            self.trim_completed(0, host_clock)
+            self.trim_completed(0)
             if self._reserved + cap > self.capacity:
                 free = self.capacity - self._reserved
                 raise DriverError(call, CUDA_ERROR_OUT_OF_MEMORY,
@@ -177,14 +176,15 @@ class SimPool:
         self._chunks[ptr] = chunk
         return chunk
 
-    def trim_completed(self, keep_bytes: int, host_clock: dict[int, int]) -> None:
+    def trim_completed(self, keep_bytes: int) -> None:
         """Give pooled chunks whose free the host has completed back to the
         device, newest kept first, until at most ``keep_bytes`` stay pooled."""
         kept = []
         pooled = 0
+        system = self.system
         for chunk in reversed(self._pooled):
             op = chunk.free_op
-            done = op is not None and host_clock.get(op.stream, 0) >= op.seq
+            done = op is not None and system.covers(system.host_clock, op)
             if done and pooled + chunk.capacity > keep_bytes:
                 self.release(chunk)
             else:

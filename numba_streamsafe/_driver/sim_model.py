@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,7 @@ class Op:
 
 
 class SimStream:
-    __slots__ = ("handle", "serial", "clock", "blocking")
+    __slots__ = ("handle", "serial", "clock", "blocking", "unseen")
 
     def __init__(self, handle: int, serial: int, blocking: bool = False) -> None:
         self.handle = handle
@@ -72,6 +73,9 @@ class SimStream:
         self.clock: dict[int, int] = {}
         #: Whether it and the legacy default stream wait for each other's work.
         self.blocking = blocking
+        #: Whether the clock may name work the host has not waited for since
+        #: it last joined the clock (a device-wide synchronise skips it if not).
+        self.unseen = False
 
 
 class _Shadow:
@@ -145,13 +149,38 @@ class SimSystem:
     across devices, as CUDA's do not), the events (any device's stream may
     wait for any event), the peer-access flags and the hazards found.
 
+    A destroyed stream is *settled* once the host has waited for its last
+    operation (:meth:`after_host`): everything queued from then on, on any
+    stream, is ordered after its work (each operation is ordered after the
+    host's past), so no clock needs an entry for it. :meth:`covers` decides
+    every comparison: the work of a serial no longer ``tracked`` is before
+    everything. The settled serials' entries leave the clocks in batches
+    (:meth:`_settle`), so the clocks name the host, the live streams, the
+    destroyed streams whose work may still be pending and a bounded number
+    of settled ones: their size and cost do not grow with the streams made
+    over a run.
+
     Build the drivers over it: ``SimDriver(0, system=s)``, ``SimDriver(1,
     system=s)``. A driver built without one gets a system of its own.
     """
 
+    #: Settled serials beyond the tracked ones whose entries may stay in the
+    #: clocks before a pass removes them all (:meth:`_settle`; negative: a
+    #: pass at every settle).
+    settle_batch = 32
+
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.serials = itertools.count(1)
+        self._serials = itertools.count(1)
+        #: Serials a clock may have to name: the host's, every stream's that
+        #: exists, and destroyed streams' until the host waited for their work.
+        #: Work of any other serial is before everything queued from now on.
+        self.tracked: set[int] = {HOST}
+        #: Destroyed streams whose work the host has not waited for yet:
+        #: serial -> the sequence number of the stream's last operation.
+        self.unfinished: dict[int, int] = {}
+        #: Settled serials whose entries may still be in some clock (:meth:`_settle`).
+        self.settled: set[int] = set()
         self.host_clock: dict[int, int] = {}
         #: Event handle -> its captured clock (None until recorded).
         self.events: dict[int, dict[int, int] | None] = {}
@@ -165,6 +194,78 @@ class SimSystem:
         #: Whether the hazards found here are the user's reports: False where a
         #: checking resource over this system reports instead (check mode).
         self.reports = True
+
+    def new_serial(self) -> int:
+        """The serial of a new stream (its key in the vector clocks)."""
+        serial = next(self._serials)
+        self.tracked.add(serial)
+        return serial
+
+    def covers(self, clock: dict[int, int], op: Op) -> bool:
+        """Whether ``clock`` is ordered after ``op``: its entry for ``op``'s
+        stream reaches ``op``, or that stream was destroyed and the host has
+        waited for all its work (it left the clocks)."""
+        stream = op.stream
+        return stream not in self.tracked or clock.get(stream, 0) >= op.seq
+
+    def host_covers(self, clock: dict[int, int]) -> bool:
+        """Whether the host waited for everything ``clock`` names (:meth:`covers`)."""
+        tracked, host = self.tracked, self.host_clock
+        return all(k not in tracked or host.get(k, 0) >= v for k, v in clock.items())
+
+    def retire(self, serial: int, last: int) -> None:
+        """The stream ``serial`` was destroyed after its operation ``last``
+        (0: none): it leaves the clocks now if the host waited for that
+        operation already, else once it does (:meth:`after_host`)."""
+        if self.host_clock.get(serial, 0) >= last:
+            self._settle((serial,))
+        else:
+            self.unfinished[serial] = last
+
+    def after_host(self, clock: dict[int, int]) -> None:
+        """The host waited for what ``clock`` names: the host clock joins it,
+        and the destroyed streams whose work it now covers leave the clocks."""
+        host = self.host_clock
+        join_clocks(host, clock)
+        unfinished = self.unfinished
+        if unfinished:
+            done = [k for k in clock if k in unfinished and host[k] >= unfinished[k]]
+            if done:
+                self._settle(done)
+
+    def clocks(self) -> Iterator[dict[int, int]]:
+        """Every clock the system keeps: the host's, the events', and each
+        device's streams' and destroyed streams' (:meth:`SimDriver.clocks`)."""
+        yield self.host_clock
+        for clock in self.events.values():
+            if clock:
+                yield clock
+        for driver in self.drivers.values():
+            yield from driver.clocks()
+
+    def _settle(self, serials: Iterable[int]) -> None:
+        """The host waited for all the work of the destroyed streams
+        ``serials``: they are no longer ``tracked`` (:meth:`covers` orders
+        their work before everything). Their entries, harmless now, leave
+        the clocks once the settled serials outnumber the tracked ones by
+        more than :attr:`settle_batch`: one pass over the clocks per batch,
+        and no clock names more than ``2 * len(tracked) + settle_batch``
+        serials."""
+        settled = self.settled
+        for serial in serials:
+            self.tracked.discard(serial)
+            self.unfinished.pop(serial, None)
+            settled.add(serial)
+        if len(settled) <= len(self.tracked) + self.settle_batch:
+            return
+        for clock in self.clocks():
+            if len(clock) < len(settled):
+                for key in [k for k in clock if k in settled]:
+                    del clock[key]
+            else:
+                for key in settled:
+                    clock.pop(key, None)
+        settled.clear()
 
     def take_handles(self, step: int = 0x10) -> int:
         """A fresh handle; the next ``step`` values are taken with it."""

@@ -660,6 +660,8 @@ class AsyncResource(MemoryResource):
         destroyed stream would fail (or crash the driver).
         """
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             mark = self.marks.open.get(stream)
             if mark is not None and self.marks.in_use(mark):
                 self.marks.seal(mark)
@@ -783,6 +785,8 @@ class AsyncResource(MemoryResource):
         if self._pending:
             self._reaper.reap_completed()  # drop what released borrowed blocks kept, once done
         with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
             if self._deferred_queue:
                 self._deferred.drain(self._deallocate_locked)
             clash = self._table.overlapping(ptr, nbytes)
@@ -967,6 +971,8 @@ class AsyncResource(MemoryResource):
         self._drain()
         with self._reaper.exclusive():
             with self._lock:
+                if self.observed is not None:  # what other code did on it first
+                    self.marks.catch_up()
                 self.marks.retire(stream)
                 pending = self._reaper.take_stream(stream)
             self._reaper.sync(pending)
@@ -975,8 +981,8 @@ class AsyncResource(MemoryResource):
                 # and the forgetting. A failed destroy leaves the history as it was.
                 if destroy is not None:
                     destroy(stream)
-                self._table.forget_stream(stream)
-                self.marks.forget_order(stream)
+                held = self._table.forget_stream(stream)
+                self.marks.forget_order(stream, held != 0)
 
     def _retry_after_oom(self, nbytes: int, stream: int) -> int:
         """Out of memory: give back everything we can, then try once more."""

@@ -159,8 +159,8 @@ class ObservedCalls:
         the handle inherits none of its history."""
         if stream <= 2:
             return
-        self.table.forget_stream(stream)
-        self.book.forget_order(stream)
+        held = self.table.forget_stream(stream)
+        self.book.forget_order(stream, held != 0)
 
     def _use(self, kind: int, cbid: int, stream: int, dst: int, src: int, nbytes: int,
              flags: int, stack: Any) -> None:

@@ -4,9 +4,10 @@ multi-stream programs (Hypothesis).
 A program runs on a :class:`~numba_streamsafe._driver.sim.SimDriver` under a
 checking :class:`~numba_streamsafe.resources.AsyncResource` (``check=True``):
 kernels over whole buffers and halves of them, on the legacy default
-stream, blocking streams and non-blocking ones, ordered only by what the
-program does itself (events recorded and waited for, stream and device
-synchronises, frees). Every such operation is made on the simulated driver
+stream, blocking streams and non-blocking ones (destroyed and replaced by
+new ones as the program goes), ordered only by what the program does
+itself (events recorded and waited for, stream and device synchronises,
+frees). Every such operation is made on the simulated driver
 (which checks the accesses) and told to the resource as Numba's hooks tell it.
 
 The property: the resource reports a race between the same pairs of streams
@@ -32,13 +33,14 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from numba_streamsafe._driver.sim import SimDriver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.resources.tracking.marks import set_work
+from numba_streamsafe.resources.tracking.marks import retired_stream_id, set_work
 
 #: Stream kinds: the legacy default stream, blocking and non-blocking streams.
 LEGACY, BLOCKING, NON_BLOCKING = "legacy", "blocking", "non-blocking"
@@ -77,6 +79,19 @@ class DeviceSync(NamedTuple):
 
 class Free(NamedTuple):
     buf: int
+
+
+class Replace(NamedTuple):
+    """The stream is destroyed (its history retired first, as
+    ``destroy_stream`` does) and a new stream of its kind takes its place:
+    the destroyed stream's queued work still races with what is not ordered
+    after it. The buffers allocated on it are freed first (their frees
+    queued there) and allocated again on the new stream; a stream with frees
+    queued is synchronised first (as a program waits for a stream's frees
+    before it destroys it; the library would otherwise, which the simulator
+    would see and check mode not). Skipped for the legacy default stream."""
+
+    stream: int
 
 
 class Realloc(NamedTuple):
@@ -134,6 +149,7 @@ def programs(draw: Any, realloc: bool = False, foreign: bool = False) -> Program
                      st.builds(Record, event, stream), st.builds(Wait, stream, event),
                      st.builds(Wait, stream, event), st.builds(StreamSync, stream),
                      st.just(DeviceSync()), st.builds(Free, buf),
+                     *[st.builds(Replace, stream)] * 4,
                      *([st.builds(Realloc, buf)] if realloc else []),
                      *([st.builds(ForeignCopy, stream, buf, st.integers(-1, nbufs - 1)),
                         st.builds(ForeignFill, stream, buf)] * 2 if foreign else []))
@@ -155,19 +171,26 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
     """The race pairs the checking resource reported and those the simulator
     found (``check`` False: the program in ordering mode, which reports none
     unless a race check ``watch`` es it from the start; ``reuse``: freed
-    blocks are kept for reuse on their stream). With ``foreign`` the
-    program's events, waits and synchronises are another library's
+    blocks are kept for reuse on their stream). A stream is named by its
+    place in the program and how many streams were there before it
+    (:class:`Replace`), the same in every run of the program. With ``foreign``
+    the program's events, waits and synchronises are another library's
     (``SimDriver.observer``), which the resource learns of where it
     ``observe`` s (the negative control: it does not)."""
-    sim = SimDriver(backing=False)
+    # Destroyed handles are not handed out again: the simulator names a
+    # destroyed stream's work by its handle, the resource by the identity it
+    # renamed it to (``renamed``).
+    sim = SimDriver(backing=False, recycle_streams=False)
     res = AsyncResource(sim, check=check, reuse_bytes=1 << 20 if reuse else 0,
                         observe=foreign and observe)
     lib = sim.observer  # another library's calls: run on the simulator, and noted
+    renamed: dict[Any, int] = {}
     if watch:
         res.watch_races(True)
     run.skipped = 0  # type: ignore[attr-defined]
     streams = [0 if kind == LEGACY else sim.create_stream(blocking=kind == BLOCKING)
                for kind in program.kinds]
+    names = {s: (i, 0) for i, s in enumerate(streams)}
     owners = [_Owner() for _ in streams]  # the streams' objects (blocks are kept for them)
     blocks: list[Any] = [res.allocate(NBYTES, streams[h], f"buf{i}", stream_owner=owners[h])
                          for i, h in enumerate(program.homes)]
@@ -188,7 +211,7 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             res.preflight(uses, s)
             sim.trace_access(s, [(b.ptr + lo, hi - lo, a) for b, a, lo, hi in uses], f"k{k}")
             res.commit(uses, s)
-        elif foreign and not isinstance(step, Kernel | Free | Realloc):
+        elif foreign and not isinstance(step, Kernel | Free | Realloc | Replace):
             _foreign_step(lib, step, streams, blocks, events)
         elif isinstance(step, Record):
             s = streams[step.stream]
@@ -224,12 +247,37 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             res.defer_free(blocks[step.buf])
             blocks[step.buf] = res.allocate(NBYTES, streams[home], f"buf{step.buf}",
                                             stream_owner=owners[home])
+        elif isinstance(step, Replace) and program.kinds[step.stream] != LEGACY:
+            s = streams[step.stream]
+            homed = [i for i, b in enumerate(blocks) if b is not None and b.stream == s]
+            for i in homed:
+                res.deallocate(blocks[i])
+            if s in res.pending_per_stream():
+                clock = res.program_clock(s)
+                sim.stream_synchronize(s)
+                res.program_completed(clock)
+            # The identity the resource renames the stream's history to is the
+            # next retired_stream_id after this one (nothing else takes one here).
+            renamed[retired_stream_id() - 1] = s
+            res.retire_stream(s, sim.destroy_stream)
+            streams[step.stream] = sim.create_stream(
+                blocking=program.kinds[step.stream] == BLOCKING)
+            names[streams[step.stream]] = (step.stream, names[s][1] + 1)
+            owners[step.stream] = _Owner()
+            for i in homed:
+                blocks[i] = res.allocate(NBYTES, streams[step.stream], f"buf{i}",
+                                         stream_owner=owners[step.stream])
     res.catch_up()  # what the other library did last (as the exit summary does)
     run.skipped = res.marks.skipped  # type: ignore[attr-defined]
     run.hazards = list(sim.hazards)  # type: ignore[attr-defined]
     hazards = res.race_log.hazards if res.race_log is not None else []
-    found = {(h.kind, h.first.stream, h.second.stream) for h in hazards}
-    oracle = {(h.kind, h.first.stream, h.second.stream) for h in sim.hazards
+
+    def name(stream: Any) -> Any:
+        stream = renamed.get(stream, stream)
+        return names.get(stream, stream)
+
+    found = {(h.kind, name(h.first.stream), name(h.second.stream)) for h in hazards}
+    oracle = {(h.kind, name(h.first.stream), name(h.second.stream)) for h in sim.hazards
               if h.first is not None and h.second is not None}
     return found, oracle
 
@@ -323,6 +371,29 @@ def test_a_race_check_in_ordering_mode_reports_the_races_it_orders(program):
     assert found <= (checked | oracle if _reallocates(program) else oracle), program
     if LEGACY not in program.kinds:
         assert {f[1:] for f in found} == {c[1:] for c in checked}, program
+
+
+@pytest.mark.parametrize("order", [None, "handoff", "stream-synchronize",
+                                   "device-synchronize"])
+def test_a_destroyed_streams_work_races_in_check_mode_as_in_the_simulator(order):
+    """A stream writes a buffer and is replaced by a new one; another stream
+    then reads the buffer. Unless the program ordered the read after the
+    write (an event handed over before the destroy, or the host's wait for
+    the stream or the device) both the resource and the simulator find the
+    race, with the destroyed stream as the earlier side; in ordering mode
+    the library orders it."""
+    before = {"handoff": [Handoff(0, 1)], "stream-synchronize": [StreamSync(0)]}.get(order, [])
+    after = [DeviceSync()] if order == "device-synchronize" else []
+    steps = (Kernel(0, ((0, Access.WRITE, 0),)), *before, Replace(0), *after,
+             Kernel(1, ((0, Access.READ, 0),)))
+    program = Program((NON_BLOCKING,) * 3, 1, (2,), steps)
+    found, oracle = run(program)
+    assert found == oracle, (found, oracle)
+    if order is None:
+        assert {f[0] for f in found} == {"read-after-write"}, found
+    else:
+        assert found == set(), found
+    assert run(program, check=False) == (set(), set())
 
 
 def test_ordering_mode_skips_waits_in_such_programs():
@@ -426,6 +497,29 @@ def _use(res: Any, sim: Any, stream: int, uses: list[tuple[Any, Access]], label:
 
 def _found(res: Any) -> list[tuple[str, str, str]]:
     return [(h.kind, h.first.label, h.second.label) for h in res.race_log.hazards]
+
+
+def test_a_synchronise_of_a_new_stream_at_a_retired_handle_is_no_synchronise_of_the_old():
+    """A stream reads a buffer and is destroyed; the next stream gets its
+    handle and the host synchronises that one. A write of the buffer on
+    another stream still races with the destroyed stream's read: check mode
+    reports it, as the simulator finds it (before, the synchronise's point
+    was taken for the destroyed stream's work too)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, check=True, reuse_bytes=0)
+    s, t = sim.create_stream(), sim.create_stream()
+    buf = res.allocate(NBYTES, t, "buf")
+    sim.synchronize()
+    _use(res, sim, s, [(buf, R)], "read on s")
+    res.retire_stream(s, sim.destroy_stream)
+    again = sim.create_stream()
+    assert again == s  # the handle is handed out again
+    clock = res.program_clock(again)
+    sim.stream_synchronize(again)
+    res.program_completed(clock)
+    _use(res, sim, t, [(buf, W)], "write on t")
+    assert [h.kind for h in sim.hazards] == ["write-after-read"]
+    assert _found(res) == [("write-after-read", "read on s", "write on t")]
 
 
 def test_a_watch_names_no_use_made_before_it_began():

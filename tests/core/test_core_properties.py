@@ -117,3 +117,22 @@ def test_unfenced_program_hazard_is_a_real_cross_stream_race():
     assert kinds == ["read-after-write"], raw.sim.hazards
     assert all("step1" in h.earlier and "step2" in h.later for h in raw.sim.hazards)
     _assert_clean_after_fenced(P.execute(program, fenced=True))
+
+
+def test_a_synchronise_of_a_new_stream_at_a_retired_handle_completes_none_of_the_old_work():
+    """Stream 1 reads a buffer and is retired; the new stream at its handle is
+    synchronised (as transparent mode notes it). That synchronise says
+    nothing of the retired stream's read: the buffer's free on stream 0 still
+    waits for it (before, the synchronise's point was taken for the old
+    stream's too, the wait was skipped, and the free raced with the read)."""
+    program = P.Program(
+        n_streams=3, sizes=(16, 16), homes=(0, 0),
+        steps=(P.Launch(1, ((0, P.Access.READ),)), P.Retire(1), P.ProgramSync(1)),
+    )
+    run = P.execute(program, fenced=True)
+    assert run.recycled == 1  # the new stream has the retired one's handle
+    _assert_clean_after_fenced(run)
+    raw = P.execute(program, fenced=False)  # the negative control: the free races
+    P.cleanup(raw)
+    assert any(h.kind == "write-after-read" and "cuMemFreeAsync" in h.later
+               for h in raw.sim.hazards), raw.sim.hazards

@@ -380,3 +380,44 @@ def test_a_point_of_the_program_records_the_event_of_the_marks_it_closes():
         kernel(res, sim, b, [(x, R)], label="read x on b")
         assert res.marks.waits == waits  # the program ordered it: no wait, no report
         assert sim.hazards == [] and not (res.race_log and res.race_log.hazards)
+
+
+def test_the_program_clocks_stay_bounded_as_streams_are_destroyed_with_their_uses_held():
+    """Streams destroyed through the runtime while a block still holds their
+    reads, one after another at the same handle, each handing its work to a
+    long-lived stream by an event that the host then waits for; a device
+    synchronise every ten. A later stream at the handle is known to the
+    clocks by a key of its own (so its points reach none of the marks still
+    held), and those keys leave the clocks once a device synchronise
+    completed their marks: the clocks keep a handful of keys, not one per
+    stream destroyed. Every use stays ordered."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    rt = DeviceRuntime(res)
+    hub = sim.create_stream()
+    shared = res.allocate(256, hub, "shared")
+    out = res.allocate(256, hub, "out")
+    for i in range(300):
+        s = sim.create_stream()
+        kernel(res, sim, s, [(shared, R)], label=f"read{i}")
+        clock = res.program_clock(s)
+        event = sim.event_create()
+        sim.event_record(event, s)
+        sim.stream_wait_event(hub, event)
+        res.program_waited(hub, clock)
+        sim.event_synchronize(event)
+        res.program_completed(clock)
+        sim.event_destroy(event)
+        rt.destroy_stream(s)
+        kernel(res, sim, hub, [(out, W)], label=f"write{i}")
+        if i % 10 == 9:
+            point = res.program_point_all()
+            sim.synchronize()
+            res.program_completed_all(point)
+    assert len(res.marks.done) <= 16, len(res.marks.done)
+    assert all(len(entry[1]) <= 16 for entry in res.marks.ordered.values()), res.marks.ordered
+    kernel(res, sim, hub, [(shared, W)], label="last write")
+    sim.assert_no_hazards()
+    res.deallocate(shared)
+    res.deallocate(out)
+    rt.reap()

@@ -42,6 +42,8 @@ __all__ = [
     "Realloc",
     "Renew",
     "HostSync",
+    "ProgramSync",
+    "DeviceSync",
     "Reap",
     "Retire",
     "Reset",
@@ -142,6 +144,22 @@ class HostSync:
 
 
 @dataclass(frozen=True)
+class ProgramSync:
+    """The host synchronises with ``stream`` and the library learns it, as
+    transparent mode notes Numba's ``stream.synchronize()``: the uses queued
+    there so far are complete."""
+
+    stream: int
+
+
+@dataclass(frozen=True)
+class DeviceSync:
+    """A device-wide synchronise the library learns, as transparent mode notes
+    Numba's ``cuda.synchronize()``: every use queued so far is complete (the
+    destroyed streams' too)."""
+
+
+@dataclass(frozen=True)
 class Reap:
     """``rt.reap()``: synchronise the streams with queued frees."""
 
@@ -162,7 +180,7 @@ class Reset:
     take the old handles."""
 
 
-Step = Launch | Free | Realloc | Renew | HostSync | Reap | Retire | Reset
+Step = Launch | Free | Realloc | Renew | HostSync | ProgramSync | DeviceSync | Reap | Retire | Reset
 
 
 @dataclass(frozen=True)
@@ -243,6 +261,14 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy",
                 blocks[step.buf] = block
         elif isinstance(step, HostSync):
             sim.stream_synchronize(streams[step.stream])
+        elif isinstance(step, ProgramSync):
+            clock = res.tracker.program_clock(streams[step.stream])
+            sim.stream_synchronize(streams[step.stream])
+            res.tracker.program_completed(clock)
+        elif isinstance(step, DeviceSync):
+            point = res.tracker.program_point_all()
+            sim.synchronize()
+            res.tracker.program_completed_all(point)
         elif isinstance(step, Reap):
             rt.reap()
         elif isinstance(step, Retire):
@@ -302,7 +328,7 @@ def cleanup(run: Run) -> None:
 
 # ------------------------------------------------------------------ generators
 _KINDS = ("launch",) * 12 + ("free",) * 2 + ("realloc",) * 4 + ("sync",) * 2 + (
-    "reap", "reap", "retire", "reset")
+    "reap", "reap", "retire", "reset", "program sync", "device sync")
 
 
 def random_program(rng: random.Random, *, max_steps: int = 25) -> Program:
@@ -325,6 +351,10 @@ def random_program(rng: random.Random, *, max_steps: int = 25) -> Program:
                                  rng.choice(SIZES)))
         elif kind == "sync":
             steps.append(HostSync(rng.randrange(n_streams)))
+        elif kind == "program sync":
+            steps.append(ProgramSync(rng.randrange(n_streams)))
+        elif kind == "device sync":
+            steps.append(DeviceSync())
         elif kind == "retire":
             steps.append(Retire(rng.randrange(n_streams)))
         elif kind == "reset":
@@ -357,7 +387,7 @@ def program_strategy(max_steps: int = 25, *, renew: bool = False
         a_sync = st.builds(HostSync, stream)
         step = st.one_of(*[a_launch] * 12, a_free, a_free, *[a_realloc] * 4, a_sync, a_sync,
                          st.just(Reap()), st.just(Reap()), st.builds(Retire, stream),
-                         st.just(Reset()),
+                         st.just(Reset()), st.builds(ProgramSync, stream), st.just(DeviceSync()),
                          *([st.builds(Renew, buf)] * (12 if renew else 0)))
         steps = draw(st.lists(step, min_size=1, max_size=max_steps))
         return Program(n_streams, tuple(sizes), tuple(homes), tuple(steps))

@@ -183,6 +183,20 @@ def test_alloc_parts_diagnostic_runs_on_the_simulator():
     assert len(rows["device_array"]) >= 2 and all(float(v) > 0 for v in rows["device_array"])
 
 
+def test_stream_churn_benchmark_prints_each_figure_and_its_ratio():
+    """``stream_churn.py`` at a tiny size: a row per point with the cost of a
+    synchronise and of the launches and each one's ratio to the start, and
+    the simulated driver's live streams at the end (a handful)."""
+    proc = _run("benchmarks/stream_churn.py", "--checkpoints", "20,40", "--repeats", "2",
+                "--sync-every", "10")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines()[2:5]]
+    assert [row[0] for row in rows] == ["0", "20", "40"], proc.stdout
+    assert all(row.count("ms") == 3 and row[-1].endswith("x)") for row in rows), proc.stdout
+    live = int(proc.stdout.split("at the end: ")[1].split()[0])
+    assert live <= 10, proc.stdout
+
+
 def test_relations_refuse_sizes_whose_rows_do_not_fit_the_row_type():
     code = (
         "import sys\n"

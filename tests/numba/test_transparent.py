@@ -250,6 +250,44 @@ def test_a_use_after_the_programs_event_is_still_waited_for(plain, streams):
     assert (y.copy_to_host() == 9).all() and _hazards(plain) == []
 
 
+def test_streams_made_and_dropped_in_a_loop_go(plain):
+    """A stream made per step reads an array every step reads and writes one
+    every step writes, hands its work to a long-lived stream through an
+    event and is dropped; the long-lived stream is synchronised every five
+    steps and the device every ten. The dropped streams die and are
+    destroyed as the program goes: the live streams, the reads the shared
+    array keeps, the streams waiting for its allocation and the program's
+    clocks stay a handful, not one per stream made, and so do the simulated
+    driver's clocks."""
+    src = cuda.to_device(np.arange(N, dtype=np.int64))
+    dst = cuda.device_array(N, dtype=np.int64)
+    hub = cuda.stream()
+    for i in range(300):
+        s = cuda.stream()
+        copy[1, N, s](src, dst)
+        done = cuda.event()
+        done.record(s)
+        done.wait(hub)
+        if i % 5 == 4:
+            hub.synchronize()
+        if i % 10 == 9:
+            cuda.synchronize()
+    del s, done
+    copy[1, N, cuda.stream()](src, dst)  # destroys the streams of the objects that died
+    driver = plain.driver
+    assert driver.streams_created >= 300
+    assert driver.live_streams <= 16, driver.live_streams
+    last_write, reads = plain.resource.block_events(nss.block_of(src))
+    assert len(reads) <= 12, len(reads)
+    assert len(last_write.waiters or ()) <= 12, len(last_write.waiters)
+    assert len(driver.system.host_clock) <= 64, len(driver.system.host_clock)
+    book = plain.resource.marks
+    assert len(book.done) <= 16 and len(book.ordered[plain.stream_handle(hub)][1]) <= 16
+    cuda.synchronize()
+    assert (dst.copy_to_host() == np.arange(N)).all()
+    assert _hazards(plain) == []
+
+
 def test_the_default_streams_are_the_default_handles(plain):
     assert plain.stream_handle(cuda.default_stream()) in (0, 2)
     assert plain.stream_handle(cuda.legacy_default_stream()) == 0

@@ -157,15 +157,18 @@ class BlockTable:
         return [cython.cast(Entry, e).block for e in self.live.values()
                 if cython.cast(Entry, e).block.stream == stream]
 
-    def forget_stream(self, stream: Any) -> None:
+    def forget_stream(self, stream: Any) -> int:
         """End ``stream``'s history: rename it in the marks and reads of live
         blocks and drop it from every mark's waiters, so a new stream that gets
-        the same handle inherits nothing."""
+        the same handle inherits nothing. Returns how many uses of live blocks
+        were the stream's (0: none of its marks is held any more)."""
         entry: Entry
+        n = 0
         tomb = retired_stream_id()
         for e in self.live.values():
             entry = e
-            entry.forget_stream(stream, tomb)
+            n += entry.forget_stream(stream, tomb)
+        return n
 
     def clear(self) -> list:
         """Forget every block, advance the epoch, and return the entries."""

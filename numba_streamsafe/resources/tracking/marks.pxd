@@ -59,6 +59,9 @@ cdef class MarkBook:
     cdef public unsigned long long legacy_point
     cdef dict _flags
     cdef public object observed
+    cdef dict _origins
+    cdef Py_ssize_t _retired
+    cdef dict _retired_keys
 
     cpdef object catch_up(self)
     cpdef Mark current(self, object stream, object owner=*)
@@ -68,6 +71,8 @@ cdef class MarkBook:
     cpdef object release(self, Mark mark)
     cpdef bint reportable(self, object stream, Mark mark) except? -1
     cdef bint ordered_already(self, object stream, Mark mark, object owner) except? -1
+    cpdef bint complete(self, Mark mark) except? -1
+    cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1

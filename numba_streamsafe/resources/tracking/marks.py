@@ -71,21 +71,21 @@ class Mark:
     handle), kept alive while the mark is in use. ``seq`` numbers marks in
     the order they are made: of two marks of one stream, the one with the
     higher ``seq`` stands for all the other does. ``origin`` is the stream
-    it was made on, kept when a retired stream's marks are renamed
-    (``stream`` then names no live stream): the program's clocks know the
-    mark by it (a new stream with the handle makes only later marks, which
-    the clocks' points do not reach). In check mode ``seen`` lists the
+    it was made on as the program's clocks know it (``MarkBook.origin``),
+    kept when a retired stream's marks are renamed (``stream`` then names no
+    live stream): points taken on the stream reach the mark, points taken on
+    a later stream at the same handle do not. In check mode ``seen`` lists the
     works whose uses the mark holds, ``(entries, what)`` (the uses as the
     rules resolved them, and the work), oldest first, for the reports.
     Callers change a mark only under their resource's lock.
     """
 
-    def __init__(self, stream: int, owner: Any = None) -> None:
+    def __init__(self, stream: int, owner: Any = None, origin: Any = None) -> None:
         global _mark_seq
         _mark_seq += 1
         self.seq = _mark_seq
         self.stream = stream
-        self.origin = stream
+        self.origin = stream if origin is None else origin
         self.handle = None
         self.refs = 0
         self.owner = owner
@@ -386,6 +386,14 @@ class MarkBook:
         #: (:class:`~numba_streamsafe.resources.observed.ObservedCalls`), applied
         #: before each decision (:meth:`catch_up`); None where none are observed.
         self.observed: Any = None
+        #: The key in the clocks of the stream at each handle whose earlier
+        #: stream was retired with marks still held (:meth:`origin`).
+        self._origins = {}
+        self._retired = 0
+        #: The keys of retired streams whose marks are still held -> the
+        #: newest point of their marks: once a device synchronise passes it,
+        #: the key leaves the clocks (:meth:`program_completed_all`).
+        self._retired_keys = {}
 
     def catch_up(self) -> None:
         """Apply what other code did since the last call, as the driver
@@ -402,7 +410,7 @@ class MarkBook:
         mark: Mark
         found = self.open.get(stream)
         if found is None:
-            mark = Mark(stream, owner)
+            mark = Mark(stream, owner, self._origins.get(stream) if self._origins else None)
             self.open[stream] = mark
         else:
             mark = found
@@ -560,8 +568,26 @@ class MarkBook:
         # foreign mark is work of another device, which no synchronise here covers.
         if not foreign and self._program_orders(stream, mark):
             self.skipped += 1
+            if waiters is not None and self.complete(mark):
+                # No stream waits for it any more: the streams that did may go
+                # (their objects are no longer kept alive for it).
+                mark.waiters = None
             return True
         return False
+
+    def complete(self, mark: Mark) -> cython.bint:
+        """Whether the host saw the work of ``mark`` complete (a device
+        synchronise, or a synchronise of a point of its stream after it): no
+        use waits for it any more. Never for another device's mark."""
+        if type(mark) is not Mark:
+            return False
+        seq = mark.seq
+        if seq <= self.done_all:
+            return True
+        if not self.done:
+            return False
+        done = self.done.get(mark.origin)
+        return done is not None and seq <= done
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)
@@ -705,7 +731,7 @@ class MarkBook:
         entry = self.ordered.get(stream)
         if entry is not None and (entry[0] is None or entry[0]() is not None):
             _join_clock(clock, entry[1])
-        clock[stream] = self.program_point(stream)
+        clock[self.origin(stream)] = self.program_point(stream)
         return clock
 
     def program_waited(self, stream: Any, clock: dict, owner: Any = None) -> None:
@@ -750,6 +776,19 @@ class MarkBook:
         (a device synchronise; the point taken with :meth:`program_point_all`)."""
         if point > self.done_all:
             self.done_all = point
+        if self._retired_keys:
+            self._forget_completed_keys()
+
+    def _forget_completed_keys(self) -> None:
+        """The keys of retired streams whose marks are all complete leave the
+        clocks (no mark of theirs is judged by them any more)."""
+        done_all = self.done_all
+        gone = [k for k, newest in self._retired_keys.items() if newest <= done_all]
+        for key in gone:
+            del self._retired_keys[key]
+            self.done.pop(key, None)
+            for entry in self.ordered.values():
+                entry[1].pop(key, None)
 
     def program_point_all(self) -> int:
         """:meth:`program_point` of every stream with an open mark."""
@@ -770,11 +809,30 @@ class MarkBook:
         if _mark_seq > self.done_all:
             self.done_all = _mark_seq
 
-    def forget_order(self, stream: Any) -> None:
+    def forget_order(self, stream: Any, held: cython.bint = True) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after
-        nothing the old one was."""
+        nothing the old one was. Where blocks still hold marks of the old
+        stream (``held``), the clocks know the new one by a new key
+        (:meth:`origin`), so a point taken on it covers none of the old
+        stream's marks."""
         self.ordered.pop(stream, None)
         self._flags.pop(stream, None)
+        if held:
+            self._retired_keys[self.origin(stream)] = _mark_seq
+            self._retired += 1
+            self._origins[stream] = (stream, self._retired)
+
+    def origin(self, stream: Any) -> Any:
+        """The key the clocks know the stream at handle ``stream`` by (a mark's
+        ``origin``): the handle itself, or, once a stream at that handle was
+        retired while blocks held its marks (:meth:`forget_order`), the
+        handle with a count of its own, so that points taken on a later
+        stream there do not reach the marks of the earlier one."""
+        if self._origins:
+            found = self._origins.get(stream)
+            if found is not None:
+                return found
+        return stream
 
     @cython.cfunc
     @cython.exceptval(check=False)
@@ -848,4 +906,6 @@ class MarkBook:
         self.done.clear()
         self.ordered.clear()
         self._flags.clear()
+        self._origins.clear()
+        self._retired_keys.clear()
         self.races = []

@@ -211,22 +211,25 @@ class Entry:
         self.spans = None
         self.reads = {}
 
-    def forget_stream(self, stream: Any, tomb: Any) -> None:
+    def forget_stream(self, stream: Any, tomb: Any) -> int:
         """Rename ``stream`` to ``tomb`` in the marks and reads the entry holds
-        and drop it from those marks' waiters (the stream's history ends)."""
+        and drop it from those marks' waiters (the stream's history ends).
+        Returns how many of the entry's uses were the stream's."""
         span: Span
+        n: cython.int = 0
         if self.spans is None:
             m: Mark = self.last_write
             if m.stream == stream:
                 m.stream = tomb
+                n = 1
             if m.waiters:
                 m.waiters.pop(stream, None)
-            _forget(self.reads, stream, tomb)
-            return
+            return n + _forget(self.reads, stream, tomb)
         for s in self.spans:
             span = s
-            _forget(span.writes, stream, tomb)
-            _forget(span.reads, stream, tomb)
+            n += _forget(span.writes, stream, tomb)
+            n += _forget(span.reads, stream, tomb)
+        return n
 
 
 @cython.cfunc
@@ -240,17 +243,21 @@ def _only(marks: dict, stream: Any) -> cython.bint:
 @cython.cfunc
 @cython.exceptval(-1)
 def _forget(marks: dict, stream: Any, tomb: Any) -> cython.int:
+    """:meth:`Entry.forget_stream` over one dict of marks; 1 if it held the
+    stream's mark, else 0."""
     m: Mark
+    n: cython.int = 0
     found = marks.pop(stream, None)
     if found is not None:
         m = found
         m.stream = tomb
         marks[tomb] = m
+        n = 1
     for mark in marks.values():
         m = mark
         if m.waiters:
             m.waiters.pop(stream, None)
-    return 0
+    return n
 
 
 # ------------------------------------------------------------------- the rules
@@ -558,15 +565,41 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
 @cython.exceptval(-1)
 def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.int:
     """``mark`` becomes the read of ``stream`` in ``reads``: it covers the
-    stream's earlier read, whose use ends."""
+    stream's earlier read, whose use ends. ``reads`` are kept in the order
+    they were last noted, oldest first, and a new mark first drops the
+    oldest whose work the host saw complete (:func:`_drop_complete`): a
+    block that stream after stream reads keeps the reads of the streams
+    since the host last waited, not one per stream ever made (whose objects
+    the marks would keep alive)."""
     prev: Mark
     earlier = reads.get(stream)
     if earlier is not mark:
+        if earlier is not None:
+            del reads[stream]  # noted again at the end
+        if reads:
+            _drop_complete(book, reads)
         reads[stream] = mark
         book.hold(mark)
         if earlier is not None:
             prev = earlier
             book.release(prev)
+    return 0
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _drop_complete(book: MarkBook, reads: dict) -> cython.int:
+    """Drop the oldest reads of ``reads`` whose work the host saw complete
+    (``MarkBook.complete``), up to the first that it did not: no later write
+    waits for them."""
+    m: Mark
+    while reads:
+        stream = next(iter(reads))
+        m = reads[stream]
+        if not book.complete(m):
+            break
+        del reads[stream]
+        book.release(m)
     return 0
 
 
