@@ -19,6 +19,16 @@ R, W = Access.READ, Access.WRITE
 NBYTES = 256
 
 
+def _ready(res, sim, stream):
+    """A block allocated on ``stream`` and ready for every stream (the device
+    synchronised, and the resource told)."""
+    x = res.allocate(NBYTES, stream, "x")
+    point = res.program_point_all()
+    sim.synchronize()
+    res.program_completed_all(point)
+    return x
+
+
 def _use(res, sim, stream, block, access, label="k"):
     res.preflight([(block, access)], stream)
     sim.trace_access(stream, [(block.ptr, block.nbytes, access)], label)
@@ -78,10 +88,7 @@ def test_an_event_destroyed_leaves_no_clock_behind():
     res = AsyncResource(sim, check=True, observe=True, reuse_bytes=0)
     lib = sim.observer
     a, b = sim.create_stream(), sim.create_stream()
-    x = res.allocate(NBYTES, a, "x")
-    point = res.program_point_all()
-    sim.synchronize()
-    res.program_completed_all(point)
+    x = _ready(res, sim, a)
     _use(res, sim, a, x, W, "write x on a")
     ev = lib.event_create()
     lib.event_record(ev, a)
@@ -103,10 +110,7 @@ def test_the_librarys_own_events_are_not_the_programs():
     sim = SimDriver(backing=False)
     res = AsyncResource(sim, check=True, observe=True, reuse_bytes=0)
     a, b = sim.create_stream(), sim.create_stream()
-    x = res.allocate(NBYTES, a, "x")
-    point = res.program_point_all()
-    sim.synchronize()
-    res.program_completed_all(point)
+    x = _ready(res, sim, a)
     _use(res, sim, a, x, W, "write x on a")
     ev = res.events.acquire()
     assert ev in res.events.owned
@@ -128,10 +132,7 @@ def test_a_copy_the_other_library_queued_is_reported_with_its_line():
         res = AsyncResource(sim, check=True, observe=True, reuse_bytes=0)
         lib = sim.observer
         a, b = sim.create_stream(), sim.create_stream()
-        x = res.allocate(NBYTES, a, "x")
-        point = res.program_point_all()
-        sim.synchronize()
-        res.program_completed_all(point)
+        x = _ready(res, sim, a)
         _use(res, sim, a, x, R, "read x on a")
         if ordered:
             ev = lib.event_create()
