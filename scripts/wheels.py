@@ -22,6 +22,7 @@ artefacts to ``dist/`` (``--outdir``), ready for ``twine upload``; ``--no-try`` 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
@@ -35,7 +36,6 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from packaging.utils import parse_wheel_filename
@@ -58,15 +58,20 @@ def _say(what: str) -> None:
     print(f"wheels [{time.monotonic() - _START:5.0f} s]: {what}", flush=True)
 
 
-def _compiled_module() -> ModuleType:
-    """numba_streamsafe/compiled.py on its own (the engine's modules and the
-    pure-Python build's mark), without importing the package or its dependencies."""
-    spec = importlib.util.spec_from_file_location(
-        "_nss_compiled", ROOT / "numba_streamsafe" / "compiled.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _compiled_constants() -> dict[str, Any]:
+    """``ENGINE`` and ``PYTHON_BUILD_MARK`` of numba_streamsafe/compiled.py,
+    read from its source (as setup.py reads ``ENGINE``): the module imports
+    the package, whose dependencies this environment need not have."""
+    tree = ast.parse((ROOT / "numba_streamsafe" / "compiled.py").read_text())
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in ("ENGINE", "PYTHON_BUILD_MARK"):
+                    out[target.id] = ast.literal_eval(node.value)  # type: ignore[arg-type]
+    assert set(out) == {"ENGINE", "PYTHON_BUILD_MARK"}, out
+    return out
 
 
 def _run(cmd: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -134,9 +139,9 @@ def build(outdir: Path, tmp: Path) -> tuple[Path, Path, Path]:
 def check(manylinux: Path, pure: Path) -> None:
     """Each wheel's tags are ones a package index takes, and each holds what its
     build should (AssertionError says what is wrong)."""
-    compiled = _compiled_module()
-    sources = {m.replace(".", "/") + ".py" for m in compiled.ENGINE}
-    mark = f"numba_streamsafe/{compiled.PYTHON_BUILD_MARK}"
+    compiled = _compiled_constants()
+    sources = {m.replace(".", "/") + ".py" for m in compiled["ENGINE"]}
+    mark = f"numba_streamsafe/{compiled['PYTHON_BUILD_MARK']}"
     _, _, _, tags = parse_wheel_filename(manylinux.name)
     here = f"cp{sys.version_info.major}{sys.version_info.minor}"
     assert tags and all(t.interpreter == here and t.abi == here for t in tags), tags
