@@ -157,8 +157,10 @@ class Recorder:
                 entry += [recorder.arg(k, a) for k, a in zip(kinds[1:], args[1:], strict=False)]
             else:
                 entry += [recorder.arg(k, a) for k, a in zip(kinds, args, strict=False)]
-            # ``site`` (the caller's file:line, for race reports) differs between callers.
-            entry += [f"{k}={v!r}" for k, v in sorted(kwargs.items()) if k != "site"]
+            # ``site`` and ``stack`` (the caller's frames, for race reports) differ
+            # between callers (and hold code objects, whose text names their address).
+            entry += [f"{k}={v!r}" for k, v in sorted(kwargs.items())
+                      if k not in ("site", "stack")]
             recorder.log.append(entry)
             result = method(driver, *args, **kwargs)
             if call == "create_stream":
