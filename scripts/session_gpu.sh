@@ -6,7 +6,9 @@
 #   plugin, the first start and the destroyed-stream refusals (scripts/gpu_round.sh observe
 #   with OBSERVE_TESTS); check mode's cost; one report printed in full (check mode on
 #   examples/plain_numba_pipeline.py); numba-cuda-mlir. Logs under /tmp/session-logs, the
-#   ones to keep copied to $OUT (eight files at most come back).
+#   ones to keep copied to $OUT (eight files at most come back). On a machine of several
+#   GPUs it also runs the multi-GPU tests, the Dask tests (one worker per GPU) and the
+#   docs' Dask blocks (dask-cuda's LocalCUDACluster), with .whl-dask/ carried.
 set -uo pipefail
 OUT=${OUT:-./gpu-out}
 LOGS=/tmp/session-logs
@@ -27,8 +29,18 @@ if compgen -G ".whl-mlir/*" > /dev/null; then
     echo "mlir check exit $?"
     tail -n 25 "$LOGS/mlir.txt"
 fi
+ngpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+if (( ngpus > 1 )); then
+    # gpu_round.sh installed .whl-dask/ into /tmp/site with the other wheels.
+    (export PYTHONPATH=/tmp/site:$PWD PYTEST_ADDOPTS="-n 0" NSS_RACE_REPORT=$LOGS/race.txt
+     timeout 240 python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider -rs \
+         tests/gpu/test_multi_gpu.py tests/gpu/test_dask_gpu.py \
+         "tests/gpu/test_doc_blocks_gpu.py" -k "multi_gpu or dask or Dask or LocalCUDA or multi" \
+         > "$LOGS/multi_gpu.log" 2>&1; echo "multi-GPU and Dask tests on $ngpus GPUs: exit $?")
+    grep -E "passed|failed|error|SKIP" "$LOGS/multi_gpu.log" | tail -6
+fi
 for f in observe_tests.log race.txt check_mode.log report_err.txt report_out.txt mlir.txt \
-         observe.txt; do
+         observe.txt multi_gpu.log; do
     [[ -f $LOGS/$f ]] && cp "$LOGS/$f" "$OUT/"
 done
 [[ -f $LOGS/mlir/mlir_gpu_check.json ]] && cp "$LOGS/mlir/mlir_gpu_check.json" "$OUT/"
