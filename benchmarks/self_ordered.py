@@ -1,14 +1,26 @@
 """A plain Numba program that orders itself with Numba events, under the
-plugin: what the library's waits cost it, and how many it queues.
+plugin: what the library costs it, against the same program leaving the
+ordering to the library, and what a hooked ``Event.record`` / ``wait`` costs
+against Numba's own.
 
 Two streams take turns: a producer kernel writes ``x`` on one, an event
 recorded there is waited for on the other, a consumer kernel reads ``x`` and
 writes ``y`` there, and an event orders the next producer after the consumer.
 Every cross-stream use is ordered by the program itself, so the library need
-queue no wait of its own (``memory_stats()["waits_inserted"]``). Prints the
-cost of one round (two launches and their events) and the library's waits per
-round; runs with any version of the package (to compare before and after the
-library learnt the program's ordering).
+queue no wait of its own (``memory_stats()["waits_inserted"]``) and record no
+event (``events_recorded``). The variants, taking turns in one process:
+
+* ``self``: that round (two launches, two records, two waits);
+* ``library``: the same two launches without the program's events: the
+  library queues its waits (and records its events) itself;
+* ``record`` / ``record+wait``: an ``Event.record`` on the producer's stream
+  after a launch there (and a wait for it on the other), hooked, against the
+  same calls through Numba's own methods (the hooks' originals), in turns.
+
+Prints one JSON line: microseconds per round or call (median of
+``--repeats``), the ratios, and the library's waits and events per round.
+Runs with any version of the package (to compare trees: put one on
+``PYTHONPATH`` and run this file).
 
 Run with ``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``.
 """
@@ -18,12 +30,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 from numba import cuda
 
 import numba_streamsafe as nss
+from numba_streamsafe.numba import transparent
 
 
 @cuda.jit
@@ -40,41 +55,100 @@ def consume(x, y):
         y[i] = x[i] + 1.0
 
 
+def _original(event_type: type, name: str) -> Callable[..., None]:
+    """Numba's own ``event_type.name`` (the hook's original), or the method itself
+    where it is not hooked."""
+    for (owner, attr), original in transparent._saved.items():
+        if attr == name and isinstance(owner, type) and issubclass(event_type, owner):
+            return original  # type: ignore[no-any-return]
+    return getattr(event_type, name)  # type: ignore[no-any-return]
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    blocks, threads = (1, 32) if simulated else (64, 1024)  # the simulator runs threads
     a, b = cuda.stream(), cuda.stream()
-    x = cuda.device_array(1 << 16, np.float32, stream=a)
-    y = cuda.device_array(1 << 16, np.float32, stream=b)
-    made, consumed = cuda.event(timing=False), cuda.event(timing=False)
+    x = cuda.device_array(blocks * threads, np.float32, stream=a)
+    y = cuda.device_array(blocks * threads, np.float32, stream=b)
+    timing = {} if simulated else {"timing": False}
+    made, consumed = cuda.event(**timing), cuda.event(**timing)
+    record, wait = _original(type(made), "record"), _original(type(made), "wait")
+    n = args.rounds
 
-    def rounds(n: int) -> float:
-        cuda.synchronize()
+    def self_ordered() -> float:
         start = time.perf_counter()
         for k in range(n):
-            produce[64, 1024, a](x, float(k))
+            produce[blocks, threads, a](x, float(k))
             made.record(a)
             made.wait(b)
-            consume[64, 1024, b](x, y)
+            consume[blocks, threads, b](x, y)
             consumed.record(b)
             consumed.wait(a)
         cuda.synchronize()
         return (time.perf_counter() - start) / n
 
-    rounds(10)
-    stats = nss.memory_stats()
-    waits0 = stats.get("waits_inserted", 0)
-    times = [rounds(args.rounds) for _ in range(args.repeats)]
-    stats = nss.memory_stats()
-    waits = (stats.get("waits_inserted", 0) - waits0) / (args.rounds * args.repeats)
-    expect = float(args.rounds - 1) + 1.0
-    assert float(y.copy_to_host()[0]) == expect, "the consumer read a stale x"
-    result = {"us_per_round": sorted(times)[len(times) // 2] * 1e6,
-              "library_waits_per_round": waits,
-              "waits_skipped": stats.get("waits_skipped"),
-              "package": os.path.dirname(nss.__file__)}
+    def library_ordered() -> float:
+        start = time.perf_counter()
+        for k in range(n):
+            produce[blocks, threads, a](x, float(k))
+            consume[blocks, threads, b](x, y)
+        cuda.synchronize()
+        return (time.perf_counter() - start) / n
+
+    def calls(hooked: bool, waits: bool) -> float:
+        """One launch on ``a`` (uses there to close), then the timed calls."""
+        total = 0.0
+        for k in range(n // 4):
+            produce[blocks, threads, a](x, float(k))
+            start = time.perf_counter()
+            if hooked:
+                made.record(a)
+                if waits:
+                    made.wait(b)
+            else:
+                record(made, a)
+                if waits:
+                    wait(made, b)
+            total += time.perf_counter() - start
+        cuda.synchronize()
+        return total / (n // 4)
+
+    variants = {"self": self_ordered, "library": library_ordered,
+                "record hooked": lambda: calls(True, False),
+                "record numba": lambda: calls(False, False),
+                "record+wait hooked": lambda: calls(True, True),
+                "record+wait numba": lambda: calls(False, True)}
+    for run in variants.values():  # compiled and warm
+        n, full = 10, n
+        run()
+        n = full
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    counts: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        for name, run in variants.items():
+            before = nss.memory_stats()
+            times[name].append(run())
+            after = nss.memory_stats()
+            if name in ("self", "library"):
+                for key in ("waits_inserted", "events_recorded"):
+                    counts.setdefault(f"{name} {key}", []).append(
+                        (after.get(key, 0) - before.get(key, 0)) / n)
+    assert float(y.copy_to_host()[0]) == float(n - 1) + 1.0, "the consumer read a stale x"
+    us = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+    result = {
+        "us": {k: round(v, 3) for k, v in us.items()},
+        "self / library": round(us["self"] / us["library"], 3),
+        "record: hooked - numba us": round(us["record hooked"] - us["record numba"], 3),
+        "record+wait: hooked - numba us": round(us["record+wait hooked"]
+                                                - us["record+wait numba"], 3),
+        "per round": {k: statistics.median(v) for k, v in counts.items()},
+        "events held at the end": nss.memory_stats().get("events.in_use"),
+        "package": os.path.dirname(nss.__file__),
+    }
     print(json.dumps(result))
     return result
 

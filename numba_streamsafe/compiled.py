@@ -45,7 +45,7 @@ ENGINE = ("numba_streamsafe._driver.libcuda", "numba_streamsafe._driver.observer
           "numba_streamsafe.resources.tracking.block_table",
           "numba_streamsafe.resources.tracking.freed",
           "numba_streamsafe.numba.launch.packing", "numba_streamsafe.numba.launch.policy",
-          "numba_streamsafe.numba.launch.launcher")
+          "numba_streamsafe.numba.launch.launcher", "numba_streamsafe.numba.program_order")
 
 
 def _asked() -> bool:

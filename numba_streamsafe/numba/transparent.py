@@ -26,8 +26,9 @@ those arrays goes through, so plain Numba code gets the launch protocol too:
   and on the simulator) tell the tracking resource what the program already
   orders, so the library queues no wait the program's own synchronisation
   satisfies (``memory_stats()["waits_skipped"]``). An event recorded on a
-  stream that has uses records the library's own event there first (one
-  ``cuEventRecord``), so that later uses of the stream are told apart.
+  stream that has uses closes the stream's mark, which borrows the
+  program's event in place of one of the library's
+  (:mod:`~numba_streamsafe.numba.program_order`, in the compiled engine).
 
 Frees need no hook: a block's free waits for every use recorded on it, and
 plain uses are recorded now.
@@ -52,9 +53,9 @@ from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
 from numba_streamsafe.core.hazards import NUMBA
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.core.streams import default_stream_handle, owns_handle
+from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.core.uses import CopyUses
-from numba_streamsafe.numba import target
+from numba_streamsafe.numba import program_order, target
 from numba_streamsafe.numba.launch.kernel import TrackedKernel
 from numba_streamsafe.numba.launch.policy import launch_policy
 from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
@@ -355,7 +356,9 @@ def _install_gpu() -> None:
 def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
     def record(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        _record(rt, self, _stream_ref(rt, stream)[0], lambda: original(self, stream))
+        handle = _stream_ref(rt, stream)[0]
+        program_order.record(rt, self, handle, int(self.handle), handle > 2, original, self,
+                             stream)
     record.__doc__ = original.__doc__
     return record
 
@@ -363,21 +366,23 @@ def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        _wait(rt, self, _stream_ref(rt, stream), lambda: original(self, stream))
+        handle, owner = _stream_ref(rt, stream)
+        program_order.wait(rt, self, handle, owner, int(self.handle), handle > 2, original,
+                           self, stream)
     wait.__doc__ = original.__doc__
     return wait
 
 
 def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
-        _event_completed(self, lambda: original(self))
+        program_order.completed(self, lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
 
 def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
     def query(self: Any) -> bool:
-        return _event_completed(self, lambda: original(self))
+        return program_order.completed(self, lambda: original(self))  # type: ignore[no-any-return]
     query.__doc__ = original.__doc__
     return query
 
@@ -385,7 +390,7 @@ def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
-        _synchronised(rt, _stream_ref(rt, self)[0], lambda: original(self))
+        program_order.synchronised(rt, _stream_ref(rt, self)[0], lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -394,8 +399,8 @@ def _gpu_context_synchronize(original: Callable[..., Any]) -> Callable[..., Any]
     def synchronize(self: Any) -> None:
         # cuCtxSynchronize waits for the calling thread's current context,
         # whichever context object it is called on.
-        _device_synchronised(installed_runtime(target.current_device()),
-                             lambda: original(self))
+        program_order.device_synchronised(installed_runtime(target.current_device()),
+                                          lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -421,7 +426,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
     if sync:
         handle = _stream_ref(rt, stream)[0]
         if rt.observing:  # the host waits for the copy: told to the resource
-            _synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
+            program_order.synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
         else:
             rt.driver.stream_synchronize(handle)
     return result
@@ -503,96 +508,10 @@ def _destroy_event(driver: Any, handle: int) -> None:
         pass
 
 
-# The program's own ordering, told to the runtime's tracking resource: an
-# event's clock is kept on the event object (``_nss_point``: a weak reference to
-# the runtime, the clock of the point where it was recorded), so a wait for it
-# or a synchronise of it orders what the clock covers (``AsyncResource.program_clock``).
-# One lock per event keeps each call and its bookkeeping together; nothing is
-# noted while a graph is captured on the device (a captured wait is a graph
-# node, not a wait of the stream).
-def _event_lock(event: Any) -> Any:
-    lock = event.__dict__.get("_nss_lock")
-    if lock is None:
-        lock = event.__dict__.setdefault("_nss_lock", threading.Lock())
-    return lock
-
-
-def _noting(rt: Any) -> bool:
-    """Whether the program's ordering is noted here on ``rt`` now: not while a
-    graph is captured, nor where the driver observer notes every call of the
-    process (Numba's events and synchronises among them)."""
-    if rt.capture is not None:
-        return False
-    observed = getattr(getattr(rt.resource, "tracker", None), "observed", None)
-    return observed is None or not observed.whole_process
-
-
-def _record(rt: Any, event: Any, handle: int, record: Callable[[], Any]) -> None:
-    """``record()`` records ``event`` on stream ``handle``: its point is taken
-    first (what is queued so far) and kept once the record succeeded."""
-    with _event_lock(event):
-        if not _noting(rt):
-            event.__dict__.pop("_nss_point", None)
-            record()
-            return
-        clock = rt.resource.tracker.program_clock(handle)
-        event.__dict__.pop("_nss_point", None)
-        record()
-        event.__dict__["_nss_point"] = (weakref.ref(rt), clock)
-
-
-def _wait(rt: Any, event: Any, ref: tuple[int, Any], wait: Callable[[], Any]) -> None:
-    """``wait()`` makes the stream of ``ref`` (its handle and object) wait for
-    ``event``: once it succeeded, the stream is ordered after the event's point."""
-    with _event_lock(event):
-        point = event.__dict__.get("_nss_point")
-        wait()
-        if point is not None and point[0]() is rt and _noting(rt):
-            handle, owner = ref
-            # The knowledge lasts while the stream's object does, where it owns
-            # the handle; a wrapper of one made elsewhere may die with the stream alive.
-            rt.resource.tracker.program_waited(handle, point[1],
-                                               owner if owns_handle(owner) else None)
-
-
-def _event_completed(event: Any, synchronize: Callable[[], Any]) -> Any:
-    """``synchronize()`` waits on the host for ``event`` (or, a query, tells
-    whether it completed): when it returns anything but False, the event's
-    point is complete. Its result is returned. Under the event's lock, so a
-    record of the event by another thread meanwhile cannot be taken for it."""
-    with _event_lock(event):
-        point = event.__dict__.get("_nss_point")
-        done = synchronize()
-        rt = point[0]() if point is not None else None
-        if done is not False and rt is not None and _noting(rt):
-            rt.resource.tracker.program_completed(point[1])
-        return done
-
-
-def _synchronised(rt: Any, handle: int, synchronize: Callable[[], Any]) -> None:
-    """``synchronize()`` waits on the host for stream ``handle``: complete up to now."""
-    if not _noting(rt):
-        synchronize()
-        return
-    clock = rt.resource.tracker.program_clock(handle)
-    synchronize()
-    rt.resource.tracker.program_completed(clock)
-
-
-def _device_synchronised(rt: Any | None, synchronize: Callable[[], Any]) -> None:
-    """``synchronize()`` waits on the host for ``rt``'s device: complete up to now."""
-    if rt is None or not _noting(rt):
-        synchronize()
-        return
-    point = rt.resource.tracker.program_point_all()
-    synchronize()
-    rt.resource.tracker.program_completed_all(point)
-
-
 def _stream_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt, handle = _sim_handle(self)
-        _synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
+        program_order.synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -600,7 +519,7 @@ def _stream_synchronize(original: Any) -> Any:
 def _device_synchronize(original: Any) -> Any:
     def synchronize() -> None:
         rt = target.launch_runtime()
-        _device_synchronised(rt, rt.driver.synchronize)
+        program_order.device_synchronised(rt, rt.driver.synchronize)
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -608,24 +527,26 @@ def _device_synchronize(original: Any) -> Any:
 def _event_record(original: Any) -> Any:
     def record(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
-        _record(rt, self, handle,
-                lambda: rt.driver.event_record(_sim_event(rt, self), handle))
+        event = _sim_event(rt, self)
+        program_order.record(rt, self, handle, event, False, rt.driver.event_record, event,
+                             handle)
     return record
 
 
 def _event_wait(original: Any) -> Any:
     def wait(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        ref = _stream_ref(rt, stream)
-        _wait(rt, self, ref,
-              lambda: rt.driver.stream_wait_event(ref[0], _sim_event(rt, self)))
+        handle, owner = _stream_ref(rt, stream)
+        event = _sim_event(rt, self)
+        program_order.wait(rt, self, handle, owner, event, False, rt.driver.stream_wait_event,
+                           handle, event)
     return wait
 
 
 def _event_synchronize(original: Any) -> Any:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
-        _event_completed(self, lambda: rt.driver.event_synchronize(  # type: ignore[attr-defined]
+        program_order.completed(self, lambda: rt.driver.event_synchronize(  # type: ignore[attr-defined]
             _sim_event(rt, self)))
     return synchronize
 

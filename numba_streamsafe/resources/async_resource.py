@@ -665,6 +665,7 @@ class AsyncResource(MemoryResource):
             mark = self.marks.open.get(stream)
             if mark is not None and self.marks.in_use(mark):
                 self.marks.seal(mark)
+            self.marks.unborrow_stream(stream)
 
     # ------------------------------------------------------------------ freeing
     def deallocate(self, block: Block) -> None:
@@ -913,6 +914,26 @@ class AsyncResource(MemoryResource):
                 self.marks.catch_up()
             return self.marks.program_clock(stream)  # type: ignore[no-any-return]
 
+    def program_record(self, stream: int, event: Any, handle: Any) -> tuple[dict[Any, int], Any]:
+        """The program records its event ``event`` (of driver handle
+        ``handle``) on ``stream`` now: returns the point's clock, as
+        :meth:`program_clock`, and the mark the point closed, which borrows
+        the program's event in place of one of the library's
+        (``MarkBook.program_record``), or None. Before the program records
+        ``event`` again, or if this record fails, pass that mark to
+        :meth:`program_unborrow`."""
+        with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
+            return self.marks.program_record(stream, (event, handle))  # type: ignore[no-any-return]
+
+    def program_unborrow(self, mark: Any) -> None:
+        """The program is about to record again the event a mark of
+        :meth:`program_record` borrows: the mark gets an event of its own if a
+        use still refers to it (``MarkBook.unborrow``)."""
+        with self._lock:
+            self.marks.unborrow(mark)
+
     def program_point_all(self) -> int:
         """A point of the program on every stream (a device synchronise)."""
         with self._lock:
@@ -959,8 +980,9 @@ class AsyncResource(MemoryResource):
         """End ``stream``'s history, then call ``destroy(stream)`` if given
         (``DeviceRuntime.destroy_stream`` passes the driver's destroy).
 
-        Runs queued frees, records the event of the stream's open mark (so
-        uses recorded on the stream can still be waited for once it is gone),
+        Runs queued frees, records the event of the stream's open mark, and
+        of its marks that borrow the program's events (so uses recorded on
+        the stream can still be waited for once it is gone),
         synchronises the stream's pending frees (a destroyed stream can no
         longer be synchronised), and renames the stream in every mark and read
         that refers to it and forgets which marks it waited for: a new stream
@@ -974,6 +996,7 @@ class AsyncResource(MemoryResource):
                 if self.observed is not None:  # what other code did on it first
                     self.marks.catch_up()
                 self.marks.retire(stream)
+                self.marks.unborrow_stream(stream)
                 pending = self._reaper.take_stream(stream)
             self._reaper.sync(pending)
             with self._lock:

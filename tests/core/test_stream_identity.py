@@ -382,6 +382,44 @@ def test_a_point_of_the_program_records_the_event_of_the_marks_it_closes():
         assert sim.hazards == [] and not (res.race_log and res.race_log.hazards)
 
 
+@pytest.mark.parametrize("end", ["retired", "recorded again"])
+def test_a_mark_that_borrows_the_programs_event_gets_its_own_before_that_event_changes(end):
+    """The program's point on ``a`` closes ``a``'s mark without an event of the
+    library's: the mark borrows the program's event. Before ``a`` is retired,
+    or before the program records that event again (on the idle stream
+    ``c``), the mark, which ``x`` still refers to, gets an event of its own
+    recorded on ``a``; a read of ``x`` on ``b``, which the program does not
+    order, then waits for that one and is no race. Negative control: a wait
+    for the program's event, as recorded again, leaves ``b`` unordered."""
+    for library in (True, False):
+        sim, res, a, b, x = _written_on_a()
+        c = sim.create_stream()
+        event = sim.event_create()
+        recorded = sim.calls["cuEventRecord"]
+        if library:
+            _, mark = res.program_record(a, object(), event)
+            assert mark is not None
+        sim.event_record(event, a)                   # the program's record
+        assert sim.calls["cuEventRecord"] == recorded + 1
+        if end == "retired":
+            if library:
+                res.retire_stream(a, sim.destroy_stream)
+                assert sim.calls["cuEventRecord"] == recorded + 2  # its own, on a
+            else:
+                sim.destroy_stream(a)
+        if library:
+            res.program_unborrow(mark)              # the program records it again
+            assert sim.calls["cuEventRecord"] == recorded + 2
+        sim.event_record(event, c)
+        if library:
+            kernel(res, sim, b, [(x, R)], label="read x on b")
+            assert sim.hazards == []
+        else:
+            sim.stream_wait_event(b, event)
+            sim.trace_access(b, [(x.ptr, x.nbytes, R)], "read x on b")
+            assert sim.hazards, "waiting for the event as recorded again orders nothing"
+
+
 def test_the_program_clocks_stay_bounded_as_streams_are_destroyed_with_their_uses_held():
     """Streams destroyed through the runtime while a block still holds their
     reads, one after another at the same handle, each handing its work to a

@@ -161,7 +161,7 @@ CHILD = textwrap.dedent(r'''
 
     @check
     def loads_from_the_variable():
-        from numba_streamsafe.numba.mlir_emm import MlirMemoryManager
+        from numba_streamsafe.numba.mlir.emm import MlirMemoryManager
         ctx = context()
         assert type(ctx.memory_manager) is MlirMemoryManager
         assert isinstance(ctx.memory_manager, driver.HostOnlyCUDAMemoryManager)

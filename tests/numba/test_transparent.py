@@ -213,23 +213,92 @@ def test_an_event_record_that_fails_orders_nothing(plain, streams, monkeypatch):
     event.record(c)                  # a point on the idle stream c
     fill[1, N, a](x, 7)
     real = plain.driver.event_record
-    calls = []
+    programs = event.__dict__["_nss_event"][1]  # the simulated driver's handle of it
+    refused = []
 
     def refuse_the_programs_record(handle, stream):
-        calls.append(handle)
-        if len(calls) == 1:
-            return real(handle, stream)  # the library's own seal of a's open mark
+        if handle != programs:
+            return real(handle, stream)  # the library's own event, once the record failed
+        refused.append(handle)
         raise DriverError("cuEventRecord", 400, "refused (test)")
 
     monkeypatch.setattr(plain.driver, "event_record", refuse_the_programs_record)
     with pytest.raises(DriverError):
         event.record(a)
     monkeypatch.setattr(plain.driver, "event_record", real)
+    assert refused == [programs]
     event.wait(b)
     inserted, _ = _consumer_waits(plain, lambda: copy[1, N, b](x, y))
     b.synchronize()
     assert inserted == 1
     assert (y.copy_to_host() == 7).all() and _hazards(plain) == []
+
+
+def _events_recorded():
+    return nss.memory_stats()["events_recorded"]
+
+
+def test_a_program_that_orders_itself_records_no_event_of_the_librarys(plain, streams):
+    """Each event the program records closes its stream's mark, which borrows
+    the program's event: over rounds of a producer and a consumer ordered by
+    two Numba events, the library records no event and queues no wait, and
+    holds no event at the end."""
+    a, b = streams
+    x = cuda.device_array(N, dtype=np.int64)
+    y = cuda.device_array(N, dtype=np.int64)
+    made, consumed = cuda.event(), cuda.event()
+    cuda.synchronize()
+    recorded, (inserted, _) = _events_recorded(), _waits(plain)
+    for k in range(20):
+        fill[1, N, a](x, k)
+        made.record(a)
+        made.wait(b)
+        copy[1, N, b](x, y)
+        consumed.record(b)
+        consumed.wait(a)
+    cuda.synchronize()
+    assert (y.copy_to_host() == 19).all() and _hazards(plain) == []
+    assert _events_recorded() == recorded
+    assert _waits(plain)[0] == inserted
+    del x, y
+    nss.get_runtime().flush()
+    assert nss.memory_stats()["events.in_use"] == 0
+
+
+def test_an_event_recorded_again_gives_the_mark_it_closed_an_event_of_its_own(plain, streams):
+    """The program records an event on ``a`` after writing ``x`` there, then
+    records the same event again on another stream: the mark that borrowed
+    the first record (``x`` still refers to it) gets an event of the
+    library's, recorded on ``a``, and a consumer the program does not order
+    waits for that one, not for the event's new record (negative control:
+    the same program unordered, where the checker reports the race)."""
+    a, b = streams
+    c = cuda.stream()
+
+    def program(ordered):
+        x = cuda.device_array(N, dtype=np.int64)
+        y = cuda.device_array(N, dtype=np.int64)
+        z = cuda.device_array(N, dtype=np.int64)
+        cuda.synchronize()
+        event = cuda.event()
+        fill[1, N, a](x, 7)
+        event.record(a)                 # a's mark borrows it
+        fill[1, N, c](z, 1)
+        recorded = _events_recorded()
+        event.record(c)                 # again, elsewhere: the mark needs its own
+        if ordered:
+            assert _events_recorded() == recorded + 1
+        copy[1, N, b](x, y)             # the program orders b after nothing
+        b.synchronize()
+        if ordered:
+            assert (y.copy_to_host() == 7).all()
+
+    program(True)
+    assert _hazards(plain) == []
+    with nss.transparent(False):
+        program(False)
+    off = _hazards(plain)
+    assert off and any("copy" in str(h) for h in off)
 
 
 def test_a_use_after_the_programs_event_is_still_waited_for(plain, streams):

@@ -17,6 +17,7 @@ cdef class Mark:
     cdef public object owner
     cdef public object waiters
     cdef public object seen
+    cdef public object borrow
 
 
 cdef class ForeignMark(Mark):
@@ -62,6 +63,7 @@ cdef class MarkBook:
     cdef dict _origins
     cdef Py_ssize_t _retired
     cdef dict _retired_keys
+    cdef dict _borrowed
 
     cpdef object catch_up(self)
     cpdef Mark current(self, object stream, object owner=*)

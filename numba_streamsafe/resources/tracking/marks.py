@@ -30,7 +30,7 @@ from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id", "set_work",
-           "current_work", "CLOSED", "COMPILED"]
+           "current_work", "CLOSED", "BORROW_DONE", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -77,6 +77,11 @@ class Mark:
     a later stream at the same handle do not. In check mode ``seen`` lists the
     works whose uses the mark holds, ``(entries, what)`` (the uses as the
     rules resolved them, and the work), oldest first, for the reports.
+    ``borrow`` is the program's event whose record closed the mark, as
+    ``(event object, handle)`` (:meth:`MarkBook.program_record`): while the
+    program does not record that event again, its handle is the mark's
+    event, and the library records none of its own (``BORROW_DONE``: the
+    mark's work is complete, the handle is the program's, never the pool's).
     Callers change a mark only under their resource's lock.
     """
 
@@ -91,6 +96,7 @@ class Mark:
         self.owner = owner
         self.waiters = None
         self.seen = None
+        self.borrow = None
 
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"
@@ -267,6 +273,11 @@ class EventPool:
 #: The handle of a mark closed in check mode, where no event is recorded.
 CLOSED: str = "closed"
 
+#: ``Mark.borrow`` of a mark whose work the host saw complete after its
+#: stream was retired: its handle is the program's event (a wait for it may
+#: wait for more than the mark, never for less), not the pool's.
+BORROW_DONE: str = "borrow done"
+
 #: Per thread, what the use being checked or recorded is (check mode's
 #: reports): ``(label, stack, names, library)``, set by :func:`set_work`.
 _work = threading.local()
@@ -394,6 +405,10 @@ class MarkBook:
         #: newest point of their marks: once a device synchronise passes it,
         #: the key leaves the clocks (:meth:`program_completed_all`).
         self._retired_keys = {}
+        #: Per stream, the marks closed where the program recorded an event
+        #: and still borrowing it (:meth:`program_record`; some may have let go
+        #: since: :meth:`unborrow_stream` skips those).
+        self._borrowed = {}
 
     def catch_up(self) -> None:
         """Apply what other code did since the last call, as the driver
@@ -423,7 +438,10 @@ class MarkBook:
         none is recorded: the mark is closed, ``CLOSED``). A sealed mark is no
         longer its stream's open mark: later work gets a new one."""
         handle = mark.handle
-        if handle is None:
+        if handle is None and mark.borrow is not None and mark.borrow is not BORROW_DONE:
+            # Closed where the program recorded its event: that event is the mark's.
+            handle = mark.handle = mark.borrow[1]
+        elif handle is None:
             if self.checking:
                 handle = CLOSED
             else:
@@ -708,6 +726,76 @@ class MarkBook:
         self.retire(stream, not self.driver.destroyed_streams)
         return _mark_seq
 
+    def program_record(self, stream: Any, borrow: Any) -> tuple:
+        """The program records its event ``borrow`` (``(event object,
+        handle)``) on ``stream`` now: returns ``(clock, mark)``, the point's
+        :meth:`program_clock` and the mark it closed, or None.
+
+        In ordering mode the stream's open mark, when a use refers to it, is
+        closed without an event of the library's: it *borrows* the program's
+        (:attr:`Mark.borrow`), whose record covers the same work. A wait for
+        the mark then waits for the program's event, until the program
+        records that event again (:meth:`unborrow`, called before), the
+        stream is retired or captured (:meth:`unborrow_stream`), or another
+        device's stream waits for it (:meth:`hold_sealed`): the mark then
+        gets an event of its own, recorded on its stream (which covers the
+        mark and what followed it there). If the program's record fails, call
+        :meth:`unborrow` on the mark returned. In check mode nothing is
+        borrowed (no event is recorded), as :meth:`program_clock`."""
+        mark: Mark
+        found = None
+        if not self.checking:
+            found = self.open.get(stream)
+            if found is not None:
+                mark = found
+                del self.open[stream]
+                if mark.refs:
+                    mark.borrow = borrow
+                    held = self._borrowed.get(stream)
+                    if held is None:
+                        self._borrowed[stream] = [mark]
+                    else:
+                        if len(held) >= 8:  # drop the ones that let go since
+                            held[:] = [m for m in held
+                                       if cython.cast(Mark, m).borrow is not None]
+                        held.append(mark)
+                else:
+                    found = None
+        return self.program_clock(stream), found
+
+    def unborrow(self, mark: Mark) -> None:
+        """``mark`` stops borrowing the program's event (the program is about
+        to record that event again, or see :meth:`program_record`): while a
+        use refers to it, it gets an event of the library's, recorded now on
+        its stream, in place of the program's. A mark whose stream has been
+        retired meanwhile (only a stream ended behind the library's back, whose
+        work the host saw complete) keeps the program's handle
+        (``BORROW_DONE``) once the host waited for that event."""
+        borrow = mark.borrow
+        if borrow is None or borrow is BORROW_DONE:
+            return
+        if not mark.refs:
+            mark.borrow = None
+            mark.handle = None
+            return
+        if mark.stream < 0:
+            self.driver.event_synchronize(borrow[1])
+            mark.handle = borrow[1]
+            mark.borrow = BORROW_DONE
+            return
+        handle = self.events.record(mark.stream)
+        mark.handle = handle
+        mark.borrow = None
+
+    def unborrow_stream(self, stream: Any) -> None:
+        """:meth:`unborrow` every mark of ``stream`` that borrows the program's
+        event (before the stream is retired, or captured: its events must be
+        recorded while it lives, and outside the capture)."""
+        held = self._borrowed.pop(stream, None)
+        if held is not None:
+            for m in held:
+                self.unborrow(m)
+
     def program_clock(self, stream: Any) -> dict:
         """The clock of a point of the program on ``stream`` (an event recorded
         there, or a synchronise of it): the stream's :meth:`program_point` with
@@ -817,6 +905,7 @@ class MarkBook:
         stream's marks."""
         self.ordered.pop(stream, None)
         self._flags.pop(stream, None)
+        self._borrowed.pop(stream, None)  # renamed: unborrow() sees they are retired
         if held:
             self._retired_keys[self.origin(stream)] = _mark_seq
             self._retired += 1
@@ -851,6 +940,10 @@ class MarkBook:
         if (self.checking and (mark.handle is None or mark.handle is CLOSED)
                 and mark.stream < 0):
             return False
+        if mark.borrow is not None:
+            # Another device's stream waits for it, outside the lock: an event of
+            # the library's, which the program cannot record again meanwhile.
+            self.unborrow(mark)
         self.seal_event(mark)
         self.hold(mark)
         return True
@@ -872,6 +965,9 @@ class MarkBook:
         mark.refs -= 1
         if mark.refs == 0:
             handle = mark.handle
+            if mark.borrow is not None:  # the program's event, not the pool's
+                mark.borrow = None
+                mark.handle = handle = None
             if handle is not None:
                 if type(mark) is Mark:
                     if handle is not CLOSED:
@@ -908,4 +1004,5 @@ class MarkBook:
         self._flags.clear()
         self._origins.clear()
         self._retired_keys.clear()
+        self._borrowed.clear()
         self.races = []

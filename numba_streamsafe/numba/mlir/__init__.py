@@ -8,7 +8,7 @@ the library can reach:
 
 * **supported**: the memory-manager plugin. Given a numba-cuda-mlir context,
   :class:`~numba_streamsafe.StreamSafeMemoryManager` makes the plugin on
-  numba-cuda-mlir's own classes (:mod:`numba_streamsafe.numba.mlir_emm`):
+  numba-cuda-mlir's own classes (:mod:`numba_streamsafe.numba.mlir.emm`):
   device allocations come from the device's runtime, stream-ordered on the
   innermost :func:`~numba_streamsafe.stream_scope`'s stream (else the default
   stream), and each is freed in stream order on its stream when dropped.
@@ -122,6 +122,6 @@ def memory_manager(*args: Any, **kwargs: Any) -> Any:
         A setting numba-cuda-mlir cannot work with.
     """
     check_settings()
-    from numba_streamsafe.numba.mlir_emm import MlirMemoryManager
+    from numba_streamsafe.numba.mlir.emm import MlirMemoryManager
 
     return MlirMemoryManager(*args, **kwargs)

@@ -1,0 +1,153 @@
+"""The program's own ordering, told to the tracking resource: what transparent
+mode's hooks on Numba's ``Event.record``, ``Event.wait``,
+``Event.synchronize`` / ``query``, ``Stream.synchronize`` and the device
+synchronise do around the call they wrap.
+
+Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
+pure-Python mode: compiled where a compiler is present (its C declarations
+are in ``program_order.pxd``), run as it is where none is.
+
+An event's point is kept on the event object (``_nss_point``: a weak
+reference to the runtime, the point's clock and the mark the point closed,
+or None), so that a wait for the event, or a synchronise of it, orders what
+the clock covers (``MarkBook.program_clock``). The mark borrows the
+program's event (``MarkBook.program_record``): the library records no event
+of its own where the program records one, until the program records that
+event again (the mark then gets one of the library's, if a use still refers
+to it). One lock per event keeps each call and its bookkeeping together.
+Nothing is noted while a graph is captured on the device (a captured wait is
+a graph node, not a wait of the stream), nor where the driver observer notes
+every call of the process.
+
+On a GPU the record and the wait of an event on a stream of the program's go
+to libcuda directly (``cuEventRecord``, ``cuStreamWaitEvent``), as a
+compiled launch does; where libcuda refuses, or on a default stream, Numba's
+own call makes it (and raises Numba's error).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import cython
+
+from numba_streamsafe._driver.libcuda import record_event, wait_event
+from numba_streamsafe.core.streams import owns_handle
+
+__all__ = ["record", "wait", "completed", "synchronised", "device_synchronised", "noting",
+           "COMPILED"]
+
+#: Whether this module runs compiled (else it runs as Python source).
+COMPILED: bool = cython.compiled
+
+_new_lock = threading.Lock
+
+
+@cython.cfunc
+def _event_lock(event: Any) -> Any:
+    """The lock of ``event`` (made on first use, kept in its ``__dict__``)."""
+    d = event.__dict__
+    lock = d.get("_nss_lock")
+    if lock is None:
+        lock = d.setdefault("_nss_lock", _new_lock())
+    return lock
+
+
+@cython.ccall
+def noting(rt: Any) -> cython.bint:
+    """Whether the program's ordering is noted here on ``rt`` now: not while a
+    graph is captured, nor where the driver observer notes every call of the
+    process (Numba's events and synchronises among them)."""
+    if rt.capture is not None:
+        return False
+    observed = rt.resource.tracker.observed
+    return observed is None or not observed.whole_process
+
+
+def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
+           fallback: Callable[..., Any], *args: Any) -> None:
+    """The program records ``event`` (driver handle ``handle``) on stream
+    ``stream`` of runtime ``rt``: the point is taken first (what is queued
+    there so far, its mark closed and borrowing the event), then the event
+    is recorded, through libcuda where ``direct``, else (or where libcuda
+    refuses) by ``fallback(*args)``; the point is kept once the record
+    succeeded. Any mark that borrowed the event's earlier record gets an
+    event of its own first."""
+    d = event.__dict__
+    with _event_lock(event):
+        old = d.pop("_nss_point", None)
+        if old is not None and old[2] is not None:
+            known = old[0]()
+            if known is not None:
+                known.resource.tracker.program_unborrow(old[2])
+        if not noting(rt):
+            if not direct or record_event(handle, stream) != 0:
+                fallback(*args)
+            return
+        tracker = rt.resource.tracker
+        clock, mark = tracker.program_record(stream, event, handle)
+        try:
+            if not direct or record_event(handle, stream) != 0:
+                fallback(*args)
+        except BaseException:
+            if mark is not None:
+                tracker.program_unborrow(mark)
+            raise
+        d["_nss_point"] = (weakref.ref(rt), clock, mark)
+
+
+def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cython.bint,
+         fallback: Callable[..., Any], *args: Any) -> None:
+    """The program makes ``stream`` (of object ``owner``) wait for ``event``
+    (driver handle ``handle``), through libcuda where ``direct``, else (or
+    where libcuda refuses) by ``fallback(*args)``: once that succeeded, the
+    stream is ordered after the event's point."""
+    with _event_lock(event):
+        point = event.__dict__.get("_nss_point")
+        if not direct or wait_event(stream, handle) != 0:
+            fallback(*args)
+        if point is not None and point[0]() is rt and noting(rt):
+            # The knowledge lasts while the stream's object does, where it owns
+            # the handle; a wrapper of one made elsewhere may die with the stream alive.
+            rt.resource.tracker.program_waited(stream, point[1],
+                                               owner if owns_handle(owner) else None)
+
+
+def completed(event: Any, synchronize: Callable[[], Any]) -> Any:
+    """``synchronize()`` waits on the host for ``event`` (or, a query, tells
+    whether it completed): when it returns anything but False, the event's
+    point is complete. Its result is returned. Under the event's lock, so a
+    record of the event by another thread meanwhile cannot be taken for it."""
+    with _event_lock(event):
+        point = event.__dict__.get("_nss_point")
+        done = synchronize()
+        rt = point[0]() if point is not None else None
+        if done is not False and rt is not None and noting(rt):
+            rt.resource.tracker.program_completed(point[1])
+        return done
+
+
+def synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
+    """``synchronize()`` waits on the host for stream ``stream``: complete up to now."""
+    if not noting(rt):
+        synchronize()
+        return
+    tracker = rt.resource.tracker
+    clock = tracker.program_clock(stream)
+    synchronize()
+    tracker.program_completed(clock)
+
+
+def device_synchronised(rt: Any, synchronize: Callable[[], Any]) -> None:
+    """``synchronize()`` waits on the host for ``rt``'s device (None: no
+    runtime is installed there): complete up to now."""
+    if rt is None or not noting(rt):
+        synchronize()
+        return
+    tracker = rt.resource.tracker
+    point = tracker.program_point_all()
+    synchronize()
+    tracker.program_completed_all(point)
