@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -345,6 +345,40 @@ ab)
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/|us$" "$OUT/launch.log" "$OUT/alloc.log" \
         | head -80
+    ;;
+ordered)
+    # Programs that order themselves (issue "host cost"): this tree against the one
+    # in ${BASE:-.before}/ (built here), taking turns in one call: benchmarks/self_ordered.py
+    # (the self-ordered round against the library-ordered one, the hooked Event.record
+    # and wait against Numba's own) and benchmarks/stream_events.py (the library's events
+    # on a 200-stream program), then the launch benchmark of both trees; before it, the
+    # GPU tests of transparent mode, graphs, streams and check mode on this tree.
+    base=$PWD/${BASE:-.before}
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+        > "$OUT/build_base.log" 2>&1
+    export NSS_RACE_REPORT=$OUT/race.txt
+    run ordered_tests timeout "${TESTS_TIMEOUT:-240}" python3 -X faulthandler -m pytest -m gpu \
+        -q -p no:cacheprovider -rs tests/gpu/test_transparent_gpu.py \
+        tests/gpu/test_plain_numba_gpu.py tests/gpu/test_graphs_gpu.py \
+        tests/gpu/test_stream_reuse.py tests/gpu/test_foreign_streams.py \
+        tests/gpu/test_mixed_gpu.py tests/gpu/test_check_mode_gpu.py
+    tail -n 2 "$OUT/ordered_tests.log"
+    for k in $(seq 1 "${ROUNDS:-3}"); do
+        for side in base this; do
+            dir=$PWD; [[ $side == base ]] && dir=$base
+            for script in self_ordered.py stream_events.py; do
+                printf '%s %s %s ' "$side" "$k" "$script" >> "$OUT/ordered.log"
+                PYTHONPATH="$SITE:$dir" NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe \
+                    PYTHONWARNINGS=ignore python3 -X faulthandler "benchmarks/$script" \
+                    >> "$OUT/ordered.log" 2>&1
+            done
+        done
+    done
+    cat "$OUT/ordered.log"
+    ROUNDS=${LAUNCH_ROUNDS:-1} bash scripts/bench_compare.sh "$base" launch_overhead.py \
+        > "$OUT/launch.log" 2>&1
+    grep -E "^=== |raw cuLaunch|floor|threads" "$OUT/launch.log"
     ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the
