@@ -1,6 +1,10 @@
 # C declarations of program_order.py for its compiled build (see resources/tracking/marks.pxd).
 from numba_streamsafe._driver.libcuda cimport record_event, wait_event
+from numba_streamsafe.resources.tracking.lock cimport Lock
+from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
 
 
 cdef object _event_lock(object event)
 cpdef bint noting(object rt) except? -1
+cdef object _book(object rt)
+cdef Lock _lock_of(object rt)

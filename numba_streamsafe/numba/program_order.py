@@ -36,6 +36,8 @@ import cython
 
 from numba_streamsafe._driver.libcuda import record_event, wait_event
 from numba_streamsafe.core.streams import owns_handle
+from numba_streamsafe.resources.tracking.lock import Lock
+from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
 
 __all__ = ["record", "wait", "completed", "synchronised", "device_synchronised", "noting",
            "COMPILED"]
@@ -60,11 +62,29 @@ def _event_lock(event: Any) -> Any:
 def noting(rt: Any) -> cython.bint:
     """Whether the program's ordering is noted here on ``rt`` now: not while a
     graph is captured, nor where the driver observer notes every call of the
-    process (Numba's events and synchronises among them)."""
+    process (Numba's events and synchronises among them), nor where the
+    runtime's resource tracks nothing."""
+    return _book(rt) is not None
+
+
+@cython.cfunc
+def _book(rt: Any) -> Any:
+    """The mark book of ``rt``'s tracking resource where the program's
+    ordering is noted now (:func:`noting`), else None."""
     if rt.capture is not None:
-        return False
-    observed = rt.resource.tracker.observed
-    return observed is None or not observed.whole_process
+        return None
+    book = getattr(rt.resource.tracker, "marks", None)
+    if book is None:
+        return None
+    observed = cython.cast(MarkBook, book).observed
+    if observed is not None and observed.whole_process:
+        return None
+    return book
+
+
+@cython.cfunc
+def _lock_of(rt: Any) -> Lock:
+    return rt.resource.tracker.lock  # type: ignore[no-any-return]
 
 
 def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
@@ -77,24 +97,37 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
     succeeded. Any mark that borrowed the event's earlier record gets an
     event of its own first."""
     d = event.__dict__
+    book: MarkBook
+    lock: Lock
     with _event_lock(event):
         old = d.pop("_nss_point", None)
-        if old is not None and old[2] is not None:
-            known = old[0]()
-            if known is not None:
-                known.resource.tracker.program_unborrow(old[2])
-        if not noting(rt):
+        if old is not None:
+            held = old[2]
+            # Still borrowing (not let go since): its own event before the record.
+            if held is not None and cython.cast(Mark, held).borrow is not None:
+                known = old[0]()
+                if known is not None:
+                    known.resource.tracker.program_unborrow(held)
+        found = _book(rt)
+        if found is None:
             if not direct or record_event(handle, stream) != 0:
                 fallback(*args)
             return
-        tracker = rt.resource.tracker
-        clock, mark = tracker.program_record(stream, event, handle)
+        book = found
+        lock = _lock_of(rt)
+        lock.take()
+        try:
+            if book.observed is not None:
+                book.catch_up()
+            clock, mark = book.program_record(stream, (event, handle))
+        finally:
+            lock.give()
         try:
             if not direct or record_event(handle, stream) != 0:
                 fallback(*args)
         except BaseException:
             if mark is not None:
-                tracker.program_unborrow(mark)
+                rt.resource.tracker.program_unborrow(mark)
             raise
         d["_nss_point"] = (weakref.ref(rt), clock, mark)
 
@@ -105,15 +138,28 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
     (driver handle ``handle``), through libcuda where ``direct``, else (or
     where libcuda refuses) by ``fallback(*args)``: once that succeeded, the
     stream is ordered after the event's point."""
+    book: MarkBook
+    lock: Lock
     with _event_lock(event):
         point = event.__dict__.get("_nss_point")
         if not direct or wait_event(stream, handle) != 0:
             fallback(*args)
-        if point is not None and point[0]() is rt and noting(rt):
+        if point is None or point[0]() is not rt:
+            return
+        found = _book(rt)
+        if found is None:
+            return
+        book = found
+        lock = _lock_of(rt)
+        lock.take()
+        try:
+            if book.observed is not None:
+                book.catch_up()
             # The knowledge lasts while the stream's object does, where it owns
             # the handle; a wrapper of one made elsewhere may die with the stream alive.
-            rt.resource.tracker.program_waited(stream, point[1],
-                                               owner if owns_handle(owner) else None)
+            book.program_waited(stream, point[1], owner if owns_handle(owner) else None)
+        finally:
+            lock.give()
 
 
 def completed(event: Any, synchronize: Callable[[], Any]) -> Any:

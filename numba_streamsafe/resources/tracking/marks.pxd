@@ -76,6 +76,13 @@ cdef class MarkBook:
     cpdef bint complete(self, Mark mark) except? -1
     cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
+    cpdef object program_point(self, object stream)
+    cpdef tuple program_record(self, object stream, object borrow)
+    cpdef object unborrow(self, Mark mark)
+    cpdef dict program_clock(self, object stream)
+    cpdef object program_waited(self, object stream, dict clock, object owner=*)
+    cpdef object program_completed(self, dict clock)
+    cpdef object retire(self, object stream, bint direct=*)
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
     cdef bint _after_legacy(self, Mark mark) except? -1
