@@ -359,6 +359,7 @@ ordered)
         > "$OUT/build_base.log" 2>&1
     export NSS_RACE_REPORT=$OUT/race.txt
     run ordered_tests timeout "${TESTS_TIMEOUT:-240}" python3 -X faulthandler -m pytest -m gpu \
+        -o faulthandler_timeout=120 \
         -q -p no:cacheprovider -rs tests/gpu/test_transparent_gpu.py \
         tests/gpu/test_plain_numba_gpu.py tests/gpu/test_graphs_gpu.py \
         tests/gpu/test_stream_reuse.py tests/gpu/test_foreign_streams.py \
