@@ -11,6 +11,10 @@ queue no wait of its own (``memory_stats()["waits_inserted"]``) and record no
 event (``events_recorded``). The variants, taking turns in one process:
 
 * ``self``: that round (two launches, two records, two waits);
+* ``self, unhooked``: that round with Numba's own ``Event.record`` and
+  ``wait`` (the hooks taken out for it): the library does not learn the
+  program's ordering and queues its own waits besides, as it did before it
+  followed the program's events;
 * ``library``: the same two launches without the program's events: the
   library queues its waits (and records its events) itself;
 * ``record`` / ``record+wait``: an ``Event.record`` on the producer's stream
@@ -91,6 +95,18 @@ def main() -> dict:
         cuda.synchronize()
         return (time.perf_counter() - start) / n
 
+    def unhooked() -> float:
+        """The self-ordered round with Numba's own ``record`` and ``wait`` (the
+        hooks taken out): the library does not learn the program's ordering and
+        queues its own waits, as before it followed the program's events."""
+        event_type = type(made)
+        hooked = event_type.record, event_type.wait
+        event_type.record, event_type.wait = record, wait
+        try:
+            return self_ordered()
+        finally:
+            event_type.record, event_type.wait = hooked
+
     def library_ordered() -> float:
         start = time.perf_counter()
         for k in range(n):
@@ -117,7 +133,7 @@ def main() -> dict:
         cuda.synchronize()
         return total / (n // 4)
 
-    variants = {"self": self_ordered, "library": library_ordered,
+    variants = {"self": self_ordered, "self, unhooked": unhooked, "library": library_ordered,
                 "record hooked": lambda: calls(True, False),
                 "record numba": lambda: calls(False, False),
                 "record+wait hooked": lambda: calls(True, True),
@@ -133,7 +149,7 @@ def main() -> dict:
             before = nss.memory_stats()
             times[name].append(run())
             after = nss.memory_stats()
-            if name in ("self", "library"):
+            if name in ("self", "self, unhooked", "library"):
                 for key in ("waits_inserted", "events_recorded"):
                     counts.setdefault(f"{name} {key}", []).append(
                         (after.get(key, 0) - before.get(key, 0)) / n)
@@ -142,6 +158,7 @@ def main() -> dict:
     result = {
         "us": {k: round(v, 3) for k, v in us.items()},
         "self / library": round(us["self"] / us["library"], 3),
+        "self / self unhooked": round(us["self"] / us["self, unhooked"], 3),
         "record: hooked - numba us": round(us["record hooked"] - us["record numba"], 3),
         "record+wait: hooked - numba us": round(us["record+wait hooked"]
                                                 - us["record+wait numba"], 3),

@@ -358,13 +358,13 @@ ordered)
     (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
         > "$OUT/build_base.log" 2>&1
     export NSS_RACE_REPORT=$OUT/race.txt
-    run ordered_tests timeout "${TESTS_TIMEOUT:-240}" python3 -X faulthandler -m pytest -m gpu \
+    [[ ${SKIP_TESTS:-0} == 1 ]] || run ordered_tests timeout "${TESTS_TIMEOUT:-240}" python3 -X faulthandler -m pytest -m gpu \
         -o faulthandler_timeout=120 \
         -q -p no:cacheprovider -rs tests/gpu/test_transparent_gpu.py \
         tests/gpu/test_plain_numba_gpu.py tests/gpu/test_graphs_gpu.py \
         tests/gpu/test_stream_reuse.py tests/gpu/test_foreign_streams.py \
         tests/gpu/test_mixed_gpu.py tests/gpu/test_check_mode_gpu.py
-    tail -n 2 "$OUT/ordered_tests.log"
+    [[ ${SKIP_TESTS:-0} == 1 ]] || tail -n 2 "$OUT/ordered_tests.log"
     for k in $(seq 1 "${ROUNDS:-3}"); do
         for side in base this; do
             dir=$PWD; [[ $side == base ]] && dir=$base
@@ -380,6 +380,11 @@ ordered)
     ROUNDS=${LAUNCH_ROUNDS:-1} bash scripts/bench_compare.sh "$base" launch_overhead.py \
         > "$OUT/launch.log" 2>&1
     grep -E "^=== |raw cuLaunch|floor|threads" "$OUT/launch.log"
+    if [[ ${ALLOC:-0} == 1 ]]; then
+        ROUNDS=${LAUNCH_ROUNDS:-1} bash scripts/bench_compare.sh "$base" alloc_free.py \
+            > "$OUT/alloc.log" 2>&1
+        grep -E "^=== |ours / bare" "$OUT/alloc.log"
+    fi
     ;;
 numba-suite)
     # numba-cuda's own test suite without and with the plugin, side by side; the
