@@ -83,8 +83,19 @@ def _book(rt: Any) -> Any:
 
 
 @cython.cfunc
-def _lock_of(rt: Any) -> Lock:
-    return rt.resource.tracker.lock  # type: ignore[no-any-return]
+def _caught_up(rt: Any, book: MarkBook) -> Lock:
+    """Take the lock of ``rt``'s tracking resource and apply what the driver
+    observer noted since (``book``: its mark book); the caller gives the lock
+    back."""
+    lock: Lock = rt.resource.tracker.lock
+    lock.take()
+    try:
+        if book.observed is not None:
+            book.catch_up()
+    except BaseException:
+        lock.give()
+        raise
+    return lock
 
 
 def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
@@ -114,11 +125,8 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
                 fallback(*args)
             return
         book = found
-        lock = _lock_of(rt)
-        lock.take()
+        lock = _caught_up(rt, book)
         try:
-            if book.observed is not None:
-                book.catch_up()
             clock, mark = book.program_record(stream, (event, handle))
         finally:
             lock.give()
@@ -150,11 +158,8 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
         if found is None:
             return
         book = found
-        lock = _lock_of(rt)
-        lock.take()
+        lock = _caught_up(rt, book)
         try:
-            if book.observed is not None:
-                book.catch_up()
             # The knowledge lasts while the stream's object does, where it owns
             # the handle; a wrapper of one made elsewhere may die with the stream alive.
             book.program_waited(stream, point[1], owner if owns_handle(owner) else None)
