@@ -453,7 +453,8 @@ def test_tracked_kernels_are_fenced_once(plain, streams):
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "to_host", "upload",
-                                           "event", "event_sync", "sync", "device_sync"]),
+                                           "event", "record", "event_sync", "sync",
+                                           "device_sync"]),
                          st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
                min_size=1, max_size=12)
 
@@ -463,10 +464,29 @@ OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "to_host", "upl
 @given(ops=OPS)
 def test_random_plain_programs_have_no_hazard_and_the_sequential_result(plain, ops):
     """Random plain-Numba programs over three streams and three arrays, with the
-    program's own events and synchronises among them: in transparent mode no
+    program's own events (two, recorded again and again) and synchronises among
+    them: in transparent mode no
     hazard (the waits the program's ordering satisfies are skipped, and the
     checker would see a skip too many), and every value as if run in program
     order."""
+    run_plain_program(plain, ops)
+
+
+#: Programs of launches and the program's two events only (no host synchronise,
+#: which would complete every mark): marks that borrowed an event are often
+#: still needed once the event is recorded again, on another stream.
+EVENT_OPS = st.lists(st.tuples(st.sampled_from(["fill", "copy", "add", "event", "record"]),
+                               st.integers(0, 2), st.integers(0, 2), st.integers(0, 2)),
+                     min_size=4, max_size=10)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=EVENT_OPS)
+def test_random_programs_recording_their_events_again_have_no_hazard(plain, ops):
+    """As above, with the program's events recorded again and again between
+    launches: the library's waits for marks that borrowed an event's earlier
+    record still order what they must (no hazard, the sequential result)."""
     run_plain_program(plain, ops)
 
 
@@ -476,6 +496,9 @@ def run_plain_program(plain, ops):
     streams = [cuda.stream() for _ in range(3)]
     arrays = [cuda.to_device(np.zeros(N, np.int64)) for _ in range(3)]
     model = [np.zeros(N, np.int64) for _ in range(3)]
+    # Two events, recorded again and again: a mark that borrowed one's earlier
+    # record needs an event of the library's before the next.
+    events = [cuda.event(), cuda.event()]
     plain.driver.hazards.clear()
     for step, (kind, s, i, j) in enumerate(ops):
         stream = streams[s]
@@ -496,11 +519,13 @@ def run_plain_program(plain, ops):
             arrays[i].copy_to_device(np.full(N, -step, np.int64), stream=stream)
             model[i][:] = -step
         elif kind == "event":
-            event = cuda.event()
+            event = events[j % 2]
             event.record(stream)
             event.wait(streams[i])
+        elif kind == "record":  # recorded, and waited for by nothing until recorded again
+            events[j % 2].record(stream)
         elif kind == "event_sync":
-            event = cuda.event()
+            event = events[j % 2]
             event.record(stream)
             event.synchronize()
         elif kind == "sync":
