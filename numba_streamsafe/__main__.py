@@ -246,7 +246,7 @@ def _engine() -> dict[str, Any]:
     import numba_streamsafe.numba.launch.launcher as launcher
     from numba_streamsafe.compiled import engine_builds, pure_python, python_build
 
-    builds = engine_builds()
+    builds = engine_builds(load=True)
     if pure_python:
         state = "not in use (NUMBA_STREAMSAFE_PURE_PYTHON=1)"
     elif python_build:

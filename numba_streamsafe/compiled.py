@@ -90,9 +90,15 @@ if pure_python and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
     sys.meta_path.insert(0, _SourceFinder())
 
 
-def engine_builds() -> dict[str, str]:
+def engine_builds(load: bool = False) -> dict[str, str]:
     """Each engine module's build as imported in this process: ``"compiled"``
-    (its file), ``"Python source"``, or ``"not imported"``."""
+    (its file), ``"Python source"``, or ``"not imported"``; with ``load``,
+    every engine module is imported first."""
+    if load:
+        import importlib
+
+        for name in ENGINE:
+            importlib.import_module(name)
     out = {}
     for name in ENGINE:
         module = sys.modules.get(name)

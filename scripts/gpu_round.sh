@@ -129,7 +129,7 @@ two-gpu)
 ranges)
     run build_ext python3 setup.py build_ext --inplace
     python3 -c "import numba_streamsafe.numba.launch.launcher as l, numba_streamsafe.compiled as c; \
-print(set(c.engine_builds().values()), 'libcuda entry:', l.available())" 2>&1 | tail -1
+print(set(c.engine_builds(load=True).values()), 'libcuda entry:', l.available())" 2>&1 | tail -1
     run chunked python3 -X faulthandler benchmarks/chunked_streams.py
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run range_races timeout 580 python3 -X faulthandler -m pytest -m gpu -q -p no:cacheprovider \
@@ -152,7 +152,7 @@ engine)
     if [[ -d .before ]]; then (cd .before && python3 setup.py build_ext --inplace) \
         > "$OUT/build_before.log" 2>&1; fi
     python3 -c "import numba_streamsafe.numba.launch.launcher as l, numba_streamsafe.compiled as c; \
-print(c.engine_builds(), 'libcuda entry:', l.available())"
+print(c.engine_builds(load=True), 'libcuda entry:', l.available())"
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run gpu_compiled timeout "${SUITE_TIMEOUT:-400}" python3 -X faulthandler -m pytest -m gpu \
         -q -p no:cacheprovider tests/gpu -rs ${SUITE_ARGS:-}
@@ -416,7 +416,7 @@ hot)
     # tree, and this tree on the engine's Python source, taking turns.
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace
     python3 -c "import numba_streamsafe.numba.launch.launcher, numba_streamsafe.compiled as c; \
-print(c.engine_builds())"
+print(c.engine_builds(load=True))"
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
     run gpu_hot python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_hot_path.py \
         tests/gpu/test_direct_launch.py tests/gpu/test_races.py ${HOT_TESTS:-} -rs

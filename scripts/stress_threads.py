@@ -345,7 +345,7 @@ def main() -> int:
     outstanding = rt.bytes_outstanding()
     events = rt.resource.events.in_use
     build = "compiled" if all(v.startswith("compiled")
-                              for v in compiled.engine_builds().values()) else "python"
+                              for v in compiled.engine_builds(load=True).values()) else "python"
     print(f"stress build={build} threads={args.threads} seconds={time.monotonic() - t0:.0f} "
           f"steps={c['steps']} checks={c['checks']} wrong={c['wrong']} errors={len(sh.errors)} "
           f"given={c['given']} taken={c['taken']} destroyed={c['destroyed']} gc={c['gc']} "

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.compiled import ENGINE, engine_builds
+from numba_streamsafe.compiled import engine_builds
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.resources import AsyncResource
 from numba_streamsafe.runtime import DeviceRuntime
@@ -22,11 +22,7 @@ R, W, RW = Access.READ, Access.WRITE, Access.READ_WRITE
 
 def builds() -> dict[str, str]:
     """The engine's build in this process (every module imported)."""
-    import importlib
-
-    for name in ENGINE:
-        importlib.import_module(name)
-    return engine_builds()
+    return engine_builds(load=True)
 
 
 def sequential(program: P.Program, fenced: bool, fences: str) -> tuple[Any, ...]:

@@ -60,3 +60,21 @@ def test_a_build_variable_that_names_no_build_stops_the_build_with_one_line(
     (line,) = proc.stderr.strip().splitlines()
     for said in ("NUMBA_STREAMSAFE_BUILD", "'pyhton'", "'python'", "py3-none-any", "'compiled'"):
         assert said in line, (said, line)
+
+
+def test_the_report_calls_a_compiled_engine_compiled(child_env, repo_root, tmp_path):
+    """Where every engine module is built, the report says the engine is
+    compiled: it imports each engine module itself, those a program imports
+    only on first use among them (the event hooks' module)."""
+    from numba_streamsafe.compiled import engine_builds, pure_python
+
+    if pure_python or not all(b.startswith("compiled")
+                              for b in engine_builds(load=True).values()):
+        pytest.skip("the engine is not compiled in this checkout (or not in use)")
+    env = child_env(PYTHONPATH=str(repo_root))
+    env.pop("NUMBA_STREAMSAFE_PURE_PYTHON", None)
+    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["engine"].startswith("compiled"), out
