@@ -43,6 +43,7 @@ hook is installed; on the simulator the checker still sees the work);
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 import weakref
@@ -353,11 +354,20 @@ def _install_gpu() -> None:
     _replace(numba_driver.Context, "synchronize", _gpu_context_synchronize)
 
 
+def _event_handle(event: Any) -> int:
+    """The driver handle of a Numba event: a ``CUevent`` of cuda-python, or a
+    ``ctypes.c_void_p`` in older numba-cuda releases."""
+    handle = event.handle
+    if isinstance(handle, ctypes.c_void_p):
+        return int(handle.value or 0)
+    return int(handle)
+
+
 def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
     def record(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
         handle = _stream_ref(rt, stream)[0]
-        program_order.record(rt, self, handle, int(self.handle), handle > 2, original, self,
+        program_order.record(rt, self, handle, _event_handle(self), handle > 2, original, self,
                              stream)
     record.__doc__ = original.__doc__
     return record
@@ -367,7 +377,7 @@ def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
         handle, owner = _stream_ref(rt, stream)
-        program_order.wait(rt, self, handle, owner, int(self.handle), handle > 2, original,
+        program_order.wait(rt, self, handle, owner, _event_handle(self), handle > 2, original,
                            self, stream)
     wait.__doc__ = original.__doc__
     return wait

@@ -676,3 +676,20 @@ def test_configured_launch_without_pre_launch_callbacks(monkeypatch):
     config.pre_launch_callbacks = [print]  # numba-cuda 0.30 with a callback: Numba's path
     call(config, 3)
     assert calls == [("tracked", (1, 2)), ("numba", (3,))]
+
+
+def test_the_event_hooks_read_either_kind_of_numba_event_handle():
+    """numba-cuda's events carry a cuda-python ``CUevent``, or, in older
+    releases, a ``ctypes.c_void_p``: the hooks take the driver handle from
+    either (``int()`` of the second raises)."""
+    import ctypes
+
+    from cuda.bindings import driver
+
+    class Event:
+        handle: object = None
+
+    event = Event()
+    for handle in (driver.CUevent(0x1000), ctypes.c_void_p(0x1000)):
+        event.handle = handle
+        assert transparent._event_handle(event) == 0x1000
