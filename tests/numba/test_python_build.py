@@ -25,6 +25,16 @@ _PROBE = ("import json, numba_streamsafe, numba_streamsafe.__main__ as report; "
           "'engine': report._engine()['state']}))")
 
 
+def _probe(child_env, path, cwd) -> tuple[dict, str]:
+    """Run :data:`_PROBE` in a child with the package from ``path``: its answer, its stderr."""
+    env = child_env(PYTHONPATH=str(path))
+    env.pop("NUMBA_STREAMSAFE_PURE_PYTHON", None)
+    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
 @pytest.mark.parametrize("marked", [True, False], ids=["python-build", "compile-failed"])
 def test_a_build_without_the_engine_warns_only_when_it_was_not_chosen(
         marked, child_env, repo_root, tmp_path):
@@ -34,19 +44,14 @@ def test_a_build_without_the_engine_warns_only_when_it_was_not_chosen(
         "*.so", "*.c", "__pycache__", PYTHON_BUILD_MARK))
     if marked:
         (copy / PYTHON_BUILD_MARK).write_text("built with NUMBA_STREAMSAFE_BUILD=python\n")
-    env = child_env(PYTHONPATH=str(tmp_path))
-    env.pop("NUMBA_STREAMSAFE_PURE_PYTHON", None)
-    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, stderr = _probe(child_env, tmp_path, tmp_path)
     assert out["file"] == str(copy / "__init__.py")
-    warned = "compiled engine is not built" in proc.stderr
+    warned = "compiled engine is not built" in stderr
     if marked:
-        assert not warned, proc.stderr
+        assert not warned, stderr
         assert out["engine"].startswith("not built: the pure-Python wheel (py3-none-any)")
     else:
-        assert warned, proc.stderr
+        assert warned, stderr
         assert out["engine"].startswith("WARNING: not built")
 
 
@@ -71,10 +76,5 @@ def test_the_report_calls_a_compiled_engine_compiled(child_env, repo_root, tmp_p
     if pure_python or not all(b.startswith("compiled")
                               for b in engine_builds(load=True).values()):
         pytest.skip("the engine is not compiled in this checkout (or not in use)")
-    env = child_env(PYTHONPATH=str(repo_root))
-    env.pop("NUMBA_STREAMSAFE_PURE_PYTHON", None)
-    proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, _ = _probe(child_env, repo_root, tmp_path)
     assert out["engine"].startswith("compiled"), out
