@@ -43,7 +43,6 @@ from numba_streamsafe.diagnostics.recorder import (
     RecorderMode,
     UncommittedLaunchWarning,
 )
-from numba_streamsafe.diagnostics.tracing import Trace, trace
 from numba_streamsafe.graphs import Graph, GraphCaptureError, graph
 from numba_streamsafe.resources import (
     POOL_KEEP_ALL,
@@ -112,6 +111,9 @@ def _follow_numba() -> None:
 _races.on_watch.append(_follow_numba)
 
 _LAZY = {
+    # Imported on first use: a program that never traces does not pay for it.
+    "trace": "numba_streamsafe.diagnostics.tracing",
+    "Trace": "numba_streamsafe.diagnostics.tracing",
     "tracked_kernel": "numba_streamsafe.numba.launch.kernel",
     "TrackedKernel": "numba_streamsafe.numba.launch.kernel",
     "device_array": "numba_streamsafe.numba.arrays",
@@ -138,8 +140,6 @@ __all__ = [
     "graph",
     "Graph",
     "GraphCaptureError",
-    "trace",
-    "Trace",
     "race_check",
     "RaceCheck",
     "RaceDetected",
