@@ -120,16 +120,14 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
                 if known is not None:
                     known.resource.tracker.program_unborrow(held)
         found = _book(rt)
-        if found is None:
-            if not direct or record_event(handle, stream) != 0:
-                fallback(*args)
-            return
-        book = found
-        lock = _caught_up(rt, book)
-        try:
-            clock, mark = book.program_record(stream, (event, handle))
-        finally:
-            lock.give()
+        clock = mark = None
+        if found is not None:  # noted: the point first
+            book = found
+            lock = _caught_up(rt, book)
+            try:
+                clock, mark = book.program_record(stream, (event, handle))
+            finally:
+                lock.give()
         try:
             if not direct or record_event(handle, stream) != 0:
                 fallback(*args)
@@ -137,7 +135,8 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
             if mark is not None:
                 rt.resource.tracker.program_unborrow(mark)
             raise
-        d["_nss_point"] = (weakref.ref(rt), clock, mark)
+        if found is not None:
+            d["_nss_point"] = (weakref.ref(rt), clock, mark)
 
 
 def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cython.bint,

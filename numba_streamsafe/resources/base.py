@@ -138,15 +138,6 @@ class MemoryResource(abc.ABC):
         (see :meth:`AsyncResource.program_clock`); empty here."""
         return {}
 
-    def program_record(self, stream: int, event: Any, handle: Any) -> tuple[dict[Any, int], Any]:
-        """The program records ``event`` on ``stream``: the point's clock and
-        the mark it closed (see :meth:`AsyncResource.program_record`);
-        ``({}, None)`` here."""
-        return {}, None
-
-    def program_unborrow(self, mark: Any) -> None:  # noqa: B027
-        """A mark of :meth:`program_record` stops borrowing the program's event."""
-
     def program_point_all(self) -> int:
         """A point of the program on every stream of the device; 0 here."""
         return 0
