@@ -167,6 +167,8 @@ def main() -> dict:
     parser.add_argument("--threads", type=int, default=0 if SIMULATOR else 8,
                         help="threads launching at once for the multi-thread figure (0: skip; "
                         "Numba's simulator runs kernels on one thread only)")
+    parser.add_argument("--threads-only", action="store_true",
+                        help="only the multi-thread figure (for a profiler)")
     args = parser.parse_args()
 
     plain = cuda.jit(body)
@@ -196,7 +198,8 @@ def main() -> dict:
     with_events = raw.with_events((s1, s2)) if raw is not None else None
     peers = peer_launchers(s1, n) if raw is not None else {}
     results: dict[str, Any] = {}
-    for scenario, streams in (("same stream", (s1, s1)), ("cross stream", (s1, s2))):
+    scenarios = (("same stream", (s1, s1)), ("cross stream", (s1, s2)))
+    for scenario, streams in () if args.threads_only else scenarios:
         per: dict[str, list[float]] = {label: [] for label, _, _ in variants}
         for _ in range(args.rounds):
             for label, k, on in variants:
@@ -276,6 +279,8 @@ def main() -> dict:
         results["threads"] = threads_figure(rt, tracked, plain, raw, args)
     print(f"launch overhead on {device_name()} ({args.launches} launches x {args.rounds} rounds)")
     for scenario in ("same stream", "cross stream"):
+        if scenario not in results:
+            continue
         r = results[scenario]
         m = r["us_per_launch"]
         line = (f"  {scenario:12s}: untracked {m['untracked']:7.2f} us  "

@@ -1,0 +1,247 @@
+"""A plain Numba program that makes and drops a stream per step, with and
+without the plugin: steps per second side by side, and a long run's drift.
+
+Each step makes a stream with ``cuda.stream()``, uploads an array on it
+(``cuda.to_device``), runs a kernel that writes a second array from it, and
+then, every other step, hands the result to a long-lived reader stream with
+an event of the program's own (``cuda.event()``, ``record``, ``wait``) and
+copies it there into a third array; the other steps copy on the step's own
+stream. The copy comes back to the host on that same stream, is checked, and
+the three arrays and the stream are dropped. The program orders every
+cross-stream use itself, so it runs right with or without the library.
+
+Two ways to run it:
+
+``python benchmarks/stream_per_step.py [--rounds R] [--steps N]``
+    Steps per second of the program in processes of its own, without the
+    plugin and with it (``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``),
+    the two taking turns for ``R`` rounds (each process warms up first, so
+    import and compile are left out). Prints each round's ratio (with /
+    without), their median and spread, the library's events recorded per
+    step and the steps that read a wrong value (expected 0).
+
+``python benchmarks/stream_per_step.py --minutes M [--window S]``
+    One process under the plugin runs the steps for ``M`` minutes and prints,
+    per window of ``S`` seconds: steps per second, the median time of the
+    kernel's launch call, the library's memory in use
+    (``allocated_bytes.all.current`` and ``pool_used_bytes.current``), the
+    events it holds (``events.in_use``) and the steps that went wrong; then
+    the last window against the first.
+
+Writes ``stream_per_step.json`` (``$NSS_BENCH_DIR``, default ``bench-results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+HERE = Path(__file__).resolve()
+
+
+@cuda.jit
+def scale(src, dst, k):
+    i = cuda.grid(1)
+    if i < dst.size:
+        dst[i] = src[i] * 2 + k
+
+
+def _child(steps: int, warmup: int, minutes: float, window: float, profile: str) -> dict:
+    """Run the steps in this process (the memory manager was chosen by the
+    parent through the environment) and return the figures."""
+    plugin = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "numba_streamsafe"
+    stats = None
+    if plugin:
+        import numba_streamsafe as nss
+
+        stats = nss.memory_stats
+
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    n = 64 if simulator else 1 << 14
+    threads = 32 if simulator else 256
+
+    reader = cuda.stream()
+    host = np.arange(n, dtype=np.float32)
+    launch_times: list[float] = []
+
+    def step(i: int) -> bool:
+        s = cuda.stream()
+        src = cuda.to_device(host, stream=s)
+        dst = cuda.device_array(n, np.float32, stream=s)
+        k = float(i % 7)
+        t0 = time.perf_counter()
+        scale[(n + threads - 1) // threads, threads, s](src, dst, k)
+        launch_times.append(time.perf_counter() - t0)
+        if i & 1:
+            handoff = cuda.event()
+            handoff.record(s)
+            handoff.wait(reader)
+            on = reader
+        else:
+            on = s
+        copy = cuda.device_array(n, np.float32, stream=on)
+        copy.copy_to_device(dst, stream=on)
+        back = copy.copy_to_host(stream=on)
+        on.synchronize()
+        right = back[0] == k and back[-1] == host[-1] * 2 + k
+        del src, dst, copy, s
+        return bool(right)
+
+    for i in range(warmup):
+        step(i)
+    cuda.synchronize()
+    launch_times.clear()
+    out: dict = {"plugin": plugin}
+    if minutes <= 0:
+        before = stats() if stats else {}
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        wrong = 0
+        start = time.perf_counter()
+        for i in range(steps):
+            wrong += not step(i)
+        cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if prof is not None:
+            import pstats
+
+            prof.disable()
+            with open(profile, "w") as f:
+                pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+        after = stats() if stats else {}
+        out.update(steps=steps, steps_per_s=steps / elapsed, wrong=wrong,
+                   launch_us=statistics.median(launch_times) * 1e6,
+                   events_recorded=after.get("events_recorded", 0)
+                   - before.get("events_recorded", 0),
+                   waits_inserted=after.get("waits_inserted", 0)
+                   - before.get("waits_inserted", 0),
+                   events_held=after.get("events.in_use"))
+        return out
+    windows = []
+    end = time.perf_counter() + minutes * 60
+    i = 0
+    while time.perf_counter() < end:
+        launch_times.clear()
+        wrong = 0
+        w0 = time.perf_counter()
+        count = 0
+        while time.perf_counter() - w0 < window:
+            wrong += not step(i)
+            i += 1
+            count += 1
+        cuda.synchronize()
+        st = stats() if stats else {}
+        windows.append({
+            "steps_per_s": count / (time.perf_counter() - w0),
+            "launch_us": statistics.median(launch_times) * 1e6,
+            "allocated_bytes": st.get("allocated_bytes.all.current"),
+            "pool_used_bytes": st.get("pool_used_bytes.current"),
+            "events_held": st.get("events.in_use"),
+            "events_recorded": st.get("events_recorded"),
+            "wrong": wrong,
+        })
+        print(json.dumps(windows[-1]), file=sys.stderr, flush=True)
+    out.update(windows=windows, steps=i)
+    return out
+
+
+def _run_child(plugin: bool, args: argparse.Namespace) -> dict:
+    env = dict(os.environ)
+    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    if plugin:
+        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
+    cmd = [sys.executable, "-X", "faulthandler", str(HERE), "--child",
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"the {'plugin' if plugin else 'plain'} process exited "
+                         f"{proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _spread(xs: list[float]) -> float:
+    return max(xs) - min(xs) if xs else 0.0
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=40 if simulator else 3000)
+    parser.add_argument("--warmup", type=int, default=10 if simulator else 300)
+    parser.add_argument("--minutes", type=float, default=0.0,
+                        help="run under the plugin this long, in windows (0: compare)")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
+    parser.add_argument("--profile", default="",
+                        help="with --child: write cProfile's top functions to this file")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(args.steps, args.warmup, args.minutes, args.window,
+                                args.profile)))
+        return {}
+    if args.minutes > 0:
+        env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"}
+        cmd = [sys.executable, "-X", "faulthandler", str(HERE), "--child", "--warmup",
+               str(args.warmup), "--minutes", str(args.minutes), "--window", str(args.window)]
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"the long run exited {proc.returncode}")
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        ws = res["windows"]
+        first, last = ws[0], ws[-1]
+        print(f"{len(ws)} windows of {args.window:.0f} s, {res['steps']} steps, "
+              f"wrong {sum(w['wrong'] for w in ws)}")
+        print(f"{'figure':24s} {'first':>14s} {'last':>14s} {'last/first':>10s}")
+        for key in ("steps_per_s", "launch_us", "allocated_bytes", "pool_used_bytes",
+                    "events_held"):
+            a, b = first[key], last[key]
+            r = (b / a) if a else (1.0 if b == a else float("inf"))
+            print(f"{key:24s} {a:14.2f} {b:14.2f} {r:10.3f}")
+        _write(res)
+        return res
+    per: dict[str, list[dict]] = {"without": [], "with": []}
+    for r in range(args.rounds):
+        order = (False, True) if r % 2 == 0 else (True, False)
+        for plugin in order:
+            per["with" if plugin else "without"].append(_run_child(plugin, args))
+    ratios = [w["steps_per_s"] / o["steps_per_s"]
+              for w, o in zip(per["with"], per["without"], strict=True)]
+    med = {k: statistics.median(x["steps_per_s"] for x in v) for k, v in per.items()}
+    ev = statistics.median(x["events_recorded"] / x["steps"] for x in per["with"])
+    wrong = sum(x["wrong"] for v in per.values() for x in v)
+    print("rounds (steps/s, with / without):",
+          ", ".join(f"{x:.3f}" for x in ratios))
+    print(f"steps/s without the plugin {med['without']:.0f}, with it {med['with']:.0f}; "
+          f"ratio median {statistics.median(ratios):.3f} (spread {_spread(ratios):.3f}); "
+          f"library events recorded per step {ev:.2f}; launch call "
+          f"{statistics.median(x['launch_us'] for x in per['without']):.2f} -> "
+          f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}")
+    res = {"rounds": per, "ratios": ratios, "ratio": statistics.median(ratios),
+           "events_per_step": ev, "wrong": wrong}
+    _write(res)
+    return res
+
+
+def _write(payload: dict) -> None:
+    out = Path(os.environ.get("NSS_BENCH_DIR", "bench-results"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stream_per_step.json").write_text(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()
