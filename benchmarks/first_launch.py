@@ -232,9 +232,10 @@ def main(argv: list[str] | None = None) -> dict:
     whole = [w["whole"] - o["whole"] for w, o in zip(runs["with"], runs["without"], strict=True)]
     print(f"  total      {tot_numba * 1e3:8.1f} ms of Numba's first launches; the library's "
           f"part {tot_ours * 1e3:.2f} ms: share {share:.3f} (target <= 0.10)")
+    spread = max(whole) - min(whole)
     print(f"plugin import after numba.cuda: {imp * 1e3:.1f} ms (median); whole process with - "
-          f"without: median {med(whole) * 1e3:.0f} ms, spread {(max(whole) - min(whole)) * 1e3:.0f} ms;"
-          f" right: {all(x['right'] for v in runs.values() for x in v)}")
+          f"without: median {med(whole) * 1e3:.0f} ms, spread {spread * 1e3:.0f} ms; "
+          f"right: {all(x['right'] for v in runs.values() for x in v)}")
     res = {"kernels": rows, "share": share, "plugin_import_s": imp, "whole_diff_s": whole,
            "runs": runs}
     out = Path(os.environ.get("NSS_BENCH_DIR", "bench-results"))

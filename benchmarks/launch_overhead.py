@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import statistics
 import threading
 import time
@@ -98,6 +99,24 @@ class RawLaunch:
             record(events[i], handles[i])
         return go
 
+    def gil_held_launcher(self, stream: Any) -> Callable[[], None]:
+        """As :meth:`launcher`, through ``ctypes.PyDLL`` (the GIL kept through the
+        call) on libcuda's ``cuLaunchKernel``."""
+        cuda.current_context()
+        lib = ctypes.PyDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+        fn.restype = ctypes.c_int
+        handle = ctypes.c_void_p(int(self.rt.stream_handle(stream)))
+        f = ctypes.c_void_p(int(self.function))
+        params = ctypes.c_void_p(self.params)
+        keep = self
+
+        def go() -> None:
+            fn(f, 1, 1, 1, 32, 1, 1, 0, handle, params, None)
+
+        go.keep = keep  # type: ignore[attr-defined]
+        return go
+
     def launcher(self, stream: Any) -> Callable[[], None]:
         """One raw launch of the kernel on ``stream`` (1 block of 32 threads)."""
         cuda.current_context()  # this thread's context current, as Numba's launches make it
@@ -113,10 +132,12 @@ class RawLaunch:
 
 
 def threaded(variants: dict[str, Callable[[int], Callable[[], None]]], nthreads: int,
-             launches: int, rounds: int) -> dict[str, list[float]]:
+             launches: int, rounds: int,
+             before: dict[str, Callable[[], None]] | None = None) -> dict[str, list[float]]:
     """Launches per second of ``nthreads`` threads launching at once, per variant
     and round (variants interleaved round by round). ``variants[label](t)`` is
-    called on thread ``t`` once and returns its launch function."""
+    called on thread ``t`` once and returns its launch function; ``before[label]()``,
+    where given, runs on the main thread before each of that variant's rounds."""
     labels = list(variants)
     per: dict[str, list[float]] = {label: [] for label in labels}
     start_gate = threading.Barrier(nthreads + 1)
@@ -147,6 +168,8 @@ def threaded(variants: dict[str, Callable[[int], Callable[[], None]]], nthreads:
     for _ in range(rounds):
         for label in labels:
             current[0] = label
+            if before and label in before:
+                before[label]()
             synchronize()
             start = time.perf_counter()
             start_gate.wait()
@@ -167,6 +190,9 @@ def main() -> dict:
     parser.add_argument("--threads", type=int, default=0 if SIMULATOR else 8,
                         help="threads launching at once for the multi-thread figure (0: skip; "
                         "Numba's simulator runs kernels on one thread only)")
+    parser.add_argument("--gil-variants", action="store_true",
+                        help="the multi-thread figure also with the GIL kept through the "
+                        "launch (raw and tracked): a diagnostic")
     parser.add_argument("--threads-only", action="store_true",
                         help="only the multi-thread figure (for a profiler)")
     args = parser.parse_args()
@@ -387,8 +413,27 @@ def threads_figure(rt: Any, tracked: Any, plain: Any, raw: RawLaunch | None,
         return lambda: launch(*xs)
 
     floor = "raw" if raw is not None else "untracked"
-    per = threaded({"tracked": make_tracked, floor: make_floor}, args.threads,
-                   args.launches, args.rounds)
+    variants = {"tracked": make_tracked, floor: make_floor}
+    before: dict[str, Callable[[], None]] = {}
+    if args.gil_variants and raw is not None:
+        # Diagnostics: the raw launch with the GIL kept through cuLaunchKernel
+        # (ctypes.PyDLL), and the tracked one with it released every time.
+        from numba_streamsafe.numba.launch import launcher
+
+        def make_raw_gil(t: int) -> Callable[[], None]:
+            s, xs = own[t]
+            return RawLaunch(rt, tracked, xs).gil_held_launcher(s)
+
+        variants["raw, GIL held"] = make_raw_gil
+        if launcher.COMPILED:
+            variants["tracked, GIL released"] = make_tracked
+            asked = launcher.release_gil(False)
+            for label in variants:
+                before[label] = functools.partial(launcher.release_gil,
+                                                  label == "tracked, GIL released" or asked)
+    per = threaded(variants, args.threads, args.launches, args.rounds, before)
+    if before:
+        launcher.release_gil(asked)
     return {"threads": args.threads, "floor": floor,
             "launches_per_s": {k: statistics.median(v) for k, v in per.items()},
             "samples_per_s": per, "ratio": ratio_of_medians(per, "tracked", floor)}

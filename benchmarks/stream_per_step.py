@@ -23,10 +23,11 @@ Two ways to run it:
 ``python benchmarks/stream_per_step.py --minutes M [--window S]``
     One process under the plugin runs the steps for ``M`` minutes and prints,
     per window of ``S`` seconds: steps per second, the median time of the
-    kernel's launch call, the library's memory in use
-    (``allocated_bytes.all.current`` and ``pool_used_bytes.current``), the
-    events it holds (``events.in_use``) and the steps that went wrong; then
-    the last window against the first.
+    kernel's launch call, the device memory in use (the driver's total less
+    its free), the library's (``pool_used_bytes.current``, and the bytes of
+    live arrays, ``allocated_bytes.all.current``), the events it holds
+    (``events.in_use``) and the steps that went wrong; then the last window
+    against the first.
 
 Writes ``stream_per_step.json`` (``$NSS_BENCH_DIR``, default ``bench-results``).
 """
@@ -46,6 +47,7 @@ import numpy as np
 from numba import cuda
 
 HERE = Path(__file__).resolve()
+TRACE = os.environ.get("NSS_STEP_TRACE") == "1"
 
 
 @cuda.jit
@@ -55,15 +57,47 @@ def scale(src, dst, k):
         dst[i] = src[i] * 2 + k
 
 
-def _child(steps: int, warmup: int, minutes: float, window: float, profile: str) -> dict:
+def _count_calls(rt) -> dict:
+    """Wrap the library's driver calls that cost a step time (events, waits,
+    synchronises, streams) to count them by their callers: a diagnostic."""
+    import collections
+    import traceback
+
+    counts: collections.Counter = collections.Counter()
+    names = ("event_record", "stream_wait_event", "stream_synchronize", "event_synchronize",
+             "event_query", "ctx_synchronize", "create_stream", "destroy_stream")
+    for name in names:
+        orig = getattr(rt.driver, name, None)
+        if orig is None:
+            continue
+
+        def wrapper(*a, _orig=orig, _name=name, **k):
+            stack = traceback.extract_stack(limit=8)[:-1]
+            key = _name + " <- " + " < ".join(f.name for f in reversed(stack[-6:]))
+            counts[key] += 1
+            if TRACE:
+                args = ", ".join(hex(x) if isinstance(x, int) else repr(x) for x in a)
+                print(f"    {_name}({args})  <- " + " < ".join(
+                    f"{f.name}:{f.lineno}" for f in reversed(stack[-5:])), file=sys.stderr)
+            return _orig(*a, **k)
+
+        setattr(rt.driver, name, wrapper)
+    return counts
+
+
+def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
+           calls: bool = False) -> dict:
     """Run the steps in this process (the memory manager was chosen by the
     parent through the environment) and return the figures."""
     plugin = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "numba_streamsafe"
     stats = None
+    counts = None
     if plugin:
         import numba_streamsafe as nss
 
         stats = nss.memory_stats
+        if calls:
+            counts = _count_calls(nss.get_runtime())
 
     simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     n = 64 if simulator else 1 << 14
@@ -75,6 +109,9 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str)
 
     def step(i: int) -> bool:
         s = cuda.stream()
+        if TRACE:
+            h = getattr(s, "handle", s)
+            print(f"step {i}: stream {getattr(h, 'value', h)}", file=sys.stderr)
         src = cuda.to_device(host, stream=s)
         dst = cuda.device_array(n, np.float32, stream=s)
         k = float(i % 7)
@@ -96,10 +133,14 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str)
         del src, dst, copy, s
         return bool(right)
 
+    if TRACE:
+        print(f"reader {reader}", file=sys.stderr)
     for i in range(warmup):
         step(i)
     cuda.synchronize()
     launch_times.clear()
+    if counts is not None:
+        counts.clear()
     out: dict = {"plugin": plugin}
     if minutes <= 0:
         before = stats() if stats else {}
@@ -129,6 +170,9 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str)
                    waits_inserted=after.get("waits_inserted", 0)
                    - before.get("waits_inserted", 0),
                    events_held=after.get("events.in_use"))
+        if counts is not None:
+            for key, count in counts.most_common(20):
+                print(f"{count / steps:6.2f} per step  {key}", file=sys.stderr)
         return out
     windows = []
     end = time.perf_counter() + minutes * 60
@@ -144,11 +188,13 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str)
             count += 1
         cuda.synchronize()
         st = stats() if stats else {}
+        free, total = cuda.current_context().get_memory_info()
         windows.append({
             "steps_per_s": count / (time.perf_counter() - w0),
             "launch_us": statistics.median(launch_times) * 1e6,
             "allocated_bytes": st.get("allocated_bytes.all.current"),
             "pool_used_bytes": st.get("pool_used_bytes.current"),
+            "device_used_bytes": total - free,
             "events_held": st.get("events.in_use"),
             "events_recorded": st.get("events_recorded"),
             "wrong": wrong,
@@ -188,11 +234,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
     parser.add_argument("--profile", default="",
                         help="with --child: write cProfile's top functions to this file")
+    parser.add_argument("--calls", action="store_true",
+                        help="with --child: count the library's driver calls by caller")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args.steps, args.warmup, args.minutes, args.window,
-                                args.profile)))
+                                args.profile, args.calls)))
         return {}
     if args.minutes > 0:
         env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"}
@@ -207,8 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{len(ws)} windows of {args.window:.0f} s, {res['steps']} steps, "
               f"wrong {sum(w['wrong'] for w in ws)}")
         print(f"{'figure':24s} {'first':>14s} {'last':>14s} {'last/first':>10s}")
-        for key in ("steps_per_s", "launch_us", "allocated_bytes", "pool_used_bytes",
-                    "events_held"):
+        for key in ("steps_per_s", "launch_us", "device_used_bytes", "pool_used_bytes",
+                    "allocated_bytes", "events_held"):
             a, b = first[key], last[key]
             r = (b / a) if a else (1.0 if b == a else float("inf"))
             print(f"{key:24s} {a:14.2f} {b:14.2f} {r:10.3f}")

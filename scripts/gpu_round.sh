@@ -346,6 +346,71 @@ ab)
     grep -E "^=== |same stream|cross stream|ratio|us/|us$" "$OUT/launch.log" "$OUT/alloc.log" \
         | head -80
     ;;
+host)
+    # Issue "host cost", this tree against ${BASE:-.before53}/ (built here), in one call:
+    # the eight-minute run of a stream per step in the background (LONG_MINUTES, 0: none;
+    # benchmarks/stream_per_step.py --minutes), and meanwhile this round's GPU tests, a
+    # stream per step with and without the plugin, the first launch of plain kernels, the
+    # self-ordered rounds and the 200-stream events of both trees, then the launch and
+    # allocation benchmarks of both trees taking turns.
+    base=$PWD/${BASE:-.before53}
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+        > "$OUT/build_base.log" 2>&1
+    if [[ ${LONG_MINUTES:-8} != 0 ]]; then
+        PYTHONWARNINGS=ignore python3 -X faulthandler benchmarks/stream_per_step.py \
+            --minutes "${LONG_MINUTES:-8}" > "$OUT/long_run.log" 2>&1 &
+        long=$!
+    fi
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-5} \
+        NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
+    run host_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
+        -q -p no:cacheprovider -rs -o faulthandler_timeout=100 tests/gpu/test_host_cost_gpu.py \
+        tests/gpu/test_hot_path.py tests/gpu/test_plain_numba_gpu.py \
+        tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py
+    tail -n 3 "$OUT/host_tests.log"
+    export PYTHONWARNINGS=ignore
+    run per_step python3 -X faulthandler benchmarks/stream_per_step.py --rounds "${ROUNDS:-5}"
+    tail -n 2 "$OUT/per_step.log"
+    run first_launch python3 -X faulthandler benchmarks/first_launch.py --rounds 3
+    tail -n 9 "$OUT/first_launch.log"
+    for side in base this; do
+        dir=$PWD; [[ $side == base ]] && dir=$base
+        for script in self_ordered.py stream_events.py; do
+            printf '%s %s ' "$side" "$script" >> "$OUT/ordered.log"
+            PYTHONPATH="$SITE:$dir" NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe \
+                python3 -X faulthandler "benchmarks/$script" >> "$OUT/ordered.log" 2>&1
+        done
+    done
+    cat "$OUT/ordered.log"
+    ROUNDS=1 bash scripts/bench_compare.sh "$base" launch_overhead.py --rounds 9 \
+        > "$OUT/launch.log" 2>&1
+    grep -E "^=== |raw cuLaunch|floor|threads" "$OUT/launch.log"
+    ROUNDS=1 bash scripts/bench_compare.sh "$base" alloc_free.py --rounds 5 \
+        > "$OUT/alloc.log" 2>&1
+    grep -E "^=== |ours / bare" "$OUT/alloc.log"
+    if [[ -n ${long:-} ]]; then
+        wait "$long"; echo "long run exit $?"
+        tail -n 9 "$OUT/long_run.log"
+    fi
+    ;;
+yardstick)
+    # Issue "host cost": the real-programs benchmark (benchmarks/real_programs.py, .whl-suite
+    # carried), then run_all.py of this tree and of ${BASE:-.before53}/ taking turns.
+    base=$PWD/${BASE:-.before53}
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    export PYTHONWARNINGS=ignore
+    run real_programs python3 -X faulthandler benchmarks/real_programs.py \
+        --rounds "${ROUNDS:-5}" --budget "${BUDGET:-300}"
+    tail -n 20 "$OUT/real_programs.log"
+    if [[ ${RUN_ALL:-1} == 1 ]]; then
+        (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+            > "$OUT/build_base.log" 2>&1
+        ROUNDS=1 bash scripts/bench_compare.sh "$base" run_all.py --rounds "${RUN_ALL_ROUNDS:-3}" \
+            > "$OUT/run_all.log" 2>&1
+        grep -E "^=== |ratio|x |  " "$OUT/run_all.log" | tail -n 60
+    fi
+    ;;
 profile)
     # Where the host time goes (issue "host cost"), this tree compiled: a stream per
     # step with and without the plugin (benchmarks/stream_per_step.py) and cProfile of

@@ -349,7 +349,8 @@ def versions(rounds: int) -> str:
             out.append(f"cuda.pathfinder: {exc}")
         try:
             import numba_streamsafe.compiled as c
-            out.append(f"numba_streamsafe engine: {sorted(set(c.engine_builds(load=True).values()))}")
+            builds = sorted(set(c.engine_builds(load=True).values()))
+            out.append(f"numba_streamsafe engine: {builds}")
         except Exception as exc:
             out.append(f"numba_streamsafe: {type(exc).__name__}: {exc}")
         print("\\n".join(out))

@@ -61,6 +61,14 @@ variable                                  meaning
 ``NUMBA_STREAMSAFE_STACK_DEPTH``          the user's frames a race report keeps of each
                                           side's stack, the allocation's and the free's:
                                           an int from 0 to 256 (default 8; 0: no line)
+``NUMBA_STREAMSAFE_LAUNCH_GIL``           ``auto`` (default): a compiled launch keeps the
+                                          GIL through ``cuLaunchKernel`` while launches
+                                          return promptly, and releases it after one was
+                                          held up in the driver or once the program
+                                          queued a Python host callback through Numba;
+                                          ``release``: every launch releases it (for
+                                          programs whose other libraries queue Python
+                                          host callbacks)
 ``NUMBA_STREAMSAFE_REPORT_FILE``          a path: each race reported is appended to it
                                           as one line of JSON (both sides, their
                                           stacks and streams, the allocation, the fix);
@@ -215,6 +223,7 @@ class Settings:
     observe: str = "auto"
     stack_depth: int = DEFAULT_DEPTH
     report_file: str | None = None
+    launch_gil: str = "auto"
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -246,6 +255,7 @@ class Settings:
             observe=_observe(),
             stack_depth=_count("NUMBA_STREAMSAFE_STACK_DEPTH", DEFAULT_DEPTH, _MAX_DEPTH),
             report_file=os.environ.get("NUMBA_STREAMSAFE_REPORT_FILE", "").strip() or None,
+            launch_gil=_choice("NUMBA_STREAMSAFE_LAUNCH_GIL", "auto", ("auto", "release")),
         )
 
     @property

@@ -23,7 +23,8 @@ CHOICES = {"NUMBA_STREAMSAFE_DRIVER": ("cuda", "sim"),
            "NUMBA_STREAMSAFE_UPSTREAM": ("driver", "rmm"),
            "NUMBA_STREAMSAFE_ACCESS": ("declared", "infer"),
            "NUMBA_STREAMSAFE_MODE": ("order", "check"),
-           "NUMBA_STREAMSAFE_CHECK_REPORT": ("raise", "exit")}
+           "NUMBA_STREAMSAFE_CHECK_REPORT": ("raise", "exit"),
+           "NUMBA_STREAMSAFE_LAUNCH_GIL": ("auto", "release")}
 SWITCHES = ("NUMBA_STREAMSAFE_DIRECT_LAUNCH", "NUMBA_STREAMSAFE_CHECK_ACCESS",
             "NUMBA_STREAMSAFE_IPC", "NUMBA_STREAMSAFE_TRANSPARENT",
             "NUMBA_STREAMSAFE_PURE_PYTHON")

@@ -518,3 +518,31 @@ def test_the_legacy_stream_and_blocking_streams_wait_for_each_other(rt):
         assert (d.hazards == []) is ordered, (first, second, d.hazards)
         d.synchronize()
     d.free(ptr)
+
+
+def test_the_launch_gil_setting_decides_whether_every_launch_releases_it(monkeypatch):
+    """``NUMBA_STREAMSAFE_LAUNCH_GIL=release`` makes every compiled launch release
+    the GIL; ``auto`` leaves it to the launches (held while they return promptly);
+    ``release_gil(True)`` (a Python host callback queued) holds whatever the setting."""
+    from numba_streamsafe.core.settings import reload_settings
+    from numba_streamsafe.numba.launch import launcher
+
+    asked = launcher.release_gil(False)
+    try:
+        monkeypatch.setenv("NUMBA_STREAMSAFE_LAUNCH_GIL", "release")
+        reload_settings()
+        assert launcher.releases_gil()
+        monkeypatch.setenv("NUMBA_STREAMSAFE_LAUNCH_GIL", "auto")
+        reload_settings()
+        assert not launcher.releases_gil()
+        launcher.release_gil(True)
+        assert launcher.releases_gil()
+        monkeypatch.delenv("NUMBA_STREAMSAFE_LAUNCH_GIL")
+        reload_settings()
+        assert launcher.releases_gil()  # asked for: the setting's default does not undo it
+        launcher.release_gil(False)
+        assert not launcher.releases_gil()
+    finally:
+        monkeypatch.delenv("NUMBA_STREAMSAFE_LAUNCH_GIL", raising=False)
+        reload_settings()
+        launcher.release_gil(asked)

@@ -3,7 +3,8 @@ launch itself (:func:`launch`): argument resolution through the fields cached
 on each array (:class:`ArgFields`), the overload's :class:`Plan`, the
 parameters packed by :mod:`~numba_streamsafe.numba.launch.packing`, the rules of
 :mod:`~numba_streamsafe.resources.tracking.rules` under the resource's lock,
-``cuLaunchKernel`` with the GIL released, and the commit.
+``cuLaunchKernel`` (the GIL kept through it while launches return promptly:
+:func:`release_gil`), and the commit.
 
 Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
 pure-Python mode (C declarations in ``launcher.pxd``). Both builds run the
@@ -23,6 +24,7 @@ import cython
 from numba_streamsafe._driver import libcuda
 from numba_streamsafe._driver.libcuda import launch_entry
 from numba_streamsafe.core.errors import InvalidArgument
+from numba_streamsafe.core.settings import Settings, on_reload, settings
 from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
@@ -30,7 +32,8 @@ from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, pref
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
-           "by_driver", "retried", "available", "COMPILED"]
+           "by_driver", "retried", "available", "release_gil", "releases_gil", "slow_launches",
+           "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -42,8 +45,70 @@ _MAX_PARAMS = 512  # MAX_PARAM_BYTES / 8
 _launches = cython.declare(cython.ulonglong, 0)
 _by_driver = cython.declare(cython.ulonglong, 0)
 _retried = cython.declare(cython.ulonglong, 0)
+#: Whether every launch releases the GIL through ``cuLaunchKernel`` (see
+#: :func:`release_gil`), the launches left that release it after a slow one,
+#: and the slow launches seen.
+_release_always = cython.declare(cython.bint, False)
+_asked = cython.declare(cython.bint, False)
+_setting_releases = cython.declare(cython.bint, False)
+_release_left = cython.declare(cython.longlong, 0)
+_slow = cython.declare(cython.ulonglong, 0)
+#: A launch that kept the GIL this long (nanoseconds) was held up in the driver
+#: (its queue full, or its lock held by a long call of another thread) ...
+SLOW_LAUNCH_NS: int = 200_000
+#: ... and the launches after it release the GIL, this many of them.
+RELEASE_AFTER_SLOW: int = 4096
+_slow_ns = cython.declare(cython.longlong, SLOW_LAUNCH_NS)
+_after_slow = cython.declare(cython.longlong, RELEASE_AFTER_SLOW)
 #: The parameter buffer of the build that runs as Python (per thread).
 _scratch = ParamScratch(_MAX_PARAMS)
+
+
+def _by_setting(s: Settings) -> None:
+    global _setting_releases, _release_always
+    _setting_releases = s.launch_gil == "release"
+    _release_always = _setting_releases or _asked
+
+
+def release_gil(always: bool) -> bool:
+    """Set whether every compiled launch releases the GIL around
+    ``cuLaunchKernel``; returns the setting before.
+
+    By default (``NUMBA_STREAMSAFE_LAUNCH_GIL=auto``) a launch keeps the GIL
+    through the driver call, as the library's own event record and wait do:
+    the call returns in microseconds, and handing the GIL to another thread
+    and taking it back costs more than that when several threads launch (the
+    handoff, not the launch, is what serializes them). A launch that took
+    longer than :data:`SLOW_LAUNCH_NS` (the driver's queue was full, say)
+    makes the next :data:`RELEASE_AFTER_SLOW` launches release the GIL, so
+    other Python threads run while a launch waits. Every launch releases it
+    from the moment the program queues a Python host callback through Numba
+    (``Stream.add_callback``, ``async_done``: the callback needs the GIL,
+    and a launch queued behind it could wait for it), and always with
+    ``NUMBA_STREAMSAFE_LAUNCH_GIL=release`` (for programs whose other
+    libraries queue Python host callbacks), whatever is set here.
+    """
+    global _asked, _release_always
+    before = bool(_asked)
+    _asked = bool(always)
+    _release_always = _setting_releases or _asked
+    return before
+
+
+_by_setting(settings())
+on_reload.append(_by_setting)
+
+
+def releases_gil() -> bool:
+    """Whether every compiled launch releases the GIL now (the setting, or
+    :func:`release_gil`)."""
+    return bool(_release_always)
+
+
+def slow_launches() -> int:
+    """Compiled launches that kept the GIL longer than :data:`SLOW_LAUNCH_NS`
+    (each made the next launches release it)."""
+    return _slow
 
 
 def available() -> bool:
@@ -316,7 +381,7 @@ def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Pl
 @cython.cfunc
 def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, owner: object,
            arrays: list, address: cython.size_t, nparams: cython.Py_ssize_t) -> cython.bint:
-    """Preflight, ``cuLaunchKernel`` with the GIL released, commit; False
+    """Preflight, ``cuLaunchKernel`` (:func:`_call_libcuda`), commit; False
     (nothing queued) when a check under the lock sends the launch to the
     Python path."""
     global _launches, _by_driver, _retried
@@ -381,9 +446,11 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
 @cython.exceptval(-2)
 def _call_libcuda(function: object, dims: cython.p_uint, handle: object,
                   params: cython.size_t) -> cython.int:
-    """``cuLaunchKernel`` through libcuda with the GIL released: its error (0
-    when queued), or -1 when the build runs as Python or libcuda's entry point
-    is not found (the driver layer then queues the kernel)."""
+    """``cuLaunchKernel`` through libcuda, the GIL kept or released as
+    :func:`release_gil` says: its error (0 when queued), or -1 when the build
+    runs as Python or libcuda's entry point is not found (the driver layer
+    then queues the kernel)."""
+    global _release_left, _slow
     if not cython.compiled:
         return -1
     entry: cython.size_t = launch_entry()
@@ -393,11 +460,33 @@ def _call_libcuda(function: object, dims: cython.p_uint, handle: object,
     f: cython.size_t = function
     hv: cython.size_t = handle
     err: cython.int
-    with cython.nogil:
-        err = fn(cython.cast(cython.p_void, f), dims[0], dims[1], dims[2], dims[3], dims[4],
-                 dims[5], dims[6], cython.cast(cython.p_void, hv),
-                 cython.cast(cython.pp_void, params), cython.NULL)
+    if _release_always or _release_left > 0:
+        if _release_left > 0:
+            _release_left -= 1
+        with cython.nogil:
+            err = fn(cython.cast(cython.p_void, f), dims[0], dims[1], dims[2], dims[3], dims[4],
+                     dims[5], dims[6], cython.cast(cython.p_void, hv),
+                     cython.cast(cython.pp_void, params), cython.NULL)
+        return err
+    t0: cython.longlong = _now_ns()
+    err = fn(cython.cast(cython.p_void, f), dims[0], dims[1], dims[2], dims[3], dims[4],
+             dims[5], dims[6], cython.cast(cython.p_void, hv),
+             cython.cast(cython.pp_void, params), cython.NULL)
+    if _now_ns() - t0 > _slow_ns:
+        _release_left = _after_slow
+        _slow += 1
     return err
+
+
+@cython.cfunc
+@cython.exceptval(check=False)
+def _now_ns() -> cython.longlong:
+    """CLOCK_MONOTONIC in nanoseconds (compiled only)."""
+    if not cython.compiled:
+        return 0
+    ts = cython.declare(timespec)  # noqa: F821 (launcher.pxd)
+    clock_gettime(CLOCK_MONOTONIC, cython.address(ts))  # noqa: F821
+    return ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
 @cython.cfunc

@@ -1,0 +1,186 @@
+"""What makes the plugin cheap for plain Numba programs, on a GPU, each in a
+child process with the plugin selected:
+
+* a device array Numba makes for a stream (``cuda.to_device(..., stream=s)``,
+  ``cuda.device_array(..., stream=s)``) is allocated on that stream, so its
+  uses there wait for nothing (the negative control allocates on the
+  default stream inside ``stream_scope``: the kernel on ``s`` then waits);
+* a program that makes and drops a stream per step, and orders its own
+  hand-offs, is right and makes the library queue no wait;
+* the compiled launch keeps the GIL only while launches return promptly:
+  once the program queues a Python host callback through Numba, every launch
+  releases it, so a launch blocked behind that callback (the stream's queue
+  full) cannot keep the callback from running. The negative control keeps
+  the GIL anyway, and the program hangs;
+* a launch held up in the driver (the stream's queue full of 1 ms kernels)
+  is seen as one, so the next launches release the GIL.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ARRAYS = """
+    import json
+    import numpy as np
+    from numba import cuda
+    import numba_streamsafe as nss
+
+    @cuda.jit
+    def twice(x, y):
+        i = cuda.grid(1)
+        if i < y.size:
+            y[i] = 2 * x[i]
+
+    n = 1 << 16
+    host = np.arange(n, dtype=np.float32)
+    s = cuda.stream()
+    out = {}
+    for label, scope in (("array stream", None), ("default stream", cuda.default_stream())):
+        before = nss.memory_stats()
+        if scope is None:
+            x = cuda.to_device(host, stream=s)
+            y = cuda.device_array(n, np.float32, stream=s)
+        else:
+            with nss.stream_scope(scope):
+                x = cuda.to_device(host, stream=s)
+                y = cuda.device_array(n, np.float32, stream=s)
+        twice[n // 256, 256, s](x, y)
+        got = y.copy_to_host(stream=s)
+        s.synchronize()
+        after = nss.memory_stats()
+        out[label] = {"waits": after["waits_inserted"] - before["waits_inserted"],
+                      "right": bool((got == 2 * host).all())}
+        del x, y
+    print("RESULT", json.dumps(out))
+"""
+
+CALLBACK = """
+    import sys, threading, time
+    import numpy as np
+    from numba import cuda
+    from numba_streamsafe.numba.launch import launcher
+
+    @cuda.jit
+    def spin(ms, y):
+        for _ in range(ms):
+            cuda.nanosleep(1000000)
+        y[0] = 1
+
+    @cuda.jit
+    def tiny(y):
+        y[cuda.grid(1)] += 1
+
+    s = cuda.stream()
+    y = cuda.to_device(np.zeros(32, np.int64), stream=s)
+    spin[1, 1, s](1, y)
+    tiny[1, 32, s](y)
+    s.synchronize()
+    ran = threading.Event()
+    spin[1, 1, s](1500, y)             # 1.5 s of work ahead of the callback
+    s.add_callback(lambda stream, status, arg: ran.set())
+    if "{control}" == "hold":
+        launcher.release_gil(False)    # as if the callback had not been seen
+    print("releases", launcher.releases_gil(), flush=True)
+    for _ in range(20000):             # more than the stream's queue holds
+        tiny[1, 32, s](y)
+    s.synchronize()
+    print("RESULT", ran.is_set(), int(y.copy_to_host()[0]), flush=True)
+"""
+
+HELD_UP = """
+    import threading, time
+    import numpy as np
+    from numba import cuda
+    from numba_streamsafe.numba.launch import launcher
+
+    @cuda.jit
+    def work(y):
+        cuda.nanosleep(1000000)        # about 1 ms a launch: the GPU is the bottleneck
+        y[cuda.grid(1)] += 1
+
+    s = cuda.stream()
+    y = cuda.to_device(np.zeros(32, np.int64), stream=s)
+    work[1, 32, s](y)
+    s.synchronize()
+    ticks = [0]
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    slow = launcher.slow_launches()
+    t = threading.Thread(target=ticker)
+    t.start()
+    start = time.perf_counter()
+    for _ in range(3000):              # more than the stream's queue holds
+        work[1, 32, s](y)
+    queued = time.perf_counter() - start
+    stop.set()
+    t.join()
+    s.synchronize()
+    print("RESULT", launcher.slow_launches() - slow, ticks[0], round(queued, 3),
+          int(y.copy_to_host()[0]))
+"""
+
+
+def _child(child_env, code: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
+                          cwd=ROOT, env=child_env(NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe",
+                                                  **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _result(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return next(x for x in proc.stdout.splitlines() if x.startswith("RESULT")).split(" ", 1)[1:]
+
+
+def test_an_array_made_for_a_stream_is_allocated_on_it(child_env):
+    out = json.loads(_result(_child(child_env, ARRAYS, 120))[0])
+    assert out["array stream"] == {"waits": 0, "right": True}, out
+    # The control: allocated on the default stream, the kernel on s waits for it.
+    assert out["default stream"]["right"] and out["default stream"]["waits"] >= 1, out
+
+
+def test_a_stream_per_step_program_is_right_and_queues_no_wait(child_env):
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(ROOT / "benchmarks" / "stream_per_step.py"),
+         "--child", "--steps", "400", "--warmup", "20"],
+        cwd=ROOT, env=child_env(NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe"),
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["wrong"] == 0 and res["waits_inserted"] == 0, res
+    assert res["events_held"] == 0, res
+
+
+def test_a_python_host_callback_makes_every_launch_release_the_gil(child_env):
+    proc = _child(child_env, CALLBACK.replace("{control}", "none"), 120)
+    assert "releases True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    ran, count = _result(proc)[0].split()
+    assert ran == "True" and int(count) == 20001  # the spin's 1, then the launches' adds
+
+
+def test_control_a_launch_keeping_the_gil_behind_a_python_callback_hangs(child_env):
+    with pytest.raises(subprocess.TimeoutExpired):
+        _child(child_env, CALLBACK.replace("{control}", "hold"), 12)
+
+
+def test_a_launch_held_up_in_the_driver_lets_other_threads_run(child_env):
+    slow, ticks, queued, count = _result(_child(child_env, HELD_UP, 120))[0].split()
+    assert int(count) == 3001
+    assert float(queued) > 0.5, "the queue never filled: the test shows nothing"
+    assert int(slow) >= 1, (slow, ticks, queued)
+    assert int(ticks) > 0, (slow, ticks, queued)
