@@ -101,10 +101,7 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         self.runtime  # noqa: B018 - built on first access
 
     def memalloc(self, size: int) -> MemoryPointer:
-        """A block of ``size`` bytes on the current scope's stream, else on the
-        stream Numba makes the array for (``cuda.device_array(..., stream=s)``,
-        ``cuda.to_device(..., stream=s)``: transparent mode tells it, outside a
-        graph capture), else on the default stream."""
+        """A block of ``size`` bytes on the current scope's stream (or the default stream)."""
         if size == 0:
             # A null CUdeviceptr: ctypes.c_void_p(0).value is None, which
             # MemoryPointer cannot convert.
@@ -118,10 +115,6 @@ class StreamSafeMemoryManager(HostOnlyCUDAMemoryManager):
         if stack:
             # DeviceRuntime.allocate refuses an allocation a graph capture would hold.
             block = rt.allocate(size, stack[-1], "numba")  # type: ignore[union-attr]
-        elif _scopes.array_stream is not None and rt.capture is None:  # type: ignore[union-attr]
-            # The stream Numba makes the array for (transparent mode's hook on its
-            # arrays): its first use there needs no wait for another stream.
-            block = rt.allocate(size, _scopes.array_stream, "numba")  # type: ignore[union-attr]
         else:
             # default_stream_handle(), inline: Numba's configuration is loaded.
             ptds = _config.CUDA_PER_THREAD_DEFAULT_STREAM  # type: ignore[attr-defined]

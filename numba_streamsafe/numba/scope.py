@@ -35,9 +35,6 @@ class _Scopes(threading.local):
 
     def __init__(self) -> None:
         self.stack: list[Any] = []
-        #: The stream Numba is making a device array for (its ``stream=``), while
-        #: it allocates the array's memory; below any :func:`stream_scope`.
-        self.array_stream: Any = None
         self.device: int | None = None
         #: How Numba's own launches, copies and fills on this thread are
         #: handled: FENCE, OBSERVE or INSIDE (see :func:`transparent`).

@@ -328,7 +328,6 @@ def _config_getstate_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _install_gpu() -> None:
-    from numba.cuda.cudadrv import devicearray
     from numba.cuda.cudadrv import driver as numba_driver
     from numba.cuda.dispatcher import _LaunchConfiguration
 
@@ -346,8 +345,6 @@ def _install_gpu() -> None:
             _copy_hook, label=label, write_dst=write_dst, read_src=read_src,
             host_waits=host_waits))
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
-    # A device array made for a stream is allocated on that stream.
-    _replace(devicearray.DeviceNDArrayBase, "__init__", _array_init_hook)
     # The program's own ordering (its events, stream and device synchronises):
     # the waits it satisfies are skipped.
     _replace(numba_driver.Event, "record", _gpu_event_record)
@@ -358,25 +355,6 @@ def _install_gpu() -> None:
     # A Python host callback needs the GIL: no launch keeps it from then on.
     _replace(numba_driver.Stream, "add_callback", _gpu_stream_add_callback)
     _replace(numba_driver.Context, "synchronize", _gpu_context_synchronize)
-
-
-def _array_init_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    def __init__(self: Any, shape: Any, strides: Any, dtype: Any, stream: Any = 0,
-                 gpu_data: Any = None) -> None:
-        if (gpu_data is not None or stream.__class__ is int
-                or per_thread.array_stream is not None or per_thread.transparent != FENCE):
-            # Memory given, the default stream (0), an array inside another's
-            # making, or uses left unordered here: Numba's default stream, whose
-            # allocations every blocking stream is ordered after.
-            original(self, shape, strides, dtype, stream, gpu_data)
-            return
-        per_thread.array_stream = stream  # read by the plugin's memalloc
-        try:
-            original(self, shape, strides, dtype, stream, gpu_data)
-        finally:
-            per_thread.array_stream = None
-    __init__.__doc__ = original.__doc__
-    return __init__
 
 
 def _event_handle(event: Any) -> int:

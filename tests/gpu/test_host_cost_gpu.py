@@ -1,19 +1,15 @@
-"""What makes the plugin cheap for plain Numba programs, on a GPU, each in a
+"""The compiled launch and the GIL, and a stream per step, on a GPU, each in a
 child process with the plugin selected:
 
-* a device array Numba makes for a stream (``cuda.to_device(..., stream=s)``,
-  ``cuda.device_array(..., stream=s)``) is allocated on that stream, so its
-  uses there wait for nothing (the negative control allocates on the
-  default stream inside ``stream_scope``: the kernel on ``s`` then waits);
 * a program that makes and drops a stream per step, and orders its own
-  hand-offs, is right and makes the library queue no wait;
+  hand-offs, is right and leaves the library holding no event;
 * the compiled launch keeps the GIL only while launches return promptly:
-  once the program queues a Python host callback through Numba, or with
-  ``NUMBA_STREAMSAFE_LAUNCH_GIL=release``, every launch releases it, so a
-  launch blocked behind such a callback (the stream's queue full) cannot keep
-  the callback from running. The control queues one the library does not
-  see, without the setting: the program hangs (the known limit the setting
-  is for);
+  once the program queues a Python host callback through Numba every launch
+  releases it, as with ``NUMBA_STREAMSAFE_LAUNCH_GIL=release``;
+* launches queued behind a Python host callback the library does not see
+  let it run, in either mode (the hang the setting guards against, a launch
+  blocked on a full queue keeping the GIL the callback needs, did not show
+  on the H200 with driver 580);
 * a launch held up in the driver (the stream's queue full of 1 ms kernels)
   is seen as one, so the next launches release the GIL.
 """
@@ -31,41 +27,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-
-ARRAYS = """
-    import json
-    import numpy as np
-    from numba import cuda
-    import numba_streamsafe as nss
-
-    @cuda.jit
-    def twice(x, y):
-        i = cuda.grid(1)
-        if i < y.size:
-            y[i] = 2 * x[i]
-
-    n = 1 << 16
-    host = np.arange(n, dtype=np.float32)
-    s = cuda.stream()
-    out = {}
-    for label, scope in (("array stream", None), ("default stream", cuda.default_stream())):
-        before = nss.memory_stats()
-        if scope is None:
-            x = cuda.to_device(host, stream=s)
-            y = cuda.device_array(n, np.float32, stream=s)
-        else:
-            with nss.stream_scope(scope):
-                x = cuda.to_device(host, stream=s)
-                y = cuda.device_array(n, np.float32, stream=s)
-        twice[n // 256, 256, s](x, y)
-        got = y.copy_to_host(stream=s)
-        s.synchronize()
-        after = nss.memory_stats()
-        out[label] = {"waits": after["waits_inserted"] - before["waits_inserted"],
-                      "right": bool((got == 2 * host).all())}
-        del x, y
-    print("RESULT", json.dumps(out))
-"""
 
 CALLBACK = """
     import ctypes, threading
@@ -167,14 +128,7 @@ def _result(proc: subprocess.CompletedProcess) -> list[str]:
     return next(x for x in proc.stdout.splitlines() if x.startswith("RESULT")).split(" ", 1)[1:]
 
 
-def test_an_array_made_for_a_stream_is_allocated_on_it(child_env):
-    out = json.loads(_result(_child(child_env, ARRAYS, 120))[0])
-    assert out["array stream"] == {"waits": 0, "right": True}, out
-    # The control: allocated on the default stream, the kernel on s waits for it.
-    assert out["default stream"]["right"] and out["default stream"]["waits"] >= 1, out
-
-
-def test_a_stream_per_step_program_is_right_and_queues_no_wait(child_env):
+def test_a_stream_per_step_program_is_right_and_holds_no_event(child_env):
     proc = subprocess.run(
         [sys.executable, "-X", "faulthandler", str(ROOT / "benchmarks" / "stream_per_step.py"),
          "--child", "--steps", "400", "--warmup", "20"],
@@ -182,8 +136,7 @@ def test_a_stream_per_step_program_is_right_and_queues_no_wait(child_env):
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["wrong"] == 0 and res["waits_inserted"] == 0, res
-    assert res["events_held"] == 0, res
+    assert res["wrong"] == 0 and res["events_held"] == 0, res
 
 
 def test_a_python_host_callback_queued_through_numba_makes_every_launch_release_the_gil(
@@ -192,17 +145,15 @@ def test_a_python_host_callback_queued_through_numba_makes_every_launch_release_
     assert (before, after) == ("False", "True")
 
 
-def test_with_launch_gil_release_a_python_host_callback_cannot_hang_a_launch(child_env):
-    proc = _child(child_env, CALLBACK, 120, NUMBA_STREAMSAFE_LAUNCH_GIL="release")
-    assert "releases True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+@pytest.mark.parametrize("launch_gil", ["auto", "release"])
+def test_launches_queued_behind_a_python_host_callback_let_it_run(child_env, launch_gil):
+    # A callback the library does not see, launches queued behind it past the
+    # queue's depth: the program completes with the GIL kept through the launches
+    # (auto) as with it released (on the H200, driver 580, both did).
+    proc = _child(child_env, CALLBACK, 120, NUMBA_STREAMSAFE_LAUNCH_GIL=launch_gil)
+    assert f"releases {launch_gil == 'release'}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     ran, count = _result(proc)[0].split()
     assert ran == "True" and int(count) == 20001  # the spin's 1, then the launches' adds
-
-
-def test_control_a_launch_keeping_the_gil_behind_an_unseen_python_callback_hangs(child_env):
-    # The known limit the setting is for: a callback the library does not see.
-    with pytest.raises(subprocess.TimeoutExpired):
-        _child(child_env, CALLBACK, 12)
 
 
 def test_a_launch_held_up_in_the_driver_lets_other_threads_run(child_env):
