@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|long|yardstick|profile
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -348,21 +348,17 @@ ab)
     ;;
 host)
     # Issue "host cost", this tree against ${BASE:-.before53}/ (built here), in one call:
-    # the eight-minute run of a stream per step in the background (LONG_MINUTES, 0: none;
-    # benchmarks/stream_per_step.py --minutes), and meanwhile this round's GPU tests, a
-    # stream per step with and without the plugin, the first launch of plain kernels, the
-    # self-ordered rounds and the 200-stream events of both trees, then the launch and
-    # allocation benchmarks of both trees taking turns.
+    # this round's GPU tests, a stream per step with and without the plugin for both trees
+    # (this tree's benchmarks/stream_per_step.py over each tree's package, taking turns),
+    # the first launch of plain kernels, the self-ordered rounds and the 200-stream events
+    # of both trees, then the launch and allocation benchmarks of both trees taking turns.
+    # Nothing else runs on the GPU meanwhile: a process beside them (the long run, in an
+    # earlier version of this step) halved a stream per step and moved the launch figures.
     base=$PWD/${BASE:-.before53}
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
     (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
         > "$OUT/build_base.log" 2>&1
-    if [[ ${LONG_MINUTES:-8} != 0 ]]; then
-        PYTHONWARNINGS=ignore python3 -X faulthandler benchmarks/stream_per_step.py \
-            --minutes "${LONG_MINUTES:-8}" > "$OUT/long_run.log" 2>&1 &
-        long=$!
-    fi
-    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-5} \
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10} \
         NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
     run host_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
         -q -p no:cacheprovider -rs -o faulthandler_timeout=100 tests/gpu/test_host_cost_gpu.py \
@@ -370,8 +366,15 @@ host)
         tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py
     tail -n 3 "$OUT/host_tests.log"
     export PYTHONWARNINGS=ignore
-    run per_step python3 -X faulthandler benchmarks/stream_per_step.py --rounds "${ROUNDS:-5}"
-    tail -n 2 "$OUT/per_step.log"
+    for k in $(seq 1 "${ROUNDS:-2}"); do
+        for side in base this; do
+            dir=$PWD; [[ $side == base ]] && dir=$base
+            echo "== $side $k" >> "$OUT/per_step.log"
+            PYTHONPATH="$SITE:$dir" NSS_BENCH_DIR="$OUT/$side-$k" python3 -X faulthandler \
+                benchmarks/stream_per_step.py --rounds 3 >> "$OUT/per_step.log" 2>&1
+        done
+    done
+    grep -E "^==|ratio" "$OUT/per_step.log"
     run first_launch python3 -X faulthandler benchmarks/first_launch.py --rounds 3
     tail -n 9 "$OUT/first_launch.log"
     for side in base this; do
@@ -383,16 +386,20 @@ host)
         done
     done
     cat "$OUT/ordered.log"
-    ROUNDS=1 bash scripts/bench_compare.sh "$base" launch_overhead.py --rounds 9 \
-        > "$OUT/launch.log" 2>&1
+    ROUNDS=${LAUNCH_ROUNDS:-2} bash scripts/bench_compare.sh "$base" launch_overhead.py \
+        --rounds 9 > "$OUT/launch.log" 2>&1
     grep -E "^=== |raw cuLaunch|floor|threads" "$OUT/launch.log"
     ROUNDS=1 bash scripts/bench_compare.sh "$base" alloc_free.py --rounds 5 \
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |ours / bare" "$OUT/alloc.log"
-    if [[ -n ${long:-} ]]; then
-        wait "$long"; echo "long run exit $?"
-        tail -n 9 "$OUT/long_run.log"
-    fi
+    ;;
+long)
+    # The long run alone (issue "host cost"): a stream per step for LONG_MINUTES (default
+    # 8) under the plugin, per minute; the last minute against the first.
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    PYTHONWARNINGS=ignore run long_run python3 -X faulthandler benchmarks/stream_per_step.py \
+        --minutes "${LONG_MINUTES:-8}"
+    tail -n 9 "$OUT/long_run.log"
     ;;
 yardstick)
     # Issue "host cost": the real-programs benchmark (benchmarks/real_programs.py, .whl-suite
