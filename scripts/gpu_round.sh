@@ -20,7 +20,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1  # a crash leaves a stack in the log
 SITE=/tmp/site
 wheels=()
-for d in .whl-dask .whl-plot .whl-suite .whl-build .whl-rmm .whl-prof .whl; do
+for d in .whl-dask .whl-plot .whl-suite .whl-build .whl-rmm .whl; do
     compgen -G "$d/*.whl" > /dev/null && wheels+=("$d"/*.whl)
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -422,10 +422,9 @@ profile)
     # Where the host time goes (issue "host cost"), this tree compiled: a stream per
     # step with and without the plugin (benchmarks/stream_per_step.py) and cProfile of
     # each; the first launch of plain kernels (benchmarks/first_launch.py); the launch
-    # benchmark; then py-spy (.whl-prof) on eight launching threads, with the GIL held
-    # only (--gil) and native frames (the engine's C functions), and on the steps.
+    # benchmark with the GIL kept and released through the launch. (py-spy record --gil
+    # --native on the threads benchmark never returned on the H200: not used.)
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
-    pyspy=$SITE/bin/py-spy
     run per_step python3 -X faulthandler benchmarks/stream_per_step.py --rounds "${ROUNDS:-3}"
     tail -n 2 "$OUT/per_step.log"
     NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe python3 benchmarks/stream_per_step.py --child \
@@ -434,21 +433,9 @@ profile)
         > "$OUT/per_step_plain.json" 2>&1
     run first_launch python3 -X faulthandler benchmarks/first_launch.py --rounds "${ROUNDS:-3}"
     tail -n 9 "$OUT/first_launch.log"
-    run launch python3 -X faulthandler benchmarks/launch_overhead.py --rounds "${LAUNCH_ROUNDS:-5}"
+    run launch python3 -X faulthandler benchmarks/launch_overhead.py --rounds "${LAUNCH_ROUNDS:-5}" \
+        --gil-variants
     grep -E "raw cuLaunch|floor|threads|entry" "$OUT/launch.log"
-    if [[ -x $pyspy ]]; then
-        run spy_threads "$pyspy" record --gil --native --rate 2000 --format raw \
-            -o "$OUT/threads_gil.txt" -- python3 benchmarks/launch_overhead.py --threads-only \
-            --rounds 5
-        run spy_threads_all "$pyspy" record --native --rate 2000 --format raw --threads \
-            -o "$OUT/threads_all.txt" -- python3 benchmarks/launch_overhead.py --threads-only \
-            --rounds 5
-        run spy_steps env NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe "$pyspy" record --native \
-            --rate 2000 --format raw -o "$OUT/steps_spy.txt" -- python3 \
-            benchmarks/stream_per_step.py --child --steps 6000
-        grep -E "threads at once" "$OUT/spy_threads.log" "$OUT/spy_threads_all.log"
-        tail -n 3 "$OUT/spy_steps.log"
-    fi
     ;;
 ordered)
     # Programs that order themselves (issue "host cost"): this tree against the one
