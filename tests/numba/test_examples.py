@@ -197,6 +197,37 @@ def test_stream_churn_benchmark_prints_each_figure_and_its_ratio():
     assert live <= 10, proc.stdout
 
 
+def test_stream_per_step_benchmark_compares_and_runs_long(tmp_path, monkeypatch):
+    """``stream_per_step.py`` at a tiny size: one round of processes with and
+    without the plugin (each right, the ratio printed), and its long run over
+    short windows (0 wrong, no event held)."""
+    monkeypatch.setenv("NSS_TEST_BENCH_DIR", str(tmp_path))
+    proc = _run("benchmarks/stream_per_step.py", "--rounds", "1", "--steps", "4",
+                "--warmup", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ratio median" in proc.stdout and "wrong 0" in proc.stdout, proc.stdout
+    proc = _run("benchmarks/stream_per_step.py", "--minutes", "0.02", "--window", "0.4",
+                "--warmup", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ", wrong 0" in proc.stdout, proc.stdout
+    held = next(line for line in proc.stdout.splitlines() if line.startswith("events_held"))
+    assert held.split()[1:3] == ["0.00", "0.00"], proc.stdout
+
+
+def test_first_launch_benchmark_prints_the_librarys_share(tmp_path, monkeypatch):
+    """``first_launch.py``, one round on the simulator: a row per kernel with
+    the library's inference timed, the share against the target, and the
+    plugin's import."""
+    monkeypatch.setenv("NSS_TEST_BENCH_DIR", str(tmp_path))
+    proc = _run("benchmarks/first_launch.py", "--rounds", "1", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if "inference" in line
+            and "share" in line and not line.startswith("first")]
+    assert [row[0] for row in rows] == ["axpy", "block_sum", "stencil", "histogram", "matmul",
+                                        "clip"], proc.stdout
+    assert "(target <= 0.10)" in proc.stdout and "right: True" in proc.stdout, proc.stdout
+
+
 def test_relations_refuse_sizes_whose_rows_do_not_fit_the_row_type():
     code = (
         "import sys\n"
