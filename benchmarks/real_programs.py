@@ -15,10 +15,15 @@ order of the two alternating from round to round. Prints, per program, the
 median whole-process and in-program times with and without, their ratios,
 and the spread of the runs without the plugin ((max - min) / median), and
 last the median ratios over the programs, the programs whose whole-process
-ratio is above 1.05 beyond their own spread, and the plugin's import time
-(its share of every process; Numba and numba-cuda are imported before it in
-both modes, and before the in-program time starts). A program that fails (or is skipped) in
-either mode is named and left out of the figures. JSON to ``--json``.
+ratio is above 1.05 beyond their own spread, and the part the library
+spends: the plugin's import (its share of every process; Numba and
+numba-cuda are imported before it in both modes, and before the in-program
+time starts), its first-launch work (the access inference and launch plans,
+timed where they run), the launches it queued on its compiled path, and the
+waits it queued and skipped (the program's own ordering). A launch's and a
+hook's own cost are measured by ``launch_overhead.py`` and
+``self_ordered.py``. A program that fails (or is skipped) in either mode is
+named and left out of the figures. JSON to ``--json``.
 
     python benchmarks/real_programs.py [--rounds 5] [--only NAME ...]
 """
@@ -61,22 +66,55 @@ def child(module: str) -> None:
     importlib.import_module("numba.cuda")
     numba_import = time.perf_counter() - start
     plugin_import = None
+    library = None
     if os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "numba_streamsafe":
         start = time.perf_counter()
-        importlib.import_module("numba_streamsafe")
+        nss = importlib.import_module("numba_streamsafe")
         plugin_import = time.perf_counter() - start
+        library = _instrument()
     start = time.perf_counter()
     suite = unittest.defaultTestLoader.loadTestsFromName(f"{PACKAGE}.{module}")
     result = unittest.TestResult()
     suite.run(result)
     in_program = time.perf_counter() - start
+    if library is not None:
+        from numba_streamsafe.numba.launch import launcher
+
+        stats = nss.memory_stats()
+        library.update(compiled_launches=launcher.launches(),
+                       waits_queued=stats.get("waits_inserted", 0),
+                       waits_skipped=stats.get("waits_skipped", 0),
+                       events_recorded=stats.get("events_recorded", 0))
     print(json.dumps({"ok": result.wasSuccessful() and result.testsRun > 0
                       and not result.skipped,
                       "tests": result.testsRun, "skipped": len(result.skipped),
                       "errors": [str(e[1])[-300:] for e in result.errors + result.failures]
                       + [f"skipped: {why}" for _, why in result.skipped],
                       "in_program": in_program, "numba_import": numba_import,
-                      "plugin_import": plugin_import}))
+                      "plugin_import": plugin_import, "library": library}))
+
+
+def _instrument() -> dict:
+    """Time the library's first-launch work where it runs (the access
+    inference of a kernel, the launch plan of an overload), into the dict
+    returned (seconds, summed over the program)."""
+    from numba_streamsafe.numba.accesses import inference
+    from numba_streamsafe.numba.launch import launch_plan
+
+    out = {"first_launch_s": 0.0}
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            s = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                out["first_launch_s"] += time.perf_counter() - s
+        return wrapper
+
+    inference._Walker.run = timed(inference._Walker.run)
+    launch_plan.build_plan = timed(launch_plan.build_plan)
+    return out
 
 
 def run_once(module: str, plugin: bool) -> dict:
@@ -146,6 +184,10 @@ def main() -> dict:
                         "ratio": statistics.median(with_) / statistics.median(without),
                         "spread": spread(without)}
         row["plugin_import"] = statistics.median(o["plugin_import"] for o in runs[name][True])
+        lib = [o.get("library") or {} for o in runs[name][True]]
+        row["library"] = {k: statistics.median(x.get(k, 0) for x in lib)
+                          for k in ("first_launch_s", "compiled_launches", "waits_queued",
+                                    "waits_skipped", "events_recorded")}
         rows[name] = row
     summary = {
         "programs": len(rows), "rounds": done,
@@ -157,14 +199,20 @@ def main() -> dict:
                                            if r["whole"]["ratio"] > 1.05 + r["whole"]["spread"]],
         "plugin import, median s": statistics.median(r["plugin_import"] for r in rows.values())
         if rows else None,
+        "library first launches, median s": statistics.median(
+            r["library"]["first_launch_s"] for r in rows.values()) if rows else None,
         "failed or skipped": failed,
     }
     print(f"{'program':24s} {'whole without':>13s} {'with':>7s} {'ratio':>6s} {'spread':>6s}"
-          f" {'in-program without':>18s} {'with':>7s} {'ratio':>6s}")
+          f" {'in-program without':>18s} {'with':>7s} {'ratio':>6s}"
+          f"  {'import':>7s} {'1st launches':>12s} {'launches':>8s} {'waits':>5s} {'skipped':>7s}")
     for name, entry in rows.items():
-        w, p = entry["whole"], entry["in_program"]
+        w, p, lib = entry["whole"], entry["in_program"], entry["library"]
         print(f"{name:24s} {w['without']:12.2f}s {w['with']:6.2f}s {w['ratio']:6.3f} "
-              f"{w['spread']:6.3f} {p['without']:17.2f}s {p['with']:6.2f}s {p['ratio']:6.3f}")
+              f"{w['spread']:6.3f} {p['without']:17.2f}s {p['with']:6.2f}s {p['ratio']:6.3f}"
+              f"  {entry['plugin_import'] * 1e3:5.0f}ms {lib['first_launch_s'] * 1e3:10.1f}ms"
+              f" {lib['compiled_launches']:8.0f} {lib['waits_queued']:5.0f}"
+              f" {lib['waits_skipped']:7.0f}")
     print(json.dumps(summary))
     if args.json:
         with open(args.json, "w") as f:
