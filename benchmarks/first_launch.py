@@ -117,23 +117,15 @@ def _child() -> dict:
         # The plugin is imported when Numba makes its memory manager (above);
         # time a fresh import of it in a process of its own for the figure.
         t_import = float(os.environ.get("NSS_FIRST_LAUNCH_IMPORT", "0"))
-        from numba_streamsafe.numba.accesses import inference
-        from numba_streamsafe.numba.launch import launch_plan
+        from _first_launch_work import time_first_launch_work
 
         current = [""]
 
-        def timed(fn, label):
-            def wrapper(*a, **k):
-                s = time.perf_counter()
-                try:
-                    return fn(*a, **k)
-                finally:
-                    key = f"{current[0]}:{label}"
-                    ours[key] = ours.get(key, 0.0) + time.perf_counter() - s
-            return wrapper
+        def add(label: str, seconds: float) -> None:
+            key = f"{current[0]}:{label}"
+            ours[key] = ours.get(key, 0.0) + seconds
 
-        inference._Walker.run = timed(inference._Walker.run, "inference")
-        launch_plan.build_plan = timed(launch_plan.build_plan, "plan")
+        time_first_launch_work(add)
     namespace: dict = {}
     exec(compile(SOURCE, "first_launch_kernels", "exec"), namespace)
     n = 1 << 12
@@ -238,9 +230,11 @@ def main(argv: list[str] | None = None) -> dict:
           f"right: {all(x['right'] for v in runs.values() for x in v)}")
     res = {"kernels": rows, "share": share, "plugin_import_s": imp, "whole_diff_s": whole,
            "runs": runs}
-    out = Path(os.environ.get("NSS_BENCH_DIR", "bench-results"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "first_launch.json").write_text(json.dumps(res, indent=1))
+    # The harness in the parent only: its examples load the library (the children
+    # time imports, and run without it half the time).
+    from _harness import write_result
+
+    write_result("first_launch", res)
     return res
 
 

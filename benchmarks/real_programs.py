@@ -98,22 +98,14 @@ def _instrument() -> dict:
     """Time the library's first-launch work where it runs (the access
     inference of a kernel, the launch plan of an overload), into the dict
     returned (seconds, summed over the program)."""
-    from numba_streamsafe.numba.accesses import inference
-    from numba_streamsafe.numba.launch import launch_plan
+    from _first_launch_work import time_first_launch_work
 
     out = {"first_launch_s": 0.0}
 
-    def timed(fn: Any) -> Any:
-        def wrapper(*a: Any, **k: Any) -> Any:
-            s = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                out["first_launch_s"] += time.perf_counter() - s
-        return wrapper
+    def add(_label: str, seconds: float) -> None:
+        out["first_launch_s"] += seconds
 
-    inference._Walker.run = timed(inference._Walker.run)
-    launch_plan.build_plan = timed(launch_plan.build_plan)
+    time_first_launch_work(add)
     return out
 
 

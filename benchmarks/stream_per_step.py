@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
             a, b = first[key], last[key]
             r = (b / a) if a else (1.0 if b == a else float("inf"))
             print(f"{key:24s} {a:14.2f} {b:14.2f} {r:10.3f}")
-        _write(res)
+        _save(res)
         return res
     per: dict[str, list[dict]] = {"without": [], "with": []}
     for r in range(args.rounds):
@@ -281,14 +281,17 @@ def main(argv: list[str] | None = None) -> dict:
           f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}")
     res = {"rounds": per, "ratios": ratios, "ratio": statistics.median(ratios),
            "events_per_step": ev, "wrong": wrong}
-    _write(res)
+    _save(res)
     return res
 
 
-def _write(payload: dict) -> None:
-    out = Path(os.environ.get("NSS_BENCH_DIR", "bench-results"))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stream_per_step.json").write_text(json.dumps(payload, indent=1))
+def _save(result: dict) -> None:
+    """Write ``stream_per_step.json`` (``_harness.write_result``). The harness is
+    imported here, in the parent only: its examples load the library, which
+    would hook Numba in the children run without the plugin."""
+    from _harness import write_result
+
+    write_result("stream_per_step", result)
 
 
 if __name__ == "__main__":
