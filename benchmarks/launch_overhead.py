@@ -99,33 +99,25 @@ class RawLaunch:
             record(events[i], handles[i])
         return go
 
-    def gil_held_launcher(self, stream: Any) -> Callable[[], None]:
-        """As :meth:`launcher`, through ``ctypes.PyDLL`` (the GIL kept through the
-        call) on libcuda's ``cuLaunchKernel``."""
-        cuda.current_context()
-        lib = ctypes.PyDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernel
-        fn.restype = ctypes.c_int
-        handle = ctypes.c_void_p(int(self.rt.stream_handle(stream)))
-        f = ctypes.c_void_p(int(self.function))
-        params = ctypes.c_void_p(self.params)
-        keep = self
-
-        def go() -> None:
-            fn(f, 1, 1, 1, 32, 1, 1, 0, handle, params, None)
-
-        go.keep = keep  # type: ignore[attr-defined]
-        return go
-
-    def launcher(self, stream: Any) -> Callable[[], None]:
-        """One raw launch of the kernel on ``stream`` (1 block of 32 threads)."""
+    def launcher(self, stream: Any, keep_gil: bool = False) -> Callable[[], None]:
+        """One raw launch of the kernel on ``stream`` (1 block of 32 threads),
+        through cuda-bindings (the GIL released through the call), or with
+        ``keep_gil`` through ``ctypes.PyDLL`` on libcuda's ``cuLaunchKernel``
+        (the GIL kept)."""
         cuda.current_context()  # this thread's context current, as Numba's launches make it
         handle = self.rt.stream_handle(stream)
         launch, f, params = self.launch_kernel, self.function, self.params
         keep = self  # the parameter buffers ``params`` points into live as long as ``go``
+        if keep_gil:
+            pydll = ctypes.PyDLL("libcuda.so.1").cuLaunchKernel
+            pydll.restype = ctypes.c_int
+            ch, cf, cp = (ctypes.c_void_p(int(x)) for x in (handle, f, params))
 
-        def go() -> None:
-            launch(f, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
+            def go() -> None:
+                pydll(cf, 1, 1, 1, 32, 1, 1, 0, ch, cp, None)
+        else:
+            def go() -> None:  # the floor: nothing but the bindings' call
+                launch(f, 1, 1, 1, 32, 1, 1, 0, handle, params, 0)
 
         go.keep = keep  # type: ignore[attr-defined]
         return go
@@ -422,7 +414,7 @@ def threads_figure(rt: Any, tracked: Any, plain: Any, raw: RawLaunch | None,
 
         def make_raw_gil(t: int) -> Callable[[], None]:
             s, xs = own[t]
-            return RawLaunch(rt, tracked, xs).gil_held_launcher(s)
+            return RawLaunch(rt, tracked, xs).launcher(s, keep_gil=True)
 
         variants["raw, GIL held"] = make_raw_gil
         if launcher.COMPILED:
