@@ -39,6 +39,19 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
     printf '%-28s exit %3s  %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$OUT/steps.txt"
 }
 
+ordered_pair() {  # ordered_pair BASE [ROUND]: self_ordered.py, stream_events.py, both trees
+    local base=$1 side dir script
+    for side in base this; do
+        dir=$PWD; [[ $side == base ]] && dir=$base
+        for script in self_ordered.py stream_events.py; do
+            printf '%s %s ' "$side${2:+ $2}" "$script" >> "$OUT/ordered.log"
+            PYTHONPATH="$SITE:$dir" NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe \
+                PYTHONWARNINGS=ignore python3 -X faulthandler "benchmarks/$script" \
+                >> "$OUT/ordered.log" 2>&1
+        done
+    done
+}
+
 case "${1:-tests}" in
 stacks)
     # The GPU suite on other stacks (issue "Reach"), each in a virtual environment of its
@@ -377,14 +390,7 @@ host)
     grep -E "^==|ratio" "$OUT/per_step.log"
     run first_launch python3 -X faulthandler benchmarks/first_launch.py --rounds 3
     tail -n 9 "$OUT/first_launch.log"
-    for side in base this; do
-        dir=$PWD; [[ $side == base ]] && dir=$base
-        for script in self_ordered.py stream_events.py; do
-            printf '%s %s ' "$side" "$script" >> "$OUT/ordered.log"
-            PYTHONPATH="$SITE:$dir" NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe \
-                python3 -X faulthandler "benchmarks/$script" >> "$OUT/ordered.log" 2>&1
-        done
-    done
+    ordered_pair "$base"
     cat "$OUT/ordered.log"
     ROUNDS=${LAUNCH_ROUNDS:-2} bash scripts/bench_compare.sh "$base" launch_overhead.py \
         --rounds 9 > "$OUT/launch.log" 2>&1
@@ -457,15 +463,7 @@ ordered)
         tests/gpu/test_mixed_gpu.py tests/gpu/test_check_mode_gpu.py
     [[ ${SKIP_TESTS:-0} == 1 ]] || tail -n 2 "$OUT/ordered_tests.log"
     for k in $(seq 1 "${ROUNDS:-3}"); do
-        for side in base this; do
-            dir=$PWD; [[ $side == base ]] && dir=$base
-            for script in self_ordered.py stream_events.py; do
-                printf '%s %s %s ' "$side" "$k" "$script" >> "$OUT/ordered.log"
-                PYTHONPATH="$SITE:$dir" NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe \
-                    PYTHONWARNINGS=ignore python3 -X faulthandler "benchmarks/$script" \
-                    >> "$OUT/ordered.log" 2>&1
-            done
-        done
+        ordered_pair "$base" "$k"
     done
     cat "$OUT/ordered.log"
     ROUNDS=${LAUNCH_ROUNDS:-1} bash scripts/bench_compare.sh "$base" launch_overhead.py \
