@@ -29,6 +29,9 @@ those arrays goes through, so plain Numba code gets the launch protocol too:
   stream that has uses closes the stream's mark, which borrows the
   program's event in place of one of the library's
   (:mod:`~numba_streamsafe.numba.program_order`, in the compiled engine).
+* **Python host callbacks**: Numba's ``Stream.add_callback`` (and so
+  ``async_done``) makes every later compiled launch release the GIL
+  (:func:`~numba_streamsafe.numba.launch.launcher.release_gil`).
 
 Frees need no hook: a block's free waits for every use recorded on it, and
 plain uses are recorded now.
