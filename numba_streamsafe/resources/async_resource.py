@@ -411,10 +411,11 @@ class AsyncResource(MemoryResource):
         ptr = self._kept.take(stream, nbytes)
         if ptr is None:
             return None
+        idle = self._kept.taken_idle(ptr)
         block = Block(ptr, nbytes, self.device, stream, tag, next_generation_fast(),
                       self._table.epoch, _LIVE, stream_owner)
         try:
-            self._register(block, stream, stream_owner)
+            self._register(block, stream, stream_owner, idle)
         except BaseException:
             # Only an eager fence can fail; its block went back to the pool.
             block.state = _FREED
@@ -440,7 +441,10 @@ class AsyncResource(MemoryResource):
         if queue or entry is None or not self._recyclable(old, entry, nbytes, stream):
             queue.appendleft(old)
             return None
-        mark = self.marks.current(stream, stream_owner)
+        if entry.idle(self.marks):  # as _register takes an idle kept block
+            mark = self.marks.complete_mark(stream, stream_owner)
+        else:
+            mark = self.marks.current(stream, stream_owner)
         old.state = _FREED
         old.stream_owner = None
         block = Block(old.ptr, nbytes, self.device, stream, tag, next_generation_fast(),
@@ -488,15 +492,22 @@ class AsyncResource(MemoryResource):
             self._register(block, stream, stream_owner)
         return block
 
-    def _register(self, block: Block, stream: int, stream_owner: Any) -> None:
+    def _register(self, block: Block, stream: int, stream_owner: Any, idle: bool = False
+                  ) -> None:
         """Make ``block`` live, ready after its allocation; caller holds the lock.
-        Where races are reported the block keeps the user's stack (and a
-        checking driver is told it)."""
+        ``idle``: a kept block whose uses were all complete when it was freed,
+        ready everywhere now (in ordering mode; check mode and a race check keep
+        new memory's own mark). Where races are reported the block keeps the
+        user's stack (and a checking driver is told it)."""
         if self._sites:
             block.allocated = capture_stack()
             if self.driver.traces_accesses:
                 self.driver.trace_sites(block.ptr, allocated=block.allocated)
-        mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
+        marks = self.marks
+        if idle and not (marks.checking or marks.reporting or self._eager):
+            mark = marks.complete_mark(stream, stream_owner)
+        else:
+            mark = self._ready_mark(stream, stream_owner, self._free, block.ptr)
         table = self._table
         table.add(block, mark, self.marks)
         live = table.live_bytes
@@ -693,6 +704,7 @@ class AsyncResource(MemoryResource):
         nbytes = block.nbytes
         owner = block.stream_owner
         keep = self._reaper.keeps(nbytes, stream, owner)
+        idle = keep and entry.idle(self.marks)  # before its marks are let go
         if not keep:
             if block.freed and self.driver.traces_accesses:
                 self.driver.trace_sites(block.ptr, freed=block.freed)
@@ -701,7 +713,7 @@ class AsyncResource(MemoryResource):
         self._table.remove(entry)
         entry.release(self.marks)
         if keep:
-            self._kept.put(stream, nbytes, block.ptr, owner)
+            self._kept.put(stream, nbytes, block.ptr, owner, idle)
         else:
             self._pending.add(stream, nbytes, owner)
         self._frees += 1
@@ -844,6 +856,8 @@ class AsyncResource(MemoryResource):
                 entries = rules.resolve(self._table, uses, "preflight")
                 for mark in rules.needed_locked(entries, key):
                     if isinstance(mark, ForeignMark) and mark.stale:
+                        continue
+                    if self.marks.complete(mark):  # the host saw it complete
                         continue
                     if not any(m is mark for m in held) and self.marks.hold_sealed(mark):
                         held.append(mark)

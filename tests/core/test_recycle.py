@@ -169,3 +169,46 @@ def test_random_programs_take_the_fused_path(count_recycles):
                         deferred=True)
         P.cleanup(run)
     assert len(count_recycles) > 30
+
+
+@pytest.mark.parametrize("synchronised", [True, False])
+def test_a_block_kept_idle_is_ready_everywhere_when_taken_again(setup, synchronised):
+    """A block whose every use the host saw complete before its free is kept
+    idle: taken again (on the default stream, as plain Numba's stream-less
+    allocations are) and used on another stream, it needs no wait and no event.
+    Without the synchronise the library still orders the reuse (the control)."""
+    sim, res, rt, s1, s2, owner = setup
+    a = res.allocate(4096, 0, "a")
+    P.launch(rt, s1, [(a, Access.WRITE)], label="first")
+    if synchronised:
+        clock = res.program_clock(s1)
+        sim.stream_synchronize(s1)
+        res.program_completed(clock)
+    rt.deallocate(a)
+    before = res.counters()
+    b = res.allocate(4096, 0, "b")
+    assert b.ptr == a.ptr  # the kept block, taken again
+    P.launch(rt, s2, [(b, Access.WRITE)], label="second")
+    after = res.counters()
+    waits = after["waits"] - before["waits"]
+    events = after["events_recorded"] - before["events_recorded"]
+    assert (waits, events) == ((0, 0) if synchronised else (1, 1)), (waits, events)
+    assert not sim.hazards
+    rt.deallocate(b)
+
+
+def test_control_a_block_taken_as_idle_while_in_use_races(setup, monkeypatch):
+    """The negative control of the idle path: a block wrongly taken as idle
+    (its use on s1 not complete) is written on s2 with no wait, and the
+    simulated driver's checker sees the race."""
+    sim, res, rt, s1, s2, owner = setup
+    a = res.allocate(4096, 0, "a")
+    P.launch(rt, s1, [(a, Access.WRITE)], label="first")
+    real = AsyncResource._register
+    monkeypatch.setattr(AsyncResource, "_register",
+                        lambda self, block, stream, owner, idle=False:
+                        real(self, block, stream, owner, True))
+    rt.deallocate(a)
+    b = res.allocate(4096, 0, "b")
+    P.launch(rt, s2, [(b, Access.WRITE)], label="second")
+    assert sim.hazards

@@ -10,3 +10,4 @@ cdef class KeptBlocks:
     cdef readonly dict blocks
     cdef readonly dict owners
     cdef public Py_ssize_t nbytes
+    cdef readonly set idle

@@ -100,7 +100,9 @@ class KeptBlocks:
 
     A kept block's free is complete in stream order on its own stream (its
     cross-stream waits were queued when it was freed), so an allocation on that
-    stream may take it without a driver call.
+    stream may take it without a driver call. A block kept *idle* (every use of
+    it complete when it was freed, as the host saw) needs no ordering at all:
+    :meth:`taken_idle` tells the allocation that takes it.
     """
 
 
@@ -111,6 +113,8 @@ class KeptBlocks:
         #: stream -> its owning object, alive while blocks are kept for it.
         self.owners = {}
         self.nbytes = 0
+        #: Addresses of the blocks kept idle.
+        self.idle = set()
 
     def __bool__(self) -> bool:
         return bool(self.blocks)
@@ -127,7 +131,9 @@ class KeptBlocks:
         self.nbytes -= nbytes
         return ptr
 
-    def put(self, stream: Any, nbytes: Any, ptr: Any, owner: Any) -> None:
+    def put(self, stream: Any, nbytes: Any, ptr: Any, owner: Any, idle: bool = False) -> None:
+        if idle:
+            self.idle.add(ptr)
         ptrs = self.blocks.get((stream, nbytes))
         if ptrs is None:
             self.blocks[(stream, nbytes)] = [ptr]
@@ -136,6 +142,13 @@ class KeptBlocks:
         self.nbytes += nbytes
         if owner is not None:
             self.owners[stream] = owner
+
+    def taken_idle(self, ptr: Any) -> bool:
+        """Whether the block at ``ptr``, just taken (:meth:`take`), was kept idle."""
+        if ptr in self.idle:
+            self.idle.discard(ptr)
+            return True
+        return False
 
     def has_stream(self, stream: Any) -> bool:
         return any(s == stream for s, _ in self.blocks)
@@ -155,7 +168,7 @@ class KeptBlocks:
             ptrs = self.blocks[key]
             while ptrs and self.nbytes > limit:
                 free(ptrs[-1], stream)
-                ptrs.pop()
+                self.idle.discard(ptrs.pop())
                 self.nbytes -= nbytes
                 pending.add(stream, nbytes, owners.get(stream))
             if not ptrs:
@@ -174,7 +187,7 @@ class KeptBlocks:
             ptrs = self.blocks[key]
             while ptrs:
                 free(ptrs[-1], stream)
-                ptrs.pop()
+                self.idle.discard(ptrs.pop())
                 self.nbytes -= nbytes
                 pending.add(stream, nbytes, owner)
             del self.blocks[key]
@@ -190,6 +203,7 @@ class KeptBlocks:
         """Forget every kept block and return their addresses."""
         ptrs = [ptr for ptrs in self.blocks.values() for ptr in ptrs]
         self.blocks.clear()
+        self.idle.clear()
         self.owners.clear()
         self.nbytes = 0
         return ptrs

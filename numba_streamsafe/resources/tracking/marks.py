@@ -593,6 +593,15 @@ class MarkBook:
             return True
         return False
 
+    def complete_mark(self, stream: Any, owner: Any = None) -> Mark:
+        """A mark of ``stream`` whose work the host saw complete (its point is
+        before every host point): the ready mark of memory that needs no
+        ordering anywhere, such as a kept block whose uses were all complete
+        when it was freed. It is never any stream's open mark."""
+        mark = Mark(stream, owner)
+        mark.seq = 0
+        return mark
+
     def complete(self, mark: Mark) -> cython.bint:
         """Whether the host saw the work of ``mark`` complete (a device
         synchronise, or a synchronise of a point of its stream after it): no

@@ -100,6 +100,16 @@ def _join(book: MarkBook, into: dict, other: dict) -> cython.int:
 
 
 @cython.cfunc
+@cython.exceptval(-1)
+def _all_complete(book: MarkBook, marks: dict) -> cython.int:
+    """1 when the host saw every mark of ``marks`` complete, else 0."""
+    for mark in marks.values():
+        if not book.complete(mark):
+            return 0
+    return 1
+
+
+@cython.cfunc
 def _others(marks: dict, stream: Any, out: list | None) -> list | None:
     """Append the marks of ``marks`` that are not of ``stream`` to ``out``
     (made when None and one is needed) and return it."""
@@ -147,6 +157,21 @@ class Entry:
         ``lo .. hi - 1`` (default: the whole block) must wait for."""
         out = _waits(self, stream, access, lo, self.nbytes if hi < 0 else hi, None, None)
         return [] if out is None else out
+
+    def idle(self, book: MarkBook) -> bool:
+        """Whether the host saw every use the entry holds complete
+        (``MarkBook.complete``): no stream, of this device or another, need
+        wait for any of them."""
+        span: Span
+        if self.spans is None:
+            if not book.complete(self.last_write):
+                return False
+            return _all_complete(book, self.reads)
+        for s in self.spans:
+            span = s
+            if not _all_complete(book, span.writes) or not _all_complete(book, span.reads):
+                return False
+        return True
 
     def only_on(self, stream: Any) -> bool:
         """Whether every use the entry holds is of ``stream`` (a use there, a
