@@ -420,6 +420,53 @@ def test_a_mark_that_borrows_the_programs_event_gets_its_own_before_that_event_c
             assert sim.hazards, "waiting for the event as recorded again orders nothing"
 
 
+def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held():
+    """A stream per step, as a program that makes and drops one does: work on
+    it, an event of the program's hands it to a long-lived stream, the host
+    waits for the event, the step's blocks are freed and the stream destroyed
+    through the runtime; never a device synchronise. No block holds a use of
+    a destroyed stream, so its key leaves the host's clock and the long-lived
+    stream's: they keep a handful of keys, not one per stream (each point the
+    program takes on the long-lived stream copies its clock). Every use stays
+    ordered. Control: the same steps with the blocks freed after the stream
+    is destroyed (its uses held then) keep a key per stream until a device
+    synchronise."""
+    for held in (False, True):
+        sim = SimDriver(backing=False, recycle_streams=False)  # a new handle per stream
+        res = AsyncResource(sim)
+        rt = DeviceRuntime(res)
+        hub = sim.create_stream()
+        out = res.allocate(256, hub, "out")
+        for i in range(200):
+            s = sim.create_stream()
+            x = res.allocate(256, hub, f"x{i}")
+            kernel(res, sim, s, [(x, W)], label=f"write x{i}")
+            clock = res.program_clock(s)
+            event = sim.event_create()
+            sim.event_record(event, s)
+            sim.stream_wait_event(hub, event)
+            res.program_waited(hub, clock)
+            kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
+            hub_clock = res.program_clock(hub)
+            sim.stream_synchronize(hub)
+            res.program_completed(hub_clock)
+            sim.event_destroy(event)
+            if not held:
+                res.deallocate(x)
+            rt.destroy_stream(s)
+            if held:
+                res.deallocate(x)
+        sizes = (len(res.marks.done), *(len(e[1]) for e in res.marks.ordered.values()))
+        if held:
+            assert max(sizes) >= 200, sizes  # the control: a key per stream
+        else:
+            assert max(sizes) <= 4, sizes
+        kernel(res, sim, hub, [(out, W)], label="last write")
+        sim.assert_no_hazards()
+        res.deallocate(out)
+        rt.reap()
+
+
 def test_the_program_clocks_stay_bounded_as_streams_are_destroyed_with_their_uses_held():
     """Streams destroyed through the runtime while a block still holds their
     reads, one after another at the same handle, each handing its work to a

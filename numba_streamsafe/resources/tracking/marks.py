@@ -911,7 +911,10 @@ class MarkBook:
         nothing the old one was. Where blocks still hold marks of the old
         stream (``held``), the clocks know the new one by a new key
         (:meth:`origin`), so a point taken on it covers none of the old
-        stream's marks."""
+        stream's marks. Where none holds one, no mark of the stream is judged
+        any more: its key leaves the host's clock and every stream's, so that
+        the clocks of a program that makes a stream per step stay as small as
+        the streams it keeps."""
         self.ordered.pop(stream, None)
         self._flags.pop(stream, None)
         self._borrowed.pop(stream, None)  # renamed: unborrow() sees they are retired
@@ -919,6 +922,14 @@ class MarkBook:
             self._retired_keys[self.origin(stream)] = _mark_seq
             self._retired += 1
             self._origins[stream] = (stream, self._retired)
+        else:
+            key = self.origin(stream)
+            if self.done:
+                self.done.pop(key, None)
+            for entry in self.ordered.values():
+                clock: dict = entry[1]
+                if clock:
+                    clock.pop(key, None)
 
     def origin(self, stream: Any) -> Any:
         """The key the clocks know the stream at handle ``stream`` by (a mark's
