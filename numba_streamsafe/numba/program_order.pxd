@@ -8,3 +8,7 @@ cdef object _event_lock(object event)
 cpdef bint noting(object rt) except? -1
 cdef object _book(object rt)
 cdef Lock _caught_up(object rt, MarkBook book)
+cdef object _runtime()
+cpdef tuple stream_ref(object rt, object stream)
+cpdef object event_handle(object event)
+cdef object _weak(object rt)

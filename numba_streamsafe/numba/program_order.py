@@ -27,6 +27,7 @@ own call makes it (and raises Numba's error).
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from collections.abc import Callable
@@ -35,12 +36,13 @@ from typing import Any
 import cython
 
 from numba_streamsafe._driver.libcuda import record_event, wait_event
-from numba_streamsafe.core.streams import owns_handle
+from numba_streamsafe.core.streams import default_stream_handle, owns_handle
 from numba_streamsafe.resources.tracking.lock import Lock
 from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
+from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["record", "wait", "completed", "synchronised", "device_synchronised", "noting",
-           "COMPILED"]
+           "record_hook", "wait_hook", "stream_ref", "event_handle", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -98,6 +100,92 @@ def _caught_up(rt: Any, book: MarkBook) -> Lock:
     return lock
 
 
+@cython.cfunc
+def _runtime() -> Any:
+    """The runtime a call queued now runs on (``target.launch_runtime``; the
+    sole one without a question asked)."""
+    rt = RUNTIMES.sole
+    if rt is None:
+        from numba_streamsafe.numba import target
+
+        rt = target.launch_runtime()
+    return rt
+
+
+@cython.ccall
+def stream_ref(rt: Any, stream: Any) -> tuple:
+    """``(handle, owner)`` of a stream as Numba's calls take it (0 or None: the
+    default stream): the handle a launch cached on the stream object for
+    ``rt``, else the runtime's answer (``DeviceRuntime.stream_ref``)."""
+    if not stream:
+        return (default_stream_handle(), None)
+    cached = getattr(stream, "_nss_stream", None)
+    if type(cached) is tuple and cached[0] is rt:
+        return (cached[1], stream)
+    return rt.stream_ref(stream)
+
+
+@cython.ccall
+def event_handle(event: Any) -> Any:
+    """The driver handle of a Numba event, as an int: of a cuda-python
+    ``CUevent``, or of a ``ctypes.c_void_p`` (older numba-cuda releases).
+    Read once and kept on the event (``_nss_handle``): an event's handle is
+    fixed for its life."""
+    d = event.__dict__
+    found = d.get("_nss_handle")
+    if found is not None:
+        return found
+    handle = event.handle
+    if isinstance(handle, ctypes.c_void_p):
+        found = int(handle.value or 0)
+    else:
+        found = int(handle)
+    d["_nss_handle"] = found
+    return found
+
+
+def record_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Numba's ``Event.record`` (``original``) as transparent mode hooks it on
+    a GPU: :func:`record` on the current runtime, the event recorded through
+    libcuda on a stream of the program's, else by ``original``."""
+    @cython.binding(True)  # a method of Numba's class: bound to the event
+    def record_event_(self: Any, stream: Any = 0) -> None:
+        rt = _runtime()
+        handle = stream_ref(rt, stream)[0]
+        record(rt, self, handle, event_handle(self), handle > 2, original, self, stream)
+    record_event_.__doc__ = original.__doc__
+    record_event_.__name__ = "record"
+    return record_event_
+
+
+def wait_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Numba's ``Event.wait`` (``original``) as transparent mode hooks it on a
+    GPU: :func:`wait` on the current runtime, the wait queued through libcuda
+    on a stream of the program's, else by ``original``."""
+    @cython.binding(True)  # a method of Numba's class: bound to the event
+    def wait_event_(self: Any, stream: Any = 0) -> None:
+        rt = _runtime()
+        ref = stream_ref(rt, stream)
+        handle = ref[0]
+        wait(rt, self, handle, ref[1], event_handle(self), handle > 2, original, self, stream)
+    wait_event_.__doc__ = original.__doc__
+    wait_event_.__name__ = "wait"
+    return wait_event_
+
+
+_rt_ref: Any = None
+
+
+@cython.cfunc
+def _weak(rt: Any) -> Any:
+    """A weak reference to ``rt`` (the last one made is kept for the next call)."""
+    global _rt_ref
+    ref = _rt_ref
+    if ref is None or ref() is not rt:
+        ref = _rt_ref = weakref.ref(rt)
+    return ref
+
+
 def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
            fallback: Callable[..., Any], *args: Any) -> None:
     """The program records ``event`` (driver handle ``handle``) on stream
@@ -136,7 +224,7 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
                 rt.resource.tracker.program_unborrow(mark)
             raise
         if found is not None:
-            d["_nss_point"] = (weakref.ref(rt), clock, mark)
+            d["_nss_point"] = (_weak(rt), clock, mark)
 
 
 def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cython.bint,

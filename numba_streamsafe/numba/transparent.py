@@ -46,7 +46,6 @@ hook is installed; on the simulator the checker still sees the work);
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 import weakref
@@ -172,23 +171,11 @@ def _block_of(rt: Any, obj: Any) -> Any:
     return block
 
 
-def _stream_ref(rt: Any, stream: Any) -> tuple[int, Any]:
-    """``(handle, owner)`` of a stream as Numba's calls take it (0: the default
-    stream): the handle a launch cached on the stream object for ``rt``, else
-    the runtime's answer."""
-    if not stream:
-        return default_stream_handle(), None
-    cached = getattr(stream, "_nss_stream", None)
-    if type(cached) is tuple and cached[0] is rt:
-        return cached[1], stream
-    return rt.stream_ref(stream)  # type: ignore[no-any-return]
-
-
 def _fence_numba(label: str, stream: Any, uses: _NumbaUses, work: Callable[..., Any],
                  *args: Any) -> Any:
     """Run one of Numba's copies or fills on ``stream`` as an ordered operation."""
     rt = uses.rt
-    handle, owner = _stream_ref(rt, stream)
+    handle, owner = program_order.stream_ref(rt, stream)
     tracking = _fence and per_thread.transparent == FENCE and launch_policy(rt).tracking
     return fenced(rt, handle, uses, label, False, owner, numba_call, work, *args,
                   tracking=tracking)
@@ -350,43 +337,14 @@ def _install_gpu() -> None:
     _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
     # The program's own ordering (its events, stream and device synchronises):
     # the waits it satisfies are skipped.
-    _replace(numba_driver.Event, "record", _gpu_event_record)
-    _replace(numba_driver.Event, "wait", _gpu_event_wait)
+    _replace(numba_driver.Event, "record", program_order.record_hook)
+    _replace(numba_driver.Event, "wait", program_order.wait_hook)
     _replace(numba_driver.Event, "synchronize", _gpu_event_synchronize)
     _replace(numba_driver.Event, "query", _gpu_event_query)
     _replace(numba_driver.Stream, "synchronize", _gpu_stream_synchronize)
     # A Python host callback needs the GIL: no launch keeps it from then on.
     _replace(numba_driver.Stream, "add_callback", _gpu_stream_add_callback)
     _replace(numba_driver.Context, "synchronize", _gpu_context_synchronize)
-
-
-def _event_handle(event: Any) -> int:
-    """The driver handle of a Numba event: a ``CUevent`` of cuda-python, or a
-    ``ctypes.c_void_p`` in older numba-cuda releases."""
-    handle = event.handle
-    if isinstance(handle, ctypes.c_void_p):
-        return int(handle.value or 0)
-    return int(handle)
-
-
-def _gpu_event_record(original: Callable[..., Any]) -> Callable[..., Any]:
-    def record(self: Any, stream: Any = 0) -> None:
-        rt = target.launch_runtime()
-        handle = _stream_ref(rt, stream)[0]
-        program_order.record(rt, self, handle, _event_handle(self), handle > 2, original, self,
-                             stream)
-    record.__doc__ = original.__doc__
-    return record
-
-
-def _gpu_event_wait(original: Callable[..., Any]) -> Callable[..., Any]:
-    def wait(self: Any, stream: Any = 0) -> None:
-        rt = target.launch_runtime()
-        handle, owner = _stream_ref(rt, stream)
-        program_order.wait(rt, self, handle, owner, _event_handle(self), handle > 2, original,
-                           self, stream)
-    wait.__doc__ = original.__doc__
-    return wait
 
 
 def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -406,7 +364,8 @@ def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
 def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
     def synchronize(self: Any) -> None:
         rt = target.launch_runtime()
-        program_order.synchronised(rt, _stream_ref(rt, self)[0], lambda: original(self))
+        handle = program_order.stream_ref(rt, self)[0]
+        program_order.synchronised(rt, handle, lambda: original(self))
     synchronize.__doc__ = original.__doc__
     return synchronize
 
@@ -448,7 +407,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
         return work(*args)
     result = _fence_numba(label, stream, uses, work, *args)
     if sync:
-        handle = _stream_ref(rt, stream)[0]
+        handle = program_order.stream_ref(rt, stream)[0]
         if rt.observing:  # the host waits for the copy: told to the resource
             program_order.synchronised(rt, handle, lambda: rt.driver.stream_synchronize(handle))
         else:
@@ -511,7 +470,7 @@ def _install_sim_arrays() -> None:
 
 def _sim_handle(stream: Any) -> tuple[Any, int]:
     rt = target.launch_runtime()
-    return rt, _stream_ref(rt, stream)[0]
+    return rt, program_order.stream_ref(rt, stream)[0]
 
 
 def _sim_event(rt: Any, event: Any) -> int:
@@ -560,7 +519,7 @@ def _event_record(original: Any) -> Any:
 def _event_wait(original: Any) -> Any:
     def wait(self: Any, stream: Any = 0) -> None:
         rt = target.launch_runtime()
-        handle, owner = _stream_ref(rt, stream)
+        handle, owner = program_order.stream_ref(rt, stream)
         event = _sim_event(rt, self)
         program_order.wait(rt, self, handle, owner, event, False, rt.driver.stream_wait_event,
                            handle, event)

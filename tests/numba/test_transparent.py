@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numba_streamsafe as nss
-from numba_streamsafe.numba import emm, sim_plugin, transparent  # noqa: F401 - emm: companion
+from numba_streamsafe.numba import emm, program_order, sim_plugin, transparent  # noqa: F401 - emm: companion
 from tests.helpers.sim_kernels import copy, fill, tracked_fill
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -689,7 +689,9 @@ def test_the_event_hooks_read_either_kind_of_numba_event_handle():
     class Event:
         handle: object = None
 
-    event = Event()
     for handle in (driver.CUevent(0x1000), ctypes.c_void_p(0x1000)):
+        event = Event()
         event.handle = handle
-        assert transparent._event_handle(event) == 0x1000
+        assert program_order.event_handle(event) == 0x1000
+        event.handle = None  # read once: an event's handle is fixed for its life
+        assert program_order.event_handle(event) == 0x1000
