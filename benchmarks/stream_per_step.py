@@ -160,8 +160,10 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
             import pstats
 
             prof.disable()
+            prof.dump_stats(profile + ".pstats")  # for pstats on the same Python
             with open(profile, "w") as f:
-                pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+                for order in ("tottime", "cumulative"):
+                    pstats.Stats(prof, stream=f).sort_stats(order).print_stats(50)
         after = stats() if stats else {}
         out.update(steps=steps, steps_per_s=steps / elapsed, wrong=wrong,
                    launch_us=statistics.median(launch_times) * 1e6,
@@ -233,7 +235,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="run under the plugin this long, in windows (0: compare)")
     parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
     parser.add_argument("--profile", default="",
-                        help="with --child: write cProfile's top functions to this file")
+                        help="with --child: write cProfile's top functions to this file "
+                        "(by own and by cumulative time), and the raw statistics to "
+                        "FILE.pstats")
     parser.add_argument("--calls", action="store_true",
                         help="with --child: count the library's driver calls by caller")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
