@@ -373,18 +373,20 @@ host)
         > "$OUT/build_base.log" 2>&1
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10} \
         NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
-    run host_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
-        -q -p no:cacheprovider -rs -o faulthandler_timeout=100 tests/gpu/test_host_cost_gpu.py \
-        tests/gpu/test_hot_path.py tests/gpu/test_plain_numba_gpu.py \
-        tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py
-    tail -n 3 "$OUT/host_tests.log"
+    if [[ ${TESTS:-1} == 1 ]]; then  # TESTS=0: the benchmarks only (the tests in a call of their own)
+        run host_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
+            -q -p no:cacheprovider -rs -o faulthandler_timeout=100 tests/gpu/test_host_cost_gpu.py \
+            tests/gpu/test_hot_path.py tests/gpu/test_plain_numba_gpu.py \
+            tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py
+        tail -n 3 "$OUT/host_tests.log"
+    fi
     export PYTHONWARNINGS=ignore
     for k in $(seq 1 "${ROUNDS:-2}"); do
         for side in base this; do
             dir=$PWD; [[ $side == base ]] && dir=$base
             echo "== $side $k" >> "$OUT/per_step.log"
             PYTHONPATH="$SITE:$dir" NSS_BENCH_DIR="$OUT/$side-$k" python3 -X faulthandler \
-                benchmarks/stream_per_step.py --rounds 3 >> "$OUT/per_step.log" 2>&1
+                benchmarks/stream_per_step.py --rounds "${STEP_ROUNDS:-3}" >> "$OUT/per_step.log" 2>&1
         done
     done
     grep -E "^==|ratio" "$OUT/per_step.log"
@@ -398,6 +400,12 @@ host)
     ROUNDS=1 bash scripts/bench_compare.sh "$base" alloc_free.py --rounds 5 \
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |ours / bare" "$OUT/alloc.log"
+    if [[ ${PROFILE:-0} == 1 ]]; then  # where a stream per step spends its time, this tree
+        NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe python3 benchmarks/stream_per_step.py --child \
+            --profile "$OUT/per_step_plugin.prof" > "$OUT/per_step_plugin.json" 2>&1
+        python3 benchmarks/stream_per_step.py --child --profile "$OUT/per_step_plain.prof" \
+            > "$OUT/per_step_plain.json" 2>&1
+    fi
     ;;
 long)
     # The long run alone (issue "host cost"): a stream per step for LONG_MINUTES (default
