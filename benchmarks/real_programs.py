@@ -25,7 +25,7 @@ hook's own cost are measured by ``launch_overhead.py`` and
 ``self_ordered.py``. A program that fails (or is skipped) in either mode is
 named and left out of the figures. JSON to ``--json``.
 
-    python benchmarks/real_programs.py [--rounds 5] [--only NAME ...]
+    python benchmarks/real_programs.py [--rounds 5] [--only NAME ...] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -72,11 +72,25 @@ def child(module: str) -> None:
         nss = importlib.import_module("numba_streamsafe")
         plugin_import = time.perf_counter() - start
         library = _instrument()
+    profile_dir = os.environ.get("NSS_REAL_PROFILE")
+    prof = None
+    if profile_dir:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
     start = time.perf_counter()
     suite = unittest.defaultTestLoader.loadTestsFromName(f"{PACKAGE}.{module}")
     result = unittest.TestResult()
     suite.run(result)
     in_program = time.perf_counter() - start
+    if prof is not None:
+        import pstats
+
+        prof.disable()
+        side = "with" if plugin_import is not None else "without"
+        with open(os.path.join(profile_dir, f"{module}-{side}.txt"), "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
     if library is not None:
         from numba_streamsafe.numba.launch import launcher
 
@@ -111,6 +125,7 @@ def _instrument() -> dict:
 
 def run_once(module: str, plugin: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_STREAMSAFE_")}
+    # NSS_REAL_PROFILE (from --profile) is kept: the child profiles itself.
     env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
     if plugin:
         env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
@@ -141,8 +156,15 @@ def main() -> dict:
     parser.add_argument("--json", default=None)
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds after which no new round starts (at least one runs)")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile each program's in-program part (cProfile) into "
+                             "DIR/PROGRAM-with.txt and -without.txt (the times then include "
+                             "the profiler's)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        os.environ["NSS_REAL_PROFILE"] = os.path.abspath(args.profile)
     if args.child:
         child(args.child)
         return {}

@@ -436,7 +436,7 @@ profile)
     # Where the host time goes (issue "host cost"), this tree compiled: a stream per
     # step with and without the plugin (benchmarks/stream_per_step.py) and cProfile of
     # each; the first launch of plain kernels (benchmarks/first_launch.py); the launch
-    # benchmark with the GIL kept and released through the launch. (py-spy record --gil
+    # benchmark with the GIL kept and released through the launch; a real program profiled. (py-spy record --gil
     # --native on the threads benchmark never returned on the H200: not used.)
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
     run per_step python3 -X faulthandler benchmarks/stream_per_step.py --rounds "${ROUNDS:-3}"
@@ -450,6 +450,11 @@ profile)
     run launch python3 -X faulthandler benchmarks/launch_overhead.py --rounds "${LAUNCH_ROUNDS:-5}" \
         --gil-variants
     grep -E "raw cuLaunch|floor|threads|entry" "$OUT/launch.log"
+    # A real program that ran slower with the plugin (REAL, default test_montecarlo; .whl-suite
+    # carried), profiled with and without it.
+    PYTHONWARNINGS=ignore run real_profile python3 -X faulthandler benchmarks/real_programs.py \
+        --rounds 1 --only ${REAL:-test_montecarlo} --profile "$OUT/real_profile"
+    tail -n 4 "$OUT/real_profile.log"
     ;;
 ordered)
     # Programs that order themselves (issue "host cost"): this tree against the one
