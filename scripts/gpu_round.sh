@@ -11,6 +11,7 @@
 #          inference's cost against compiling;
 #   bench: launch and allocation benchmarks, this tree against the checkout in .before/
 #          (scripts/bench_compare.sh), rounds interleaved.
+# Everything written under $OUT comes back as $OUT/out.tgz where it is more than 7 files.
 # Wheels: .whl/ (numpy < 2.5), .whl-rmm/ (rmm-cu13, librmm-cu13, rapids-logger: the `rmm`
 # step), .whl-build/ (Cython, to compile the engine),
 # .whl-dask/ (distributed), .whl-plot/ (matplotlib).
@@ -30,6 +31,16 @@ export PYTHONPATH="$SITE:$PWD"
 # pytest-xdist workers, carried in .whl).
 export PYTEST_ADDOPTS="-n 0 ${PYTEST_ADDOPTS:-}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+pack_out() {  # at exit: at most 8 files come back from $OUT, so all of it goes into one archive
+    local n
+    n=$(find "$OUT" -type f | wc -l)
+    if (( n > 7 )); then
+        tar -czf /tmp/gpu-round-out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete \
+            && mv /tmp/gpu-round-out.tgz "$OUT/out.tgz"
+    fi
+}
+trap pack_out EXIT
 
 run() {  # run NAME CMD...: output to $OUT/NAME.log, one summary line
     local name=$1; shift
