@@ -420,6 +420,18 @@ def test_a_mark_that_borrows_the_programs_event_gets_its_own_before_that_event_c
             assert sim.hazards, "waiting for the event as recorded again orders nothing"
 
 
+def _hand_off(res, sim, s, hub):
+    """The program records an event on ``s`` and makes ``hub`` wait for it, and
+    the resource is told (as transparent mode's hooks tell it): returns the
+    event and its point's clock."""
+    clock = res.program_clock(s)
+    event = sim.event_create()
+    sim.event_record(event, s)
+    sim.stream_wait_event(hub, event)
+    res.program_waited(hub, clock)
+    return event, clock
+
+
 def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held():
     """A stream per step, as a program that makes and drops one does: work on
     it, an event of the program's hands it to a long-lived stream, the host
@@ -441,11 +453,7 @@ def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held
             s = sim.create_stream()
             x = res.allocate(256, hub, f"x{i}")
             kernel(res, sim, s, [(x, W)], label=f"write x{i}")
-            clock = res.program_clock(s)
-            event = sim.event_create()
-            sim.event_record(event, s)
-            sim.stream_wait_event(hub, event)
-            res.program_waited(hub, clock)
+            event, _ = _hand_off(res, sim, s, hub)
             kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
             hub_clock = res.program_clock(hub)
             sim.stream_synchronize(hub)
@@ -485,11 +493,7 @@ def test_the_program_clocks_stay_bounded_as_streams_are_destroyed_with_their_use
     for i in range(300):
         s = sim.create_stream()
         kernel(res, sim, s, [(shared, R)], label=f"read{i}")
-        clock = res.program_clock(s)
-        event = sim.event_create()
-        sim.event_record(event, s)
-        sim.stream_wait_event(hub, event)
-        res.program_waited(hub, clock)
+        event, clock = _hand_off(res, sim, s, hub)
         sim.event_synchronize(event)
         res.program_completed(clock)
         sim.event_destroy(event)
