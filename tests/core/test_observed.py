@@ -169,3 +169,58 @@ def test_ordering_mode_skips_the_wait_another_librarys_event_satisfies():
         assert sim.hazards == []
         assert (res.marks.waits - waits, res.marks.skipped >= 1) == \
             ((0, True) if observe else (1, False)), observe
+
+
+@pytest.mark.parametrize("destroyed", [True, False])
+def test_work_after_another_librarys_stream_ended_waits_as_before(destroyed):
+    """Another library destroys a stream on which the resource keeps a block:
+    the resource synchronises the device and counts every earlier mark
+    complete. Work queued after that, on a stream whose mark was open then,
+    is not complete: a read of it on a third stream waits for it. Control
+    (the stream not destroyed): the same program, no device synchronise."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, observe=True)
+    lib = sim.observer
+    s2, s3 = sim.create_stream(), sim.create_stream()
+    x = res.allocate(NBYTES, s2, "x")
+    _use(res, sim, s2, x, W, "first write on s2")  # s2's open mark, in use
+    theirs = lib.create_stream()
+    y = res.allocate(NBYTES, theirs, "y")  # the resource keeps something on it
+    if destroyed:
+        lib.destroy_stream(theirs)  # applied at the next decision, before it
+    _use(res, sim, s2, x, W, "second write on s2")
+    _use(res, sim, s3, x, R, "read on s3")
+    sim.assert_no_hazards()
+    res.deallocate(x)
+    res.deallocate(y)
+
+
+def test_a_block_freed_after_another_librarys_stream_ended_is_not_idle_while_written():
+    """The same ending, then the block is written again on its stream, a point
+    of the program is taken there, and the block is freed: its write still
+    runs, so it is not kept idle, and the allocation that takes it again is
+    ordered after the write (a write on another stream waits for it)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, observe=True)
+    lib = sim.observer
+
+    class Owner:  # a stream object, so that freed blocks are kept for the stream
+        pass
+
+    owner = Owner()
+    s2, s3 = sim.create_stream(), sim.create_stream()
+    x = res.allocate(NBYTES, s2, "x", stream_owner=owner)
+    _use(res, sim, s2, x, W, "first write on s2")
+    theirs = lib.create_stream()
+    y = res.allocate(NBYTES, theirs, "y")
+    lib.destroy_stream(theirs)
+    _use(res, sim, s2, x, W, "second write on s2")
+    res.program_clock(s2)  # a point on s2: its open mark closed
+    res.deallocate(x)
+    assert x.ptr not in res._kept.idle, "kept idle while its last write runs"
+    z = res.allocate(NBYTES, s2, "z", stream_owner=owner)
+    assert z.ptr == x.ptr  # the kept block
+    _use(res, sim, s3, z, W, "write on s3")
+    sim.assert_no_hazards()
+    res.deallocate(z)
+    res.deallocate(y)

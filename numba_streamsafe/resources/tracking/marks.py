@@ -896,15 +896,21 @@ class MarkBook:
     def ended(self, stream: Any) -> None:
         """``stream`` was destroyed behind the library's back (another library's,
         as the driver observer noted it) and the device was synchronised since,
-        so its work is complete: its open mark leaves the book without an event
-        (none can be recorded on it any more; in check mode it is closed), and
-        in ordering mode every mark made so far counts as complete."""
+        with nothing committed in between (the caller holds the resource's
+        lock across both), so its work is complete: its open mark leaves the
+        book without an event (none can be recorded on it any more; in check
+        mode it is closed). In ordering mode every mark made so far counts as
+        complete, and every stream's open mark is closed with it (no event
+        needed: complete), so that later work gets marks after that point
+        rather than joining marks the synchronise completed."""
         if self.checking:
             self.retire(stream)
             return
-        self.open.pop(stream, None)
+        self.open.clear()
         if _mark_seq > self.done_all:
             self.done_all = _mark_seq
+        if self._retired_keys:
+            self._forget_completed_keys()
 
     def forget_order(self, stream: Any, held: cython.bint = True) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after
