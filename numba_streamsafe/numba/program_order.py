@@ -192,7 +192,9 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
     ``stream`` of runtime ``rt``: the point is taken first (what is queued
     there so far, its mark closed and borrowing the event), then the event
     is recorded, through libcuda where ``direct``, else (or where libcuda
-    refuses) by ``fallback(*args)``; the point is kept once the record
+    refuses) by ``fallback(*args)``, both under the resource's lock (a use on
+    another stream that needs the closed mark meanwhile waits for the lock,
+    not for an event not yet recorded); the point is kept once the record
     succeeded. Any mark that borrowed the event's earlier record gets an
     event of its own first."""
     d = event.__dict__
@@ -208,23 +210,24 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
                 if known is not None:
                     known.resource.tracker.program_unborrow(held)
         found = _book(rt)
-        clock = mark = None
-        if found is not None:  # noted: the point first
-            book = found
-            lock = _caught_up(rt, book)
-            try:
-                clock, mark = book.program_record(stream, (event, handle))
-            finally:
-                lock.give()
-        try:
+        if found is None:  # not noted: the record alone
             if not direct or record_event(handle, stream) != 0:
                 fallback(*args)
-        except BaseException:
-            if mark is not None:
-                rt.resource.tracker.program_unborrow(mark)
-            raise
-        if found is not None:
-            d["_nss_point"] = (_weak(rt), clock, mark)
+            return
+        book = found
+        lock = _caught_up(rt, book)
+        try:
+            clock, mark = book.program_record(stream, (event, handle))
+            try:
+                if not direct or record_event(handle, stream) != 0:
+                    fallback(*args)
+            except BaseException:
+                if mark is not None:  # its own event, in place of the one not recorded
+                    book.unborrow(mark)
+                raise
+        finally:
+            lock.give()
+        d["_nss_point"] = (_weak(rt), clock, mark)
 
 
 def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cython.bint,

@@ -695,3 +695,59 @@ def test_the_event_hooks_read_either_kind_of_numba_event_handle():
         assert program_order.event_handle(event) == 0x1000
         event.handle = None  # read once: an event's handle is fixed for its life
         assert program_order.event_handle(event) == 0x1000
+
+
+@pytest.mark.parametrize("library", [True, False])
+def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event(library):
+    """A program's ``Event.record`` on ``s1`` after a write of ``x`` there,
+    while another thread queues a read of ``x`` on ``s2``, the interleaving
+    made certain: the thread starts inside the record, after the program's
+    point is taken and before the driver records the event. The point's
+    mark borrows the program's event, so the read must wait for that event
+    as recorded: the thread waits for the resource's lock until it is. The
+    negative control (``library=False``): the same read queued in the same
+    window with no wait races with the write."""
+    import threading
+
+    from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.core.access import Access
+    from numba_streamsafe.resources import AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime
+
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    rt = DeviceRuntime(res)
+    s1, s2 = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, s1, "x")
+    res.preflight([(x, Access.WRITE)], s1)
+    sim.trace_access(s1, [(x.ptr, x.nbytes, Access.WRITE)], "write x on s1")
+    res.commit([(x, Access.WRITE)], s1)
+    handle = sim.event_create()
+    queued = threading.Event()
+    threads = []
+
+    def read() -> None:
+        if library:
+            res.preflight([(x, Access.READ)], s2)
+        sim.trace_access(s2, [(x.ptr, x.nbytes, Access.READ)], "read x on s2")
+        if library:
+            res.commit([(x, Access.READ)], s2)
+        queued.set()
+
+    def driver_record(stream: int) -> None:
+        thread = threading.Thread(target=read)
+        threads.append(thread)
+        thread.start()
+        queued.wait(0.5)  # the read runs now unless it waits for the library
+        sim.event_record(handle, stream)
+
+    class Event:
+        pass
+
+    program_order.record(rt, Event(), s1, handle, False, driver_record, s1)
+    for thread in threads:
+        thread.join()
+    if library:
+        sim.assert_no_hazards()
+    else:
+        assert sim.hazards, "the read queued before the event with no wait must race"
