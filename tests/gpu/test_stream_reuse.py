@@ -15,6 +15,7 @@ skips: it has nothing to show then.
 
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -81,6 +82,10 @@ def test_new_stream_at_a_destroyed_handle_waits_for_the_old_streams_write(
     nss.copy_to_host(y, stream=warm)
     gpu.synchronize()
     del x, y
+    # Where these launches compiled the kernels (no earlier test did), Numba's compile
+    # can keep the launching frames, and with them x and y, alive until the next
+    # collection (known limits): collect, so that their frees are queued now.
+    gc.collect()
     rt.flush()
     rt.destroy_stream(warm)
 
