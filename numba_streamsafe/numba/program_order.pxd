@@ -4,7 +4,7 @@ from numba_streamsafe.resources.tracking.lock cimport Lock
 from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
 
 
-cdef object _event_lock(object event)
+cdef Lock _event_lock(object event)
 cpdef bint noting(object rt) except? -1
 cdef object _book(object rt)
 cdef Lock _caught_up(object rt, MarkBook book)

@@ -28,7 +28,6 @@ own call makes it (and raises Numba's error).
 from __future__ import annotations
 
 import ctypes
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -47,16 +46,14 @@ __all__ = ["record", "wait", "completed", "synchronised", "device_synchronised",
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
 
-_new_lock = threading.Lock
-
-
 @cython.cfunc
-def _event_lock(event: Any) -> Any:
-    """The lock of ``event`` (made on first use, kept in its ``__dict__``)."""
+def _event_lock(event: Any) -> Lock:
+    """The lock of ``event`` (made on first use, kept in its ``__dict__``): the
+    engine's :class:`Lock`, taken and given from C."""
     d = event.__dict__
     lock = d.get("_nss_lock")
     if lock is None:
-        lock = d.setdefault("_nss_lock", _new_lock())
+        lock = d.setdefault("_nss_lock", Lock())
     return lock
 
 
@@ -200,23 +197,36 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
     d = event.__dict__
     book: MarkBook
     lock: Lock
-    with _event_lock(event):
+    elock: Lock = _event_lock(event)
+    elock.take()
+    try:
+        # A mark still borrowing the event's earlier record (not let go since)
+        # gets its own event before the record; under the same hold of the
+        # resource's lock as the new point where it is this runtime's.
+        held = None
         old = d.pop("_nss_point", None)
         if old is not None:
             held = old[2]
-            # Still borrowing (not let go since): its own event before the record.
             if held is not None and cython.cast(Mark, held).borrow is not None:
                 known = old[0]()
-                if known is not None:
-                    known.resource.tracker.program_unborrow(held)
+                if known is not rt:
+                    if known is not None:
+                        known.resource.tracker.program_unborrow(held)
+                    held = None
+            else:
+                held = None
         found = _book(rt)
         if found is None:  # not noted: the record alone
+            if held is not None:
+                rt.resource.tracker.program_unborrow(held)
             if not direct or record_event(handle, stream) != 0:
                 fallback(*args)
             return
         book = found
         lock = _caught_up(rt, book)
         try:
+            if held is not None:
+                book.unborrow(held)
             clock, mark = book.program_record(stream, (event, handle))
             try:
                 if not direct or record_event(handle, stream) != 0:
@@ -228,6 +238,8 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
         finally:
             lock.give()
         d["_nss_point"] = (_weak(rt), clock, mark)
+    finally:
+        elock.give()
 
 
 def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cython.bint,
@@ -238,7 +250,9 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
     stream is ordered after the event's point."""
     book: MarkBook
     lock: Lock
-    with _event_lock(event):
+    elock: Lock = _event_lock(event)
+    elock.take()
+    try:
         point = event.__dict__.get("_nss_point")
         if not direct or wait_event(stream, handle) != 0:
             fallback(*args)
@@ -255,6 +269,8 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
             book.program_waited(stream, point[1], owner if owns_handle(owner) else None)
         finally:
             lock.give()
+    finally:
+        elock.give()
 
 
 def completed(event: Any, synchronize: Callable[[], Any]) -> Any:
@@ -262,13 +278,17 @@ def completed(event: Any, synchronize: Callable[[], Any]) -> Any:
     whether it completed): when it returns anything but False, the event's
     point is complete. Its result is returned. Under the event's lock, so a
     record of the event by another thread meanwhile cannot be taken for it."""
-    with _event_lock(event):
+    elock: Lock = _event_lock(event)
+    elock.take()
+    try:
         point = event.__dict__.get("_nss_point")
         done = synchronize()
         rt = point[0]() if point is not None else None
         if done is not False and rt is not None and noting(rt):
             rt.resource.tracker.program_completed(point[1])
         return done
+    finally:
+        elock.give()
 
 
 def synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
