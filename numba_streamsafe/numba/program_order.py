@@ -233,7 +233,12 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
                     fallback(*args)
             except BaseException:
                 if mark is not None:  # its own event, in place of the one not recorded
-                    book.unborrow(mark)
+                    try:
+                        book.unborrow(mark)
+                    except BaseException:
+                        # Not recorded either: the mark borrows nothing, and gets
+                        # an event of its own when a use next needs one.
+                        cython.cast(Mark, mark).borrow = None
                 raise
         finally:
             lock.give()

@@ -751,3 +751,39 @@ def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event
         sim.assert_no_hazards()
     else:
         assert sim.hazards, "the read queued before the event with no wait must race"
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_failed_program_record_leaves_the_write_ordered(failures):
+    """The program's ``Event.record`` fails after its point closed the
+    stream's mark (the mark was to borrow the event): the mark gets an event
+    of the library's instead; where that record fails too (``failures=2``),
+    the mark borrows nothing and gets one when a use needs it. Either way a
+    later read on another stream waits for the write, and the program's error
+    is what is raised."""
+    from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.core.access import Access
+    from numba_streamsafe.core.errors import DriverError
+    from numba_streamsafe.resources import AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime
+
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim)
+    rt = DeviceRuntime(res)
+    s1, s2 = sim.create_stream(), sim.create_stream()
+    x = res.allocate(256, s1, "x")
+    res.preflight([(x, Access.WRITE)], s1)
+    sim.trace_access(s1, [(x.ptr, x.nbytes, Access.WRITE)], "write x on s1")
+    res.commit([(x, Access.WRITE)], s1)
+    handle = sim.event_create()
+
+    class Event:
+        pass
+
+    sim.inject_failure("cuEventRecord", times=failures)
+    with pytest.raises(DriverError, match="cuEventRecord"):
+        program_order.record(rt, Event(), s1, handle, False, sim.event_record, handle, s1)
+    res.preflight([(x, Access.READ)], s2)
+    sim.trace_access(s2, [(x.ptr, x.nbytes, Access.READ)], "read x on s2")
+    res.commit([(x, Access.READ)], s2)
+    sim.assert_no_hazards()
