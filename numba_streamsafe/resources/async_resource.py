@@ -1016,6 +1016,7 @@ class AsyncResource(MemoryResource):
             with self._lock:
                 # Under the lock: no launch sees the handle between the destroy
                 # and the forgetting. A failed destroy leaves the history as it was.
+                self.marks.ending(stream)
                 if destroy is not None:
                     destroy(stream)
                 held = self._table.forget_stream(stream)

@@ -159,6 +159,7 @@ class ObservedCalls:
         the handle inherits none of its history."""
         if stream <= 2:
             return
+        self.book.ending(stream)  # its kind, if known: the stream may be gone
         held = self.table.forget_stream(stream)
         self.book.forget_order(stream, held != 0)
 

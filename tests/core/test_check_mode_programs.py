@@ -331,8 +331,36 @@ def test_check_mode_reports_the_races_the_simulator_finds(program):
     assert found <= oracle, program
 
 
+@pytest.mark.parametrize("later", [0, 2], ids=["legacy", "another-blocking"])
+def test_work_after_the_legacy_stream_stays_ordered_after_a_replaced_blocking_stream(later):
+    """A read on a blocking stream, then work on the legacy default stream
+    (CUDA orders it after the read), then the blocking stream is destroyed:
+    a write on the legacy stream, or on another blocking stream (after the
+    legacy stream's earlier work), is still ordered after the read, though
+    the stream is gone. Without the legacy stream's work in between, CUDA
+    orders nothing after a destroyed stream's work: both report the pair."""
+    read, write = Kernel(1, ((0, Access.READ, 0),)), Kernel(later, ((0, Access.WRITE, 0),))
+    kinds = (LEGACY, BLOCKING, BLOCKING)
+    legacy = Kernel(0, ((0, Access.READ, 0),))
+    ordered = Program(kinds, 1, (0,), (read, legacy, Replace(1), write))
+    assert run(ordered) == (set(), set())
+    unordered = Program(kinds, 1, (0,), (read, Replace(1), write))
+    found, oracle = run(unordered)
+    assert found == oracle == {("write-after-read", (1, 0), (later, 0))}, found
+
+
 def _reallocates(program: Program) -> bool:
-    return any(isinstance(step, Realloc) for step in program.steps)
+    """Whether the program allocates a buffer again as it goes: a
+    :class:`Realloc`, or a :class:`Replace` of a stream some buffer is homed
+    on (the buffer is allocated again on the new stream). The library's wait
+    for that new memory on another stream orders what came before it on the
+    new stream too, so the simulator may miss a race the program has there
+    (another library's copy or fill, which no library orders, after such a
+    wait on its stream)."""
+    homes = {h for h in program.homes if program.kinds[h] != LEGACY}
+    return any(isinstance(step, Realloc)
+               or (isinstance(step, Replace) and step.stream in homes)
+               for step in program.steps)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from numba import cuda
 
 import numba_streamsafe as nss
+from numba_streamsafe.core.access import Access
 from numba_streamsafe.numba import emm, program_order, sim_plugin, transparent  # noqa: F401 - emm: companion
+from tests.helpers.programs import launch
 from tests.helpers.sim_kernels import copy, fill, tracked_fill
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -697,6 +699,25 @@ def test_the_event_hooks_read_either_kind_of_numba_event_handle():
         assert program_order.event_handle(event) == 0x1000
 
 
+def _written_on_a_stream():
+    """A runtime over a simulated driver, two of its streams and a block ``x``
+    written on the first (for the tests of the program's record)."""
+    from numba_streamsafe._driver.sim import SimDriver
+    from numba_streamsafe.resources import AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime
+
+    sim = SimDriver(backing=False)
+    rt = DeviceRuntime(AsyncResource(sim))
+    s1, s2 = sim.create_stream(), sim.create_stream()
+    x = rt.resource.allocate(256, s1, "x")
+    launch(rt, s1, [(x, Access.WRITE)], label="write x on s1")
+    return sim, rt, s1, s2, x
+
+
+class _Event:
+    """A program's event object, as the program-order hooks keep state on it."""
+
+
 @pytest.mark.parametrize("library", [True, False])
 def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event(library):
     """A program's ``Event.record`` on ``s1`` after a write of ``x`` there,
@@ -709,29 +730,13 @@ def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event
     window with no wait races with the write."""
     import threading
 
-    from numba_streamsafe._driver.sim import SimDriver
-    from numba_streamsafe.core.access import Access
-    from numba_streamsafe.resources import AsyncResource
-    from numba_streamsafe.runtime import DeviceRuntime
-
-    sim = SimDriver(backing=False)
-    res = AsyncResource(sim)
-    rt = DeviceRuntime(res)
-    s1, s2 = sim.create_stream(), sim.create_stream()
-    x = res.allocate(256, s1, "x")
-    res.preflight([(x, Access.WRITE)], s1)
-    sim.trace_access(s1, [(x.ptr, x.nbytes, Access.WRITE)], "write x on s1")
-    res.commit([(x, Access.WRITE)], s1)
+    sim, rt, s1, s2, x = _written_on_a_stream()
     handle = sim.event_create()
     queued = threading.Event()
     threads = []
 
     def read() -> None:
-        if library:
-            res.preflight([(x, Access.READ)], s2)
-        sim.trace_access(s2, [(x.ptr, x.nbytes, Access.READ)], "read x on s2")
-        if library:
-            res.commit([(x, Access.READ)], s2)
+        launch(rt, s2, [(x, Access.READ)], fenced=library, label="read x on s2")
         queued.set()
 
     def driver_record(stream: int) -> None:
@@ -741,10 +746,7 @@ def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event
         queued.wait(0.5)  # the read runs now unless it waits for the library
         sim.event_record(handle, stream)
 
-    class Event:
-        pass
-
-    program_order.record(rt, Event(), s1, handle, False, driver_record, s1)
+    program_order.record(rt, _Event(), s1, handle, False, driver_record, s1)
     for thread in threads:
         thread.join()
     if library:
@@ -761,29 +763,12 @@ def test_a_failed_program_record_leaves_the_write_ordered(failures):
     the mark borrows nothing and gets one when a use needs it. Either way a
     later read on another stream waits for the write, and the program's error
     is what is raised."""
-    from numba_streamsafe._driver.sim import SimDriver
-    from numba_streamsafe.core.access import Access
     from numba_streamsafe.core.errors import DriverError
-    from numba_streamsafe.resources import AsyncResource
-    from numba_streamsafe.runtime import DeviceRuntime
 
-    sim = SimDriver(backing=False)
-    res = AsyncResource(sim)
-    rt = DeviceRuntime(res)
-    s1, s2 = sim.create_stream(), sim.create_stream()
-    x = res.allocate(256, s1, "x")
-    res.preflight([(x, Access.WRITE)], s1)
-    sim.trace_access(s1, [(x.ptr, x.nbytes, Access.WRITE)], "write x on s1")
-    res.commit([(x, Access.WRITE)], s1)
+    sim, rt, s1, s2, x = _written_on_a_stream()
     handle = sim.event_create()
-
-    class Event:
-        pass
-
     sim.inject_failure("cuEventRecord", times=failures)
     with pytest.raises(DriverError, match="cuEventRecord"):
-        program_order.record(rt, Event(), s1, handle, False, sim.event_record, handle, s1)
-    res.preflight([(x, Access.READ)], s2)
-    sim.trace_access(s2, [(x.ptr, x.nbytes, Access.READ)], "read x on s2")
-    res.commit([(x, Access.READ)], s2)
+        program_order.record(rt, _Event(), s1, handle, False, sim.event_record, handle, s1)
+    launch(rt, s2, [(x, Access.READ)], label="read x on s2")
     sim.assert_no_hazards()

@@ -83,6 +83,7 @@ cdef class MarkBook:
     cpdef object program_waited(self, object stream, dict clock, object owner=*)
     cpdef object program_completed(self, dict clock)
     cpdef object retire(self, object stream, bint direct=*)
+    cpdef object ending(self, object stream)
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
     cdef bint _after_legacy(self, Mark mark) except? -1

@@ -912,6 +912,21 @@ class MarkBook:
         if self._retired_keys:
             self._forget_completed_keys()
 
+    def ending(self, stream: Any) -> None:
+        """``stream`` is about to be destroyed (call it while it still exists).
+        Check mode: where it is a blocking stream, the legacy default stream's
+        work so far (up to :attr:`legacy_point`) stays ordered after its marks
+        made before that work; the legacy stream's clock keeps it under the
+        stream's key, since once the stream is gone, and its marks renamed,
+        its kind can no longer be read, and CUDA orders later legacy work
+        after no more of its work. Nothing in ordering mode."""
+        if not self.checking or not self.legacy_point or not self.blocking(stream):
+            return
+        clock: dict = self._order_entry(0, None)[1]
+        key = self.origin(stream)
+        if clock.get(key, 0) < self.legacy_point:
+            clock[key] = self.legacy_point
+
     def forget_order(self, stream: Any, held: cython.bint = True) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after
         nothing the old one was. Where blocks still hold marks of the old
