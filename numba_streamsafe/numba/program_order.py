@@ -183,6 +183,24 @@ def _weak(rt: Any) -> Any:
     return ref
 
 
+@cython.cfunc
+def _still_borrowing(rt: Any, point: Any) -> Any:
+    """The mark of ``rt`` that still borrows the event's earlier record
+    (``point``, the event's ``_nss_point``, or None), or None. A mark of
+    another runtime that still borrows it gets its own event here."""
+    if point is None:
+        return None
+    held = point[2]
+    if held is None or cython.cast(Mark, held).borrow is None:
+        return None
+    known = point[0]()
+    if known is rt:
+        return held
+    if known is not None:
+        known.resource.tracker.program_unborrow(held)
+    return None
+
+
 def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
            fallback: Callable[..., Any], *args: Any) -> None:
     """The program records ``event`` (driver handle ``handle``) on stream
@@ -203,18 +221,7 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
         # A mark still borrowing the event's earlier record (not let go since)
         # gets its own event before the record; under the same hold of the
         # resource's lock as the new point where it is this runtime's.
-        held = None
-        old = d.pop("_nss_point", None)
-        if old is not None:
-            held = old[2]
-            if held is not None and cython.cast(Mark, held).borrow is not None:
-                known = old[0]()
-                if known is not rt:
-                    if known is not None:
-                        known.resource.tracker.program_unborrow(held)
-                    held = None
-            else:
-                held = None
+        held = _still_borrowing(rt, d.pop("_nss_point", None))
         found = _book(rt)
         if found is None:  # not noted: the record alone
             if held is not None:
