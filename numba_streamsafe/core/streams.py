@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from numba_streamsafe.core.errors import InvalidArgumentType
-from numba_streamsafe.core.sites import Stack, resolve_stack, user_stack
+from numba_streamsafe.core.sites import Stack, capture_stack, resolve_stack
 
 __all__ = [
     "StreamRef",
@@ -160,9 +159,8 @@ def resource_stream(stream: Any, call: str, runtime_call: str = "allocate(nbytes
 
 
 # ------------------------------------------------------------ who made a stream
-@dataclass(frozen=True)
 class StreamOrigin:
-    """Who made a stream, as the race reports name it.
+    """Who made a stream, as the race reports name it. Immutable.
 
     Attributes
     ----------
@@ -172,15 +170,46 @@ class StreamOrigin:
     stack : tuple of (str, int)
         The user's frames where it was made (or first seen), innermost
         first (:func:`~numba_streamsafe.core.sites.user_stack`); empty where
-        not known.
+        not known. Given as :func:`~numba_streamsafe.core.sites.capture_stack`
+        captured it, it is resolved into pairs when first read (a stream is
+        made far more often than a report names it).
     how : str
         ``"made"``, or how the handle was first met where its creation was
         not seen (say ``"wrapped by numba.cuda.external_stream()"``).
     """
 
+    __slots__ = ("library", "_stack", "how")
+
     library: str | None
-    stack: Stack = ()
-    how: str = "made"
+    how: str
+
+    def __init__(self, library: str | None, stack: Any = (), how: str = "made") -> None:
+        object.__setattr__(self, "library", library)
+        object.__setattr__(self, "_stack", stack or ())
+        object.__setattr__(self, "how", how)
+
+    @property
+    def stack(self) -> Stack:
+        stack = self._stack
+        if stack and stack[0].__class__ is not tuple:  # captured: resolved once
+            stack = resolve_stack(stack)
+            object.__setattr__(self, "_stack", stack)
+        return stack  # type: ignore[no-any-return]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"StreamOrigin is immutable: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not StreamOrigin:
+            return NotImplemented
+        return (self.library, self.stack, self.how) == (
+            other.library, other.stack, other.how)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.library, self.stack, self.how))
+
+    def __repr__(self) -> str:
+        return f"StreamOrigin(library={self.library!r}, stack={self.stack!r}, how={self.how!r})"
 
 
 #: Stream handle -> its origin (the newest creation noted for the handle).
@@ -207,7 +236,7 @@ def note_stream_created(handle: int, library: str, stack: Stack | None = None) -
     StreamOrigin
         What is now known of the handle.
     """
-    origin = StreamOrigin(library, user_stack() if stack is None else resolve_stack(stack))
+    origin = StreamOrigin(library, capture_stack() if stack is None else stack)
     _origins[handle] = origin
     return origin
 
@@ -226,8 +255,7 @@ def note_stream_seen(handle: int, how: str, stack: Stack | None = None,
     known = _origins.get(handle)
     if known is not None:
         return known
-    origin = StreamOrigin(library, user_stack() if stack is None else resolve_stack(stack),
-                          how)
+    origin = StreamOrigin(library, capture_stack() if stack is None else stack, how)
     return _origins.setdefault(handle, origin)
 
 
