@@ -57,6 +57,19 @@ def scale(src, dst, k):
         dst[i] = src[i] * 2 + k
 
 
+def _clock_keys() -> int | None:
+    """How many keys the library's clocks of the program's order hold (the
+    host's and every stream's), or None where none are kept: a diagnostic of
+    whether they stay bounded as streams come and go."""
+    try:
+        import numba_streamsafe as nss
+
+        book = nss.get_runtime().resource.marks
+        return len(book.done) + sum(len(entry[1]) for entry in book.ordered.values())
+    except Exception:  # no plugin, or a resource that keeps no clocks
+        return None
+
+
 def _count_calls(rt) -> dict:
     """Wrap the library's driver calls that cost a step time (events, waits,
     synchronises, streams) to count them by their callers: a diagnostic."""
@@ -154,6 +167,7 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
         start = time.perf_counter()
         for i in range(steps):
             wrong += not step(i)
+        keys = _clock_keys() if plugin else None  # before the device synchronise prunes them
         cuda.synchronize()
         elapsed = time.perf_counter() - start
         if prof is not None:
@@ -171,7 +185,8 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
                    - before.get("events_recorded", 0),
                    waits_inserted=after.get("waits_inserted", 0)
                    - before.get("waits_inserted", 0),
-                   events_held=after.get("events.in_use"))
+                   events_held=after.get("events.in_use"),
+                   clock_keys=keys)
         if counts is not None:
             for key, count in counts.most_common(20):
                 print(f"{count / steps:6.2f} per step  {key}", file=sys.stderr)
@@ -188,6 +203,7 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
             wrong += not step(i)
             i += 1
             count += 1
+        keys = _clock_keys()  # before the device synchronise prunes them
         cuda.synchronize()
         st = stats() if stats else {}
         free, total = cuda.current_context().get_memory_info()
@@ -199,6 +215,7 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
             "device_used_bytes": total - free,
             "events_held": st.get("events.in_use"),
             "events_recorded": st.get("events_recorded"),
+            "clock_keys": keys,
             "wrong": wrong,
         })
         print(json.dumps(windows[-1]), file=sys.stderr, flush=True)
@@ -260,8 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"wrong {sum(w['wrong'] for w in ws)}")
         print(f"{'figure':24s} {'first':>14s} {'last':>14s} {'last/first':>10s}")
         for key in ("steps_per_s", "launch_us", "device_used_bytes", "pool_used_bytes",
-                    "allocated_bytes", "events_held"):
-            a, b = first[key], last[key]
+                    "allocated_bytes", "events_held", "clock_keys"):
+            a, b = first[key] or 0, last[key] or 0
             r = (b / a) if a else (1.0 if b == a else float("inf"))
             print(f"{key:24s} {a:14.2f} {b:14.2f} {r:10.3f}")
         _save(res)
@@ -282,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"ratio median {statistics.median(ratios):.3f} (spread {_spread(ratios):.3f}); "
           f"library events recorded per step {ev:.2f}; launch call "
           f"{statistics.median(x['launch_us'] for x in per['without']):.2f} -> "
-          f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}")
+          f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}; "
+          f"clock keys at the end {max(x.get('clock_keys') or 0 for x in per['with'])}")
     res = {"rounds": per, "ratios": ratios, "ratio": statistics.median(ratios),
            "events_per_step": ev, "wrong": wrong}
     _save(res)

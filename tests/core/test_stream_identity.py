@@ -475,6 +475,43 @@ def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held
         rt.reap()
 
 
+def test_a_long_lived_streams_clock_keeps_only_what_the_host_has_not_seen_complete():
+    """A stream per step that the library is never told is gone (as Numba's
+    own streams in transparent mode, a new handle each), its work handed to a
+    long-lived stream by an event of the program's, the host waiting for the
+    long-lived stream each step; never a device synchronise. The long-lived
+    stream's clock drops the points the host saw complete, so it keeps a few
+    dozen keys, not one per step (each point taken on it copies it, so its
+    size is a cost per step); a device synchronise empties the clocks. Every
+    use stays ordered. Before the clocks were pruned it kept one key per step."""
+    sim = SimDriver(backing=False, recycle_streams=False)  # a new handle per stream
+    res = AsyncResource(sim)
+    hub = sim.create_stream()
+    out = res.allocate(256, hub, "out")
+    largest = 0
+    for i in range(300):
+        s = sim.create_stream()
+        x = res.allocate(256, s, f"x{i}")
+        kernel(res, sim, s, [(x, W)], label=f"write x{i}")
+        event, _ = _hand_off(res, sim, s, hub)
+        kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
+        clock = res.program_clock(hub)
+        sim.stream_synchronize(hub)
+        res.program_completed(clock)
+        sim.event_destroy(event)
+        res.deallocate(x)
+        largest = max(largest, len(res.marks.ordered[hub][1]))
+    assert largest <= 80, largest
+    point = res.program_point_all()
+    sim.synchronize()
+    res.program_completed_all(point)
+    sizes = (len(res.marks.done), *(len(e[1]) for e in res.marks.ordered.values()))
+    assert max(sizes) <= 1, sizes
+    kernel(res, sim, hub, [(out, W)], label="last write")
+    sim.assert_no_hazards()
+    res.deallocate(out)
+
+
 def test_the_program_clocks_stay_bounded_as_streams_are_destroyed_with_their_uses_held():
     """Streams destroyed through the runtime while a block still holds their
     reads, one after another at the same handle, each handing its work to a

@@ -76,6 +76,7 @@ cdef class MarkBook:
     cpdef bint complete(self, Mark mark) except? -1
     cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
+    cdef int _prune(self, dict clock) except -1
     cpdef object program_point(self, object stream)
     cpdef tuple program_record(self, object stream, object borrow)
     cpdef object unborrow(self, Mark mark)

@@ -310,6 +310,10 @@ def _legacy(stream: Any) -> cython.bint:
     return stream is not None and (stream == 0 or stream == 1)
 
 
+#: The size a stream's clock grows to before it is first pruned (:meth:`MarkBook._prune`).
+_PRUNE_AT = 64
+
+
 @cython.cfunc
 @cython.exceptval(-1)
 def _join_clock(into: dict, other: dict) -> cython.int:
@@ -839,7 +843,34 @@ class MarkBook:
         name another stream after it."""
         if self.reporting and not self.checking and _legacy(stream):
             self.legacy_use(stream)  # a race check's bound (reportable)
-        _join_clock(self._order_entry(stream, owner)[1], clock)
+        entry = self._order_entry(stream, owner)
+        mine: dict = entry[1]
+        _join_clock(mine, clock)
+        if len(mine) > entry[2]:  # grown by half since the last pruning: prune it
+            self._prune(mine)
+            entry[2] = max(_PRUNE_AT, len(mine) * 2)
+
+    def _prune(self, clock: dict) -> cython.int:
+        """Drop from ``clock`` (a stream's, in :attr:`ordered`) the points the
+        host saw complete: those a device synchronise covers (``done_all``)
+        and those the host's clock (``done``) covers for their key. Every
+        judgement by a clock asks those first, so the clock needs them not;
+        a program that makes a stream per step and hands each one's work to a
+        long-lived stream would otherwise copy one key per step it ran into
+        each point of that stream."""
+        done: dict = self.done
+        done_all = self.done_all
+        gone = []
+        for key, point in clock.items():
+            if point <= done_all:
+                gone.append(key)
+            elif key is not None:
+                seen = done.get(key)
+                if seen is not None and point <= seen:
+                    gone.append(key)
+        for key in gone:
+            del clock[key]
+        return 0
 
     def _order_entry(self, stream: Any, owner: Any) -> list:
         """The entry of ``stream`` in :attr:`ordered`: made anew where there is
@@ -859,7 +890,7 @@ class MarkBook:
             for key in [k for k, e in self.ordered.items()
                         if e[0] is not None and e[0]() is None]:
                 del self.ordered[key]
-        entry = [None if owner is None else weakref.ref(owner), {}]
+        entry = [None if owner is None else weakref.ref(owner), {}, _PRUNE_AT]
         self.ordered[stream] = entry
         return entry
 
@@ -870,11 +901,19 @@ class MarkBook:
 
     def program_completed_all(self, point: int) -> None:
         """The host saw every stream of the device complete up to ``point``
-        (a device synchronise; the point taken with :meth:`program_point_all`)."""
+        (a device synchronise; the point taken with :meth:`program_point_all`).
+        The clocks keep none of the points it covers."""
         if point > self.done_all:
             self.done_all = point
         if self._retired_keys:
             self._forget_completed_keys()
+        done_all = self.done_all
+        done: dict = self.done
+        for key in [k for k, p in done.items() if p <= done_all]:
+            del done[key]
+        for entry in self.ordered.values():
+            if entry[1]:
+                self._prune(entry[1])
 
     def _forget_completed_keys(self) -> None:
         """The keys of retired streams whose marks are all complete leave the
