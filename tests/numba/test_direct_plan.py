@@ -150,6 +150,46 @@ def test_argument_types():
     assert launch_plan.argtypes_of((None,)) is None
 
 
+_ARRAY_TYPES = textwrap.dedent('''
+    import itertools, json, types
+    import numpy as np
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba_streamsafe.numba.launch import launch_plan
+    wrong, cases = [], 0
+    for shape, order, dtype, step, broadcast in itertools.product(
+            [(), (5,), (4, 3), (1, 4), (3, 1, 2)], "CF",  # (an empty one needs a GPU)
+            [np.float32, np.int64, np.uint8], [1, 2], [False, True]):
+        host = np.empty([n * step for n in shape], dtype=dtype, order=order)
+        view = host[tuple(slice(None, None, step) for _ in shape)]
+        strides = tuple(0 if broadcast and i == 0 else s for i, s in enumerate(view.strides))
+        arr = DeviceNDArray(view.shape, strides, view.dtype,
+                            gpu_data=types.SimpleNamespace(device_ctypes_pointer=None))
+        for _ in range(2):  # made, then kept
+            cases += 1
+            got = launch_plan.argtypes_of((arr,))
+            if got != (arr._numba_type_,):
+                wrong.append(f"{shape} {order} {dtype.__name__} {step} {broadcast}: "
+                             f"{got} != {arr._numba_type_}")
+    print("RESULT " + json.dumps({"wrong": wrong, "cases": cases,
+                                  "kinds": len(launch_plan._array_types)}))
+''')
+
+
+def test_device_array_types_are_numbas_own(child_env, repo_root):
+    """The type a device array launches with (kept per kind of array) is the
+    one Numba gives it, over contiguous, strided, broadcast and 0-d arrays
+    of either order (Numba's own device arrays, in a child without
+    the simulator)."""
+    proc = subprocess.run([sys.executable, "-c", _ARRAY_TYPES], cwd=repo_root,
+                          env=child_env(NUMBA_ENABLE_CUDASIM="0"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["wrong"] == [], "\n".join(result["wrong"][:20])
+    assert result["cases"] == 5 * 2 * 3 * 2 * 2 * 2 and result["kinds"] > 10, result
+
+
 def test_plan_choice():
     c1 = types.Array(types.float32, 1, "C")
     a1 = types.Array(types.float32, 1, "A")

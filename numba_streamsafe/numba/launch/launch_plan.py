@@ -199,6 +199,33 @@ class LaunchPlan:
         return scratch.address  # type: ignore[no-any-return]
 
 
+#: What a device array's Numba type depends on -> that type (Numba's own
+#: ``_numba_type_``, built once per kind of array: it makes a new type object
+#: through Numba's interning each time it is asked, a cost per launch for a
+#: program that makes new arrays every step).
+_array_types: dict = {}
+
+
+def _array_type(arg: Any) -> Any:
+    """``arg._numba_type_`` of a device array, from :data:`_array_types` where
+    the array's class, dtype, dimensions, contiguity and broadcasting (all it
+    depends on) were met before."""
+    dummy = getattr(arg, "_dummy", None)
+    if dummy is None:
+        return arg._numba_type_
+    try:
+        key = (arg.__class__, arg.dtype, dummy.ndim, dummy.is_c_contig, dummy.is_f_contig,
+               0 in dummy.strides and dummy.size != 0)
+    except AttributeError:  # another layout of Numba's array internals
+        return arg._numba_type_
+    ty = _array_types.get(key)
+    if ty is None:
+        ty = arg._numba_type_
+        if len(_array_types) < 1024:
+            _array_types[key] = ty
+    return ty
+
+
 def _argtype(arg: Any) -> Any:
     """The Numba type of one argument, or None when the direct path does not
     cover it."""
@@ -206,7 +233,7 @@ def _argtype(arg: Any) -> Any:
     if ty is not None:
         return ty
     if getattr(arg, "gpu_data", None) is not None:
-        return arg._numba_type_
+        return _array_type(arg)
     # A NumPy scalar; not a 0-d array of any kind (a host one, or one of CuPy
     # or PyTorch): it has no ``gpu_data`` to pass, so Numba's path marshals it.
     if isinstance(arg, np.generic):
