@@ -432,6 +432,19 @@ def _hand_off(res, sim, s, hub):
     return event, clock
 
 
+def _step_to_hub(res, sim, s, hub, x, out, i):
+    """One step of a stream per step: ``x`` written on ``s``, an event of the
+    program's hands it to ``hub``, which reads it into ``out``; the host waits
+    for ``hub`` (the resource told of each, as transparent mode's hooks tell it)."""
+    kernel(res, sim, s, [(x, W)], label=f"write x{i}")
+    event, _ = _hand_off(res, sim, s, hub)
+    kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
+    clock = res.program_clock(hub)
+    sim.stream_synchronize(hub)
+    res.program_completed(clock)
+    sim.event_destroy(event)
+
+
 def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held():
     """A stream per step, as a program that makes and drops one does: work on
     it, an event of the program's hands it to a long-lived stream, the host
@@ -452,13 +465,7 @@ def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held
         for i in range(200):
             s = sim.create_stream()
             x = res.allocate(256, hub, f"x{i}")
-            kernel(res, sim, s, [(x, W)], label=f"write x{i}")
-            event, _ = _hand_off(res, sim, s, hub)
-            kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
-            hub_clock = res.program_clock(hub)
-            sim.stream_synchronize(hub)
-            res.program_completed(hub_clock)
-            sim.event_destroy(event)
+            _step_to_hub(res, sim, s, hub, x, out, i)
             if not held:
                 res.deallocate(x)
             rt.destroy_stream(s)
@@ -492,13 +499,7 @@ def test_a_long_lived_streams_clock_keeps_only_what_the_host_has_not_seen_comple
     for i in range(300):
         s = sim.create_stream()
         x = res.allocate(256, s, f"x{i}")
-        kernel(res, sim, s, [(x, W)], label=f"write x{i}")
-        event, _ = _hand_off(res, sim, s, hub)
-        kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
-        clock = res.program_clock(hub)
-        sim.stream_synchronize(hub)
-        res.program_completed(clock)
-        sim.event_destroy(event)
+        _step_to_hub(res, sim, s, hub, x, out, i)
         res.deallocate(x)
         largest = max(largest, len(res.marks.ordered[hub][1]))
     assert largest <= 80, largest
