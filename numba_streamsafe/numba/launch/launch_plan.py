@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numba.cuda import types as _numba_types
+from numba.cuda.np import numpy_support
 
 from numba_streamsafe._driver.limits import normalize_dims
 from numba_streamsafe.core.uses import Uses
@@ -208,14 +209,15 @@ _array_types: dict = {}
 
 def _array_type(arg: Any) -> Any:
     """``arg._numba_type_`` of a device array, from :data:`_array_types` where
-    the array's class, dtype, dimensions, contiguity and broadcasting (all it
-    depends on) were met before."""
+    the array's class, dtype (as Numba types it), dimensions, contiguity and
+    broadcasting (all it depends on) were met before."""
     dummy = getattr(arg, "_dummy", None)
     if dummy is None:
         return arg._numba_type_
     try:
-        key = (arg.__class__, arg.dtype, dummy.ndim, dummy.is_c_contig, dummy.is_f_contig,
-               0 in dummy.strides and dummy.size != 0)
+        # The dtype as Numba types it: NumPy's equality ignores a record's alignment.
+        key = (arg.__class__, numpy_support.from_dtype(arg.dtype), dummy.ndim,
+               dummy.is_c_contig, dummy.is_f_contig, 0 in dummy.strides and dummy.size != 0)
     except AttributeError:  # another layout of Numba's array internals
         return arg._numba_type_
     ty = _array_types.get(key)
