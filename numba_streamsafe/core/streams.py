@@ -211,6 +211,10 @@ class StreamOrigin:
     def __repr__(self) -> str:
         return f"StreamOrigin(library={self.library!r}, stack={self.stack!r}, how={self.how!r})"
 
+    def __reduce__(self) -> tuple:
+        # Copied and pickled resolved (a captured stack holds code objects).
+        return (StreamOrigin, (self.library, self.stack, self.how))
+
 
 #: Stream handle -> its origin (the newest creation noted for the handle).
 _origins: dict[int, StreamOrigin] = {}

@@ -247,6 +247,34 @@ def test_the_stream_origin_registry():
         forget_stream(handle)
 
 
+def test_a_stream_origin_resolves_its_stack_when_read_and_copies_and_pickles():
+    """A creation keeps its stack as captured (code objects); the lines are
+    made when it is first read, and an origin copies, pickles and compares
+    by its resolved fields."""
+    import copy
+    import dataclasses
+    import pickle
+
+    from numba_streamsafe.core.hazards import Side
+
+    handle = 0x7F00_0001
+    try:
+        made = note_stream_created(handle, "numba")
+        raw = made._stack
+        assert raw and raw[0].__class__ is not tuple  # captured, not resolved yet
+        assert made.stack[0] == (HERE, made.stack[0][1]) and made._stack is made.stack
+        for other in (copy.copy(made), copy.deepcopy(made), pickle.loads(pickle.dumps(made))):
+            assert other == made and hash(other) == hash(made) and other is not made
+        fresh = note_stream_created(handle, "numba")  # pickled before it was ever read
+        assert pickle.loads(pickle.dumps(fresh)).stack == fresh.stack
+        side = Side("k", None, handle, origin=fresh)
+        assert dataclasses.asdict(side)["origin"] == fresh
+        with pytest.raises(AttributeError, match="immutable"):
+            made.how = "seen"  # type: ignore[misc]
+    finally:
+        forget_stream(handle)
+
+
 def test_numbas_streams_are_noted_where_they_are_made(rt):
     sim_plugin.install()
     try:
