@@ -119,6 +119,7 @@ class ObservedCalls:
             self._forget(stream)
         elif kind == observer.STREAM_DESTROYED:
             if stream > 2:
+                self.book.ending(stream, False)  # gone already: its kind as read before
                 self.ended(stream)
             self._forget(stream)
         elif kind == observer.EVENT_DESTROY:
@@ -159,7 +160,6 @@ class ObservedCalls:
         the handle inherits none of its history."""
         if stream <= 2:
             return
-        self.book.ending(stream)  # its kind, if known: the stream may be gone
         held = self.table.forget_stream(stream)
         self.book.forget_order(stream, held != 0)
 

@@ -349,6 +349,26 @@ def test_work_after_the_legacy_stream_stays_ordered_after_a_replaced_blocking_st
     assert found == oracle == {("write-after-read", (1, 0), (later, 0))}, found
 
 
+@pytest.mark.parametrize("point", ["event", "synchronise"])
+def test_a_legacy_streams_point_covers_a_destroyed_blocking_streams_earlier_work(point):
+    """A write on a blocking stream, then work on the legacy default stream
+    (after the write), whose point the program takes (an event waited for on a
+    non-blocking stream, or a synchronise of the legacy stream), then the
+    blocking stream is destroyed: a read on the non-blocking stream after the
+    point is ordered after the write. With the blocking stream destroyed
+    before the legacy stream's work, CUDA orders nothing after its write, and
+    both report the pair."""
+    write, read = Kernel(0, ((0, Access.WRITE, 0),)), Kernel(2, ((0, Access.READ, 0),))
+    legacy = Kernel(1, ((1, Access.WRITE, 0),))
+    take = (Record(0, 1), Wait(2, 0)) if point == "event" else (StreamSync(1),)
+    kinds = (BLOCKING, LEGACY, NON_BLOCKING)
+    ordered = Program(kinds, 2, (1, 1), (write, legacy, *take, Replace(0), read))
+    assert run(ordered) == (set(), set())
+    unordered = Program(kinds, 2, (1, 1), (write, Replace(0), legacy, *take, read))
+    found, oracle = run(unordered)
+    assert found == oracle == {("read-after-write", (0, 0), (2, 0))}, (found, oracle)
+
+
 def _reallocates(program: Program) -> bool:
     """Whether the program allocates a buffer again as it goes: a
     :class:`Realloc`, or a :class:`Replace` of a stream some buffer is homed

@@ -59,6 +59,7 @@ cdef class MarkBook:
     cdef public list races
     cdef public unsigned long long legacy_point
     cdef dict _flags
+    cdef dict _legacy_ended
     cdef public object observed
     cdef dict _origins
     cdef Py_ssize_t _retired
@@ -77,6 +78,7 @@ cdef class MarkBook:
     cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
     cdef int _prune(self, dict clock) except -1
+    cdef bint _blocking_mark(self, Mark mark) except? -1
     cpdef object program_point(self, object stream)
     cpdef tuple program_record(self, object stream, object borrow)
     cpdef object unborrow(self, Mark mark)
@@ -84,7 +86,7 @@ cdef class MarkBook:
     cpdef object program_waited(self, object stream, dict clock, object owner=*)
     cpdef object program_completed(self, dict clock)
     cpdef object retire(self, object stream, bint direct=*)
-    cpdef object ending(self, object stream)
+    cpdef object ending(self, object stream, bint query=*)
     cdef bint _covered(self, object stream, Mark mark) except? -1
     cdef bint _implied(self, object stream, Mark mark, object clock) except? -1
     cdef bint _after_legacy(self, Mark mark) except? -1

@@ -397,6 +397,10 @@ class MarkBook:
         self.legacy_point = 0
         #: Check mode: whether each stream is blocking (``cuStreamGetFlags``).
         self._flags = {}
+        #: Check mode: the key of each destroyed blocking stream whose marks are
+        #: still judged -> the legacy stream's point when it was destroyed
+        #: (:meth:`ending`).
+        self._legacy_ended = {}
         #: Other code's calls as the driver observer noted them
         #: (:class:`~numba_streamsafe.resources.observed.ObservedCalls`), applied
         #: before each decision (:meth:`catch_up`); None where none are observed.
@@ -662,7 +666,7 @@ class MarkBook:
         s = mark.stream
         seq = mark.seq
         if _legacy(stream):  # after every blocking stream's earlier work
-            return _legacy(s) or self.blocking(s)
+            return _legacy(s) or self._blocking_mark(mark)
         if self.blocking(stream) and self._after_legacy(mark):
             return True
         # An event recorded on (or a synchronise of) the legacy stream or a
@@ -672,7 +676,22 @@ class MarkBook:
             mine = clock.get(None)
             if mine is not None and (upto is None or mine > upto):
                 upto = mine
-        return upto is not None and seq <= upto and self.blocking(s)
+        return upto is not None and seq <= upto and self._blocking_mark(mark)
+
+    @cython.cfunc
+    @cython.exceptval(-1, check=True)
+    def _blocking_mark(self, mark: Mark) -> cython.bint:
+        """Check mode: whether the legacy default stream's work is ordered after
+        ``mark`` by CUDA's implicit ordering once queued after it: a mark of a
+        blocking stream; of a destroyed one (renamed), only where the legacy
+        stream had work after the mark before the stream was destroyed
+        (:meth:`ending`), since CUDA orders later legacy work after none of a
+        destroyed stream's work."""
+        s = mark.stream
+        if s is not None and s < 0:
+            ended = self._legacy_ended.get(mark.origin) if self._legacy_ended else None
+            return ended is not None and mark.seq <= ended
+        return self.blocking(s)
 
     @cython.cfunc
     @cython.exceptval(-1, check=True)
@@ -689,7 +708,7 @@ class MarkBook:
             upto = legacy[1].get(mark.origin)
             if upto is not None and mark.seq <= upto:
                 return True
-        return mark.seq <= self.legacy_point and self.blocking(s)
+        return mark.seq <= self.legacy_point and self._blocking_mark(mark)
 
     def blocking(self, stream: Any) -> cython.bint:
         """Check mode: whether ``stream`` and the legacy default stream wait for
@@ -846,7 +865,7 @@ class MarkBook:
         entry = self._order_entry(stream, owner)
         mine: dict = entry[1]
         _join_clock(mine, clock)
-        if len(mine) > entry[2]:  # grown by half since the last pruning: prune it
+        if len(mine) > entry[2]:  # doubled since the last pruning: prune it
             self._prune(mine)
             entry[2] = max(_PRUNE_AT, len(mine) * 2)
 
@@ -923,6 +942,7 @@ class MarkBook:
         for key in gone:
             del self._retired_keys[key]
             self.done.pop(key, None)
+            self._legacy_ended.pop(key, None)
             for entry in self.ordered.values():
                 entry[1].pop(key, None)
 
@@ -951,20 +971,21 @@ class MarkBook:
         if self._retired_keys:
             self._forget_completed_keys()
 
-    def ending(self, stream: Any) -> None:
-        """``stream`` is about to be destroyed (call it while it still exists).
-        Check mode: where it is a blocking stream, the legacy default stream's
-        work so far (up to :attr:`legacy_point`) stays ordered after its marks
-        made before that work; the legacy stream's clock keeps it under the
-        stream's key, since once the stream is gone, and its marks renamed,
-        its kind can no longer be read, and CUDA orders later legacy work
-        after no more of its work. Nothing in ordering mode."""
-        if not self.checking or not self.legacy_point or not self.blocking(stream):
+    def ending(self, stream: Any, query: cython.bint = True) -> None:
+        """``stream`` is about to be destroyed (call it while it still exists;
+        with ``query`` False, where it may be gone already, its kind is taken
+        only as read before). Check mode: where it is a blocking stream, the
+        legacy default stream's work so far (up to :attr:`legacy_point`) stays
+        ordered after its marks made before that work, and no later legacy
+        work is (CUDA orders it after none of a destroyed stream's work): kept
+        under the stream's key (:meth:`_blocking_mark`), since once the stream
+        is gone, and its marks renamed, its kind can no longer be read.
+        Nothing in ordering mode."""
+        if not self.checking or not self.legacy_point:
             return
-        clock: dict = self._order_entry(0, None)[1]
-        key = self.origin(stream)
-        if clock.get(key, 0) < self.legacy_point:
-            clock[key] = self.legacy_point
+        if not (self.blocking(stream) if query else self._flags.get(stream, False)):
+            return
+        self._legacy_ended[self.origin(stream)] = self.legacy_point
 
     def forget_order(self, stream: Any, held: cython.bint = True) -> None:
         """``stream`` is retired: a new stream with its handle is ordered after
@@ -978,6 +999,8 @@ class MarkBook:
         self.ordered.pop(stream, None)
         self._flags.pop(stream, None)
         self._borrowed.pop(stream, None)  # renamed: unborrow() sees they are retired
+        if not held and self._legacy_ended:
+            self._legacy_ended.pop(self.origin(stream), None)  # no mark of it is judged
         if held:
             self._retired_keys[self.origin(stream)] = _mark_seq
             self._retired += 1
@@ -1082,6 +1105,7 @@ class MarkBook:
         self.done.clear()
         self.ordered.clear()
         self._flags.clear()
+        self._legacy_ended.clear()
         self._origins.clear()
         self._retired_keys.clear()
         self._borrowed.clear()
