@@ -182,6 +182,7 @@ class StreamOrigin:
 
     library: str | None
     how: str
+    _stack: Any  # as captured, or resolved (see ``stack``)
 
     def __init__(self, library: str | None, stack: Any = (), how: str = "made") -> None:
         object.__setattr__(self, "library", library)
