@@ -922,29 +922,28 @@ class MarkBook:
         """The host saw every stream of the device complete up to ``point``
         (a device synchronise; the point taken with :meth:`program_point_all`).
         The clocks keep none of the points it covers."""
+        self._completed_up_to(point)
+
+    def _completed_up_to(self, point: Any) -> None:
+        """Every mark up to ``point`` is complete (``done_all``). The keys of
+        retired streams whose marks are all covered are forgotten, and no
+        clock (the host's or a stream's) keeps a point it covers: every
+        judgement asks ``done_all`` first. A retired stream's key leaves the
+        clocks with them, since every point taken under it came before its
+        retirement."""
         if point > self.done_all:
             self.done_all = point
-        if self._retired_keys:
-            self._forget_completed_keys()
         done_all = self.done_all
+        if self._retired_keys:
+            for key in [k for k, newest in self._retired_keys.items() if newest <= done_all]:
+                del self._retired_keys[key]
+                self._legacy_ended.pop(key, None)
         done: dict = self.done
         for key in [k for k, p in done.items() if p <= done_all]:
             del done[key]
         for entry in self.ordered.values():
             if entry[1]:
                 self._prune(entry[1])
-
-    def _forget_completed_keys(self) -> None:
-        """The keys of retired streams whose marks are all complete leave the
-        clocks (no mark of theirs is judged by them any more)."""
-        done_all = self.done_all
-        gone = [k for k, newest in self._retired_keys.items() if newest <= done_all]
-        for key in gone:
-            del self._retired_keys[key]
-            self.done.pop(key, None)
-            self._legacy_ended.pop(key, None)
-            for entry in self.ordered.values():
-                entry[1].pop(key, None)
 
     def program_point_all(self) -> int:
         """:meth:`program_point` of every stream with an open mark."""
@@ -966,10 +965,7 @@ class MarkBook:
             self.retire(stream)
             return
         self.open.clear()
-        if _mark_seq > self.done_all:
-            self.done_all = _mark_seq
-        if self._retired_keys:
-            self._forget_completed_keys()
+        self._completed_up_to(_mark_seq)
 
     def ending(self, stream: Any, query: cython.bint = True) -> None:
         """``stream`` is about to be destroyed (call it while it still exists;
