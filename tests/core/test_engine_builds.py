@@ -120,3 +120,24 @@ def test_both_builds_run_the_direct_launch(children):
         assert out["waits"] == 1 and out["x_read_on_b"], out
         got[build] = (out["waits"], slots == out["expect"])
     assert got["source"] == got["compiled"]
+
+
+def test_both_builds_take_new_arrays_and_streams_on_the_direct_launch(children):
+    """A launch whose arrays no launch met (no cached fields) and whose stream
+    object has no handle cached stays on the direct launch in both builds: the
+    state's ``fields_of`` makes each array's fields once, the stream resolves
+    as the Python path resolves it, the same slots are packed and the same wait
+    queued; the next launch with them makes nothing. Where ``fields_of`` answers
+    None the launch is handed back with nothing queued."""
+    for child in children:
+        out = child.apply(engine_runs.direct_launch, (True,))
+        assert out["taken"] and out["again"], out
+        assert out["made"] == 2, out
+        (first, second) = out["called"]
+        assert first[4] == second[4] == out["stream"]
+        assert first[5] == second[5] == out["expect"]
+        assert out["waits"] == 1 and out["x_read_on_b"], out
+        refused = child.apply(engine_runs.direct_launch, (True, True))
+        assert not refused["taken"] and refused["called"] == [], refused
+        assert refused["made"] == 1 and refused["waits"] == 0 and refused["launches"] == 0
+

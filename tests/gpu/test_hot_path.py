@@ -154,6 +154,38 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
     assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
 
 
+def test_new_arrays_and_streams_take_the_hot_path_and_are_ordered(gpu, kernels, fresh_runtime):
+    """A program that makes its arrays and streams anew every step (slow_fill
+    of a new array on one new stream, copy of it into another new array on a
+    second new stream: the copy must wait) keeps to the hot path from its
+    second step on, and every tracked step is right; untracked, most steps read
+    the array early (the negative control)."""
+    spins = 1000
+    a, b = gpu.stream(), gpu.stream()
+    x, y = (nss.device_array(N, np.int32, stream=a) for _ in range(2))
+    kernels.slow_fill[GRID, BLOCK, a](x, 0, 1)  # compile both kernels, and plan them
+    kernels.copy[GRID, BLOCK, b](x, y)
+    gpu.synchronize()
+    wrong = {True: 0, False: 0}
+    fast0 = launcher.launches()
+    for trial in range(TRIALS):
+        for tracking in (True, False):
+            value = 2 * trial + (1 if tracking else 2)
+            a, b = gpu.stream(), gpu.stream()
+            x = nss.device_array(N, np.int32, stream=a)
+            y = nss.device_array(N, np.int32, stream=b)
+            with nss.tracking(tracking):
+                kernels.slow_fill[GRID, BLOCK, a](x, value, spins)
+                kernels.copy[GRID, BLOCK, b](x, y)
+            gpu.synchronize()
+            if not (nss.copy_to_host(y, stream=b) == value).all():
+                wrong[tracking] += 1
+            del x, y, a, b
+    assert launcher.launches() - fast0 == 2 * TRIALS  # each tracked step: both launches
+    assert wrong[True] == 0, f"tracked: {wrong[True]}/{TRIALS} wrong"
+    assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
+
+
 def test_threads_launch_through_the_hot_path(gpu, kernels, fresh_runtime):
     """8 threads, each with a stream and arrays of its own, launch a chain of
     dependent kernels at once; every result is right."""

@@ -112,14 +112,37 @@ class _Array:
         self._nss_fast = fields
 
 
-def direct_launch() -> dict[str, Any]:
+class _Stream:
+    """A stream object of another kind (its handle by ``__cuda_stream__``)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle_ = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle_)
+
+
+class _NewArray:
+    """A device array no launch met: no cached fields."""
+
+    def __init__(self, fields: Any) -> None:
+        self.fields = fields
+
+
+def direct_launch(new: bool = False, refuse: bool = False) -> dict[str, Any]:
     """One launch through the direct launch (:func:`launcher.launch`) on the
     simulated driver, which is told it launches compiled code: ``x`` written on
     stream ``a`` (its allocation), then a kernel on stream ``b`` that reads
     ``x``, writes ``y`` and takes an int. Returns what the launch did: whether
     it was taken, the driver's launch call (function, grid, block, shared
     memory, stream, the parameter slots as bytes), the waits it queued, and
-    the launch counters' steps."""
+    the launch counters' steps.
+
+    ``new``: the arrays carry no cached fields (the state's ``fields_of``
+    makes them, counted in ``"made"``) and the stream is an object no launch
+    cached its handle on; a second launch with them follows (``"again"``:
+    taken, and ``"made"`` counts no more). ``refuse``: ``fields_of`` answers
+    None (the launch is handed back)."""
     import ctypes
     import struct
 
@@ -146,14 +169,32 @@ def direct_launch() -> dict[str, Any]:
         fx = launcher.ArgFields(x, array_type, struct.pack("=QQ", x.ptr, 64), 0, 64)
         fy = launcher.ArgFields(y, array_type, struct.pack("=QQ", y.ptr, 64), 0, 64)
         cufunc = object()
+        made: list[Any] = []
+
+        def fields_of(arg: Any) -> Any:
+            made.append(arg)
+            if refuse or not isinstance(arg, _NewArray):
+                return None
+            arg._nss_fast = arg.fields
+            return arg.fields
+
         state = launcher.LaunchState(rt, launch_policy(rt), (int(R), int(W), -1), set(), True,
-                                     "kernel", ("x", "y"))
+                                     "kernel", ("x", "y"), "numba_streamsafe", fields_of)
         state.add_plan(launcher.Plan((array_type, array_type, int), 0x1234, b"AAq",
                                      {0: cufunc}, cufunc, 0))
         waits0, launches0, by_driver0 = sim.calls["cuStreamWaitEvent"], \
             launcher.launches(), launcher.by_driver()
-        taken = launcher.launch(state, (2, 32, b), (_Array(fx), _Array(fy), -7))
-        out = {"taken": taken, "called": called,
+        if new:
+            args = (_NewArray(fx), _NewArray(fy), -7)
+            config = (2, 32, _Stream(b))
+        else:
+            args, config = (_Array(fx), _Array(fy), -7), (2, 32, b)
+        taken = launcher.launch(state, config, args)
+        again = None
+        if new and taken:
+            first = len(made)
+            again = launcher.launch(state, config, args) and len(made) == first
+        out = {"taken": taken, "called": called, "made": len(made), "again": again,
                "waits": sim.calls["cuStreamWaitEvent"] - waits0,
                "launches": launcher.launches() - launches0,
                "by_driver": launcher.by_driver() - by_driver0,

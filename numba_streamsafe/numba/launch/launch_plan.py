@@ -138,6 +138,20 @@ def cached_fields(arg: Any, argtype: Any) -> launcher.ArgFields | None:
     return fields  # type: ignore[no-any-return]
 
 
+def _new_fields(arg: Any) -> launcher.ArgFields | None:
+    """:func:`cached_fields` of a device array the compiled launch meets for
+    the first time (``LaunchState.fields_of``), its Numba type as
+    :func:`argtypes_of` gives it (so that a plan's argument types match it);
+    None for anything else, or where the array's type cannot be read (the
+    Python path then decides, and raises any error)."""
+    if getattr(arg, "gpu_data", None) is None:
+        return None
+    try:
+        return cached_fields(arg, _array_type(arg))
+    except Exception:
+        return None
+
+
 class LaunchPlan:
     """How to launch one compiled overload directly: its function handle
     (``function``), Numba's per-device function cache of the overload's code
@@ -450,4 +464,5 @@ def launch_state_for(kernel: TrackedKernel, rt: Any) -> launcher.LaunchState | N
     accesses = tuple(-1 if access is None else int(access) for _, access in kernel.params)
     names = tuple(name for name, access in kernel.params if access is not None)
     return launcher.LaunchState(rt, launch_policy(rt), accesses, kernel.warned_grids,
-                                no_warn, kernel.__name__, names, kernel.kind.library)
+                                no_warn, kernel.__name__, names, kernel.kind.library,
+                                _new_fields)

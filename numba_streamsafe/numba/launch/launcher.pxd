@@ -51,6 +51,7 @@ cdef class LaunchState:
     cdef readonly tuple names
     cdef readonly object device
     cdef readonly str library
+    cdef readonly object fields_of
 
 
 cdef class Kernel:

@@ -186,10 +186,16 @@ class LaunchState:
     kernel's access per parameter (-1: none) and its known plans, and what a
     trace records of its launches: the kernel's name and the names of the
     parameters with an access; and who the race reports say queued them
-    (``library``: this library's tracked kernel, or plain Numba)."""
+    (``library``: this library's tracked kernel, or plain Numba).
+
+    ``fields_of(array)``, where given, makes and caches the :class:`ArgFields`
+    of an array no launch met before (None when the array is not one the
+    direct launch covers), so that a program making new arrays every step
+    keeps to this launch."""
 
     def __init__(self, rt: Any, policy: Any, accesses: tuple, warned: set, no_warn: bool,
-                 label: str = "", names: tuple = (), library: str = "numba_streamsafe") -> None:
+                 label: str = "", names: tuple = (), library: str = "numba_streamsafe",
+                 fields_of: Any = None) -> None:
         resource = rt.resource
         self.rt = rt
         self.table = resource.table
@@ -209,6 +215,7 @@ class LaunchState:
         self.names = names
         self.device = rt.device
         self.library = library
+        self.fields_of = fields_of
 
     def add_plan(self, plan: Plan) -> None:
         """Know ``plan`` (the newest eight are kept)."""
@@ -270,13 +277,27 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
         dims = [1] * 7
     if not _dims(state, config, dims):
         return False
+    # A stream or an array met for the first time is resolved through Python
+    # code, which may hand the GIL to another thread: what _takes read is read
+    # again after it.
+    resolved: cython.bint = False
     stream = _stream_of(state.rt, config)
     if stream is None:
-        return False
+        stream = _new_stream(state.rt, config)
+        if stream is None:
+            return False
+        resolved = True
     fields: list = [None] * len(args)
     arrays: list = [None] * (2 * state.narrays)
     plan = _plan_for(state, args, fields, arrays)
     if plan is None:
+        if not _new_arrays(state, args):
+            return False
+        plan = _plan_for(state, args, fields, arrays)
+        if plan is None:
+            return False
+        resolved = True
+    if resolved and not _takes(state):
         return False
     if cython.compiled:
         buf = cython.declare(cython.uchar[4096])
@@ -335,6 +356,47 @@ def _stream_of(rt: Any, config: tuple) -> tuple | None:
     if type(cached) is not tuple or len(cached) != 2 or cached[0] is not rt:
         return None
     return (cached[1], stream)
+
+
+@cython.cfunc
+def _new_stream(rt: Any, config: tuple) -> tuple | None:
+    """``(handle, owner)`` of a stream object no launch cached its handle on
+    (``DeviceRuntime.stream_ref``, as the Python path resolves it); None when
+    the Python path must decide (it raises the error)."""
+    stream = config[2]
+    if type(stream) is int or getattr(stream, "_nss_stream", None) is not None:
+        return None  # refused by _stream_of: a negative handle, another runtime's stream
+    try:
+        ref = rt.stream_ref(stream)
+    except Exception:
+        return None
+    return (ref[0], ref[1])
+
+
+@cython.cfunc
+def _new_arrays(state: LaunchState, args: tuple) -> cython.bint:
+    """Cache the :class:`ArgFields` of each array argument no launch met
+    (``state.fields_of``); True when at least one was, and every array
+    argument has its fields now."""
+    fields_of = state.fields_of
+    if fields_of is None:
+        return False
+    accesses = state.accesses
+    nargs: cython.Py_ssize_t = len(args)
+    if nargs != len(accesses):
+        return False
+    made: cython.bint = False
+    i: cython.Py_ssize_t
+    for i in range(nargs):
+        if accesses[i] >= 0:
+            arg = args[i]
+            f = getattr(arg, "_nss_fast", None)
+            if f is None:
+                f = fields_of(arg)
+                made = True
+            if type(f) is not ArgFields:
+                return False
+    return made
 
 
 @cython.cfunc
