@@ -18,7 +18,10 @@ Two ways to run it:
     the two taking turns for ``R`` rounds (each process warms up first, so
     import and compile are left out). Prints each round's ratio (with /
     without), their median and spread, the library's events recorded per
-    step and the steps that read a wrong value (expected 0).
+    step, the steps that read a wrong value (expected 0), and each phase of
+    a step (the stream's creation, the upload, the launch, ... the drop of
+    the arrays and the stream) as the median of its time, without and with
+    the plugin: where the difference lies.
 
 ``python benchmarks/stream_per_step.py --minutes M [--window S]``
     One process under the plugin runs the steps for ``M`` minutes and prints,
@@ -47,6 +50,9 @@ import numpy as np
 from numba import cuda
 
 HERE = Path(__file__).resolve()
+#: A step's phases, in order (their medians are printed side by side).
+PHASES = ("stream", "to_device", "device_array", "launch", "handoff", "device_array 2",
+          "copy", "copy_to_host", "synchronize", "drop")
 TRACE = os.environ.get("NSS_STEP_TRACE") == "1"
 
 
@@ -118,19 +124,25 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
 
     reader = cuda.stream()
     host = np.arange(n, dtype=np.float32)
-    launch_times: list[float] = []
+    #: Seconds of each phase of a step, per step (the launch's is "launch").
+    phases: dict[str, list[float]] = {name: [] for name in PHASES}
+    launch_times = phases["launch"]
+    clock = time.perf_counter
 
     def step(i: int) -> bool:
+        t = [clock()]
         s = cuda.stream()
         if TRACE:
             h = getattr(s, "handle", s)
             print(f"step {i}: stream {getattr(h, 'value', h)}", file=sys.stderr)
+        t.append(clock())
         src = cuda.to_device(host, stream=s)
+        t.append(clock())
         dst = cuda.device_array(n, np.float32, stream=s)
         k = float(i % 7)
-        t0 = time.perf_counter()
+        t.append(clock())
         scale[(n + threads - 1) // threads, threads, s](src, dst, k)
-        launch_times.append(time.perf_counter() - t0)
+        t.append(clock())
         if i & 1:
             handoff = cuda.event()
             handoff.record(s)
@@ -138,12 +150,20 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
             on = reader
         else:
             on = s
+        t.append(clock())
         copy = cuda.device_array(n, np.float32, stream=on)
+        t.append(clock())
         copy.copy_to_device(dst, stream=on)
+        t.append(clock())
         back = copy.copy_to_host(stream=on)
+        t.append(clock())
         on.synchronize()
+        t.append(clock())
         right = back[0] == k and back[-1] == host[-1] * 2 + k
         del src, dst, copy, s
+        t.append(clock())
+        for name, a, b in zip(PHASES, t, t[1:]):
+            phases[name].append(b - a)
         return bool(right)
 
     if TRACE:
@@ -151,7 +171,8 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
     for i in range(warmup):
         step(i)
     cuda.synchronize()
-    launch_times.clear()
+    for times in phases.values():
+        times.clear()
     if counts is not None:
         counts.clear()
     out: dict = {"plugin": plugin}
@@ -186,7 +207,8 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
                    waits_inserted=after.get("waits_inserted", 0)
                    - before.get("waits_inserted", 0),
                    events_held=after.get("events.in_use"),
-                   clock_keys=keys)
+                   clock_keys=keys,
+                   phase_us={name: statistics.median(v) * 1e6 for name, v in phases.items()})
         if counts is not None:
             for key, count in counts.most_common(20):
                 print(f"{count / steps:6.2f} per step  {key}", file=sys.stderr)
@@ -195,7 +217,8 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
     end = time.perf_counter() + minutes * 60
     i = 0
     while time.perf_counter() < end:
-        launch_times.clear()
+        for times in phases.values():
+            times.clear()
         wrong = 0
         w0 = time.perf_counter()
         count = 0
@@ -301,6 +324,11 @@ def main(argv: list[str] | None = None) -> dict:
           f"{statistics.median(x['launch_us'] for x in per['without']):.2f} -> "
           f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}; "
           f"clock keys at the end {max(x.get('clock_keys') or 0 for x in per['with'])}")
+    print(f"{'phase (median us of a step)':30s} {'without':>9s} {'with':>9s} {'with - w/o':>10s}")
+    for name in PHASES:
+        a = statistics.median(x["phase_us"][name] for x in per["without"])
+        b = statistics.median(x["phase_us"][name] for x in per["with"])
+        print(f"{name:30s} {a:9.2f} {b:9.2f} {b - a:10.2f}")
     res = {"rounds": per, "ratios": ratios, "ratio": statistics.median(ratios),
            "events_per_step": ev, "wrong": wrong}
     _save(res)
