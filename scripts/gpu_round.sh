@@ -372,7 +372,7 @@ ab)
     ;;
 host)
     # Issue "host cost", this tree against ${BASE:-.before53}/ (built here), in one call:
-    # this round's GPU tests, a stream per step with and without the plugin for both trees
+    # this round's GPU tests (and EXTRA_TESTS), a stream per step with and without the plugin for both trees
     # (this tree's benchmarks/stream_per_step.py over each tree's package, taking turns),
     # the first launch of plain kernels, the self-ordered rounds and the 200-stream events
     # of both trees, then the launch and allocation benchmarks of both trees taking turns.
@@ -388,7 +388,7 @@ host)
         run host_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
             -q -p no:cacheprovider -rs -o faulthandler_timeout=100 tests/gpu/test_host_cost_gpu.py \
             tests/gpu/test_hot_path.py tests/gpu/test_plain_numba_gpu.py \
-            tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py
+            tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py ${EXTRA_TESTS:-}
         tail -n 3 "$OUT/host_tests.log"
     fi
     export PYTHONWARNINGS=ignore
@@ -408,9 +408,12 @@ host)
     ROUNDS=${LAUNCH_ROUNDS:-2} bash scripts/bench_compare.sh "$base" launch_overhead.py \
         --rounds 9 > "$OUT/launch.log" 2>&1
     grep -E "^=== |raw cuLaunch|floor|threads" "$OUT/launch.log"
-    ROUNDS=1 bash scripts/bench_compare.sh "$base" alloc_free.py --rounds 5 \
-        > "$OUT/alloc.log" 2>&1
-    grep -E "^=== |ours / bare" "$OUT/alloc.log"
+    if [[ ${ALLOC:-1} == 1 ]]; then  # ALLOC=0: no allocation benchmark
+        ROUNDS=1 bash scripts/bench_compare.sh "$base" alloc_free.py --rounds 5 \
+            > "$OUT/alloc.log" 2>&1
+        grep -E "^=== |ours / bare" "$OUT/alloc.log"
+    fi
+    grep -A 11 "^phase" "$OUT/per_step.log" | tail -n 24  # the last round's phases, both trees
     if [[ ${PROFILE:-0} == 1 ]]; then  # where a stream per step spends its time, this tree
         NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe python3 benchmarks/stream_per_step.py --child \
             --profile "$OUT/per_step_plugin.prof" > "$OUT/per_step_plugin.json" 2>&1
