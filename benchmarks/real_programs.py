@@ -23,7 +23,8 @@ timed where they run), the launches it queued on its compiled path, and the
 waits it queued and skipped (the program's own ordering). A launch's and a
 hook's own cost are measured by ``launch_overhead.py`` and
 ``self_ordered.py``. A program that fails (or is skipped) in either mode is
-named and left out of the figures. JSON to ``--json``.
+named and left out of the figures. The library is byte-compiled first, as
+pip installs it (``_installed.py``). JSON to ``--json``.
 
     python benchmarks/real_programs.py [--rounds 5] [--only NAME ...] [--profile DIR]
 """
@@ -168,6 +169,9 @@ def main() -> dict:
     if args.child:
         child(args.child)
         return {}
+    from _installed import byte_compile_library
+
+    print(f"library byte-compiled, as pip installs it: {byte_compile_library()}", flush=True)
     names = args.only or programs()
     runs: dict[str, dict[bool, list[dict]]] = {n: {False: [], True: []} for n in names}
     began = time.perf_counter()

@@ -311,7 +311,7 @@ def synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
     tracker = rt.resource.tracker
     clock = tracker.program_clock(stream)
     synchronize()
-    tracker.program_completed(clock)
+    tracker.program_completed(clock, stream)
 
 
 def device_synchronised(rt: Any, synchronize: Callable[[], Any]) -> None:

@@ -241,7 +241,8 @@ def _host_waited_default() -> None:
     rt = installed_runtime(target.current_device())
     if rt is not None and rt.observing and rt.capture is None:
         tracker = rt.resource.tracker
-        tracker.program_completed(tracker.program_clock(default_stream_handle()))
+        handle = default_stream_handle()
+        tracker.program_completed(tracker.program_clock(handle), handle)
 
 
 def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -965,12 +965,14 @@ class AsyncResource(MemoryResource):
                 self.marks.catch_up()
             self.marks.program_waited(stream, clock, owner)
 
-    def program_completed(self, clock: dict[Any, int]) -> None:
-        """The host saw a point of the program complete (its :meth:`program_clock`)."""
+    def program_completed(self, clock: dict[Any, int], stream: int | None = None) -> None:
+        """The host saw a point of the program complete (its :meth:`program_clock`;
+        ``stream``: the point was a synchronise of that stream,
+        ``MarkBook.program_completed``)."""
         with self._lock:
             if self.observed is not None:
                 self.marks.catch_up()
-            self.marks.program_completed(clock)
+            self.marks.program_completed(clock, stream)
 
     def program_completed_all(self, point: int) -> None:
         """The host saw the device complete up to ``point`` (``program_point_all``)."""

@@ -147,8 +147,10 @@ class MemoryResource(abc.ABC):
         """The program made ``stream`` (of object ``owner``) wait for an event
         whose :meth:`program_clock` is ``clock``."""
 
-    def program_completed(self, clock: dict[Any, int]) -> None:  # noqa: B027
-        """The host saw a point of the program complete (its ``clock``)."""
+    def program_completed(self, clock: dict[Any, int],  # noqa: B027
+                          stream: int | None = None) -> None:
+        """The host saw a point of the program complete (its ``clock``; with
+        ``stream``, a synchronise of that stream)."""
 
     def program_completed_all(self, point: int) -> None:  # noqa: B027
         """The host saw the whole device complete up to ``point``."""

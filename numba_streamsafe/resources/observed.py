@@ -137,7 +137,7 @@ class ObservedCalls:
             if clock is not None:
                 book.program_waited(stream, clock, None)
         elif kind == observer.STREAM_SYNC:
-            book.program_completed(book.program_clock(stream))
+            book.program_completed(book.program_clock(stream), stream)
         elif kind in (observer.EVENT_SYNC, observer.EVENT_QUERY):
             clock = self.clocks.get(event)
             if clock is not None:
@@ -171,7 +171,7 @@ class ObservedCalls:
         the host (``flags``)."""
         book = self.book
         if flags & observer.SYNC_BEFORE:
-            book.program_completed(book.program_clock(stream))
+            book.program_completed(book.program_clock(stream), stream)
         uses = []
         if nbytes > 0:
             for ptr, access in ((dst, _WRITE), (src, _READ if kind == observer.COPY else 0)):
@@ -188,7 +188,7 @@ class ObservedCalls:
             rules.preflight_locked(book, entries, stream, None, False, what, True)
             rules.commit_locked(book, entries, stream, None, False, False, None, what)
         if flags & observer.SYNC_AFTER:
-            book.program_completed(book.program_clock(stream))
+            book.program_completed(book.program_clock(stream), stream)
 
 
 def _library_of(frames: Any) -> str | None:

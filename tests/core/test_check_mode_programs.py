@@ -234,7 +234,7 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             s = streams[step.stream]
             clock = res.program_clock(s)
             sim.stream_synchronize(s)
-            res.program_completed(clock)
+            res.program_completed(clock, s)
         elif isinstance(step, DeviceSync):
             point = res.program_point_all()
             sim.synchronize()
@@ -255,7 +255,7 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
             if s in res.pending_per_stream():
                 clock = res.program_clock(s)
                 sim.stream_synchronize(s)
-                res.program_completed(clock)
+                res.program_completed(clock, s)
             # The identity the resource renames the stream's history to is the
             # next retired_stream_id after this one (nothing else takes one here).
             renamed[retired_stream_id() - 1] = s

@@ -131,7 +131,7 @@ def test_both_builds_take_new_arrays_and_streams_on_the_direct_launch(children):
     None the launch is handed back with nothing queued."""
     for child in children:
         out = child.apply(engine_runs.direct_launch, (True,))
-        assert out["taken"] and out["again"], out
+        assert out["taken"] and out["again"] and out["stream_cached"], out
         assert out["made"] == 2, out
         (first, second) = out["called"]
         assert first[4] == second[4] == out["stream"]

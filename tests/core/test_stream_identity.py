@@ -432,16 +432,18 @@ def _hand_off(res, sim, s, hub):
     return event, clock
 
 
-def _step_to_hub(res, sim, s, hub, x, out, i):
+def _step_to_hub(res, sim, s, hub, x, out, i, by_stream=True):
     """One step of a stream per step: ``x`` written on ``s``, an event of the
     program's hands it to ``hub``, which reads it into ``out``; the host waits
-    for ``hub`` (the resource told of each, as transparent mode's hooks tell it)."""
+    for ``hub`` (the resource told of each, as transparent mode's hooks tell it:
+    ``by_stream`` False tells the point without its stream, as for an
+    event's)."""
     kernel(res, sim, s, [(x, W)], label=f"write x{i}")
     event, _ = _hand_off(res, sim, s, hub)
     kernel(res, sim, hub, [(x, R), (out, W)], label=f"read x{i}")
     clock = res.program_clock(hub)
     sim.stream_synchronize(hub)
-    res.program_completed(clock)
+    res.program_completed(clock, hub if by_stream else None)
     sim.event_destroy(event)
 
 
@@ -482,15 +484,18 @@ def test_the_program_clocks_stay_bounded_as_streams_come_and_go_with_no_use_held
         rt.reap()
 
 
-def test_a_long_lived_streams_clock_keeps_only_what_the_host_has_not_seen_complete():
+@pytest.mark.parametrize("by_stream", [True, False], ids=["stream synchronised", "point"])
+def test_a_long_lived_streams_clock_keeps_only_what_the_host_has_not_seen_complete(by_stream):
     """A stream per step that the library is never told is gone (as Numba's
     own streams in transparent mode, a new handle each), its work handed to a
     long-lived stream by an event of the program's, the host waiting for the
     long-lived stream each step; never a device synchronise. The long-lived
     stream's clock drops the points the host saw complete, so it keeps a few
     dozen keys, not one per step (each point taken on it copies it, so its
-    size is a cost per step); a device synchronise empties the clocks. Every
-    use stays ordered. Before the clocks were pruned it kept one key per step."""
+    size is a cost per step); told that the point was a synchronise of that
+    stream, it keeps none past the step. A device synchronise empties the
+    clocks. Every use stays ordered. Before the clocks were pruned it kept one
+    key per step."""
     sim = SimDriver(backing=False, recycle_streams=False)  # a new handle per stream
     res = AsyncResource(sim)
     hub = sim.create_stream()
@@ -499,10 +504,10 @@ def test_a_long_lived_streams_clock_keeps_only_what_the_host_has_not_seen_comple
     for i in range(300):
         s = sim.create_stream()
         x = res.allocate(256, s, f"x{i}")
-        _step_to_hub(res, sim, s, hub, x, out, i)
+        _step_to_hub(res, sim, s, hub, x, out, i, by_stream)
         res.deallocate(x)
         largest = max(largest, len(res.marks.ordered[hub][1]))
-    assert largest <= 80, largest
+    assert largest <= (0 if by_stream else 80), largest
     point = res.program_point_all()
     sim.synchronize()
     res.program_completed_all(point)

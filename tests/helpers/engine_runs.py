@@ -141,7 +141,8 @@ def direct_launch(new: bool = False, refuse: bool = False) -> dict[str, Any]:
     ``new``: the arrays carry no cached fields (the state's ``fields_of``
     makes them, counted in ``"made"``) and the stream is an object no launch
     cached its handle on; a second launch with them follows (``"again"``:
-    taken, and ``"made"`` counts no more). ``refuse``: ``fields_of`` answers
+    taken, and ``"made"`` counts no more; ``"stream_cached"``: the stream's
+    handle was cached on it for the next launches). ``refuse``: ``fields_of`` answers
     None (the launch is handed back)."""
     import ctypes
     import struct
@@ -195,6 +196,7 @@ def direct_launch(new: bool = False, refuse: bool = False) -> dict[str, Any]:
             first = len(made)
             again = launcher.launch(state, config, args) and len(made) == first
         out = {"taken": taken, "called": called, "made": len(made), "again": again,
+               "stream_cached": getattr(config[2], "_nss_stream", (None,))[0] is rt,
                "waits": sim.calls["cuStreamWaitEvent"] - waits0,
                "launches": launcher.launches() - launches0,
                "by_driver": launcher.by_driver() - by_driver0,

@@ -264,7 +264,7 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy",
         elif isinstance(step, ProgramSync):
             clock = res.tracker.program_clock(streams[step.stream])
             sim.stream_synchronize(streams[step.stream])
-            res.tracker.program_completed(clock)
+            res.tracker.program_completed(clock, streams[step.stream])
         elif isinstance(step, DeviceSync):
             point = res.tracker.program_point_all()
             sim.synchronize()

@@ -418,13 +418,7 @@ class DirectLaunches:
         for (_, access), arg, ty in zip(kernel.params, args, argtypes, strict=True):
             if access is not None:
                 cached_fields(arg, ty)
-        if owner is not None:
-            cached = getattr(owner, "_nss_stream", None)
-            if cached is None or cached[0] is not rt:
-                try:
-                    owner._nss_stream = (rt, handle)
-                except AttributeError:  # a stream object that takes no attributes
-                    pass
+        launcher.cache_stream(rt, owner, handle)
 
 
 def _numba_warns_low_occupancy() -> bool:

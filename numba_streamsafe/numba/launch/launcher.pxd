@@ -65,3 +65,4 @@ cdef class Launcher:
 
 
 cpdef bint launch(LaunchState state, tuple config, tuple args) except -1
+cpdef object cache_stream(object rt, object owner, object handle)

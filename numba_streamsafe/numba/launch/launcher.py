@@ -33,7 +33,7 @@ from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
            "by_driver", "retried", "available", "release_gil", "releases_gil", "slow_launches",
-           "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "COMPILED"]
+           "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "COMPILED", "cache_stream"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -361,7 +361,8 @@ def _stream_of(rt: Any, config: tuple) -> tuple | None:
 @cython.cfunc
 def _new_stream(rt: Any, config: tuple) -> tuple | None:
     """``(handle, owner)`` of a stream object no launch cached its handle on
-    (``DeviceRuntime.stream_ref``, as the Python path resolves it); None when
+    (``DeviceRuntime.stream_ref``, as the Python path resolves it), cached on
+    the object for the next launches as the Python path caches it; None when
     the Python path must decide (it raises the error)."""
     stream = config[2]
     if type(stream) is int or getattr(stream, "_nss_stream", None) is not None:
@@ -370,7 +371,26 @@ def _new_stream(rt: Any, config: tuple) -> tuple | None:
         ref = rt.stream_ref(stream)
     except Exception:
         return None
+    cache_stream(rt, ref[1], ref[0])
     return (ref[0], ref[1])
+
+
+@cython.ccall
+def cache_stream(rt: Any, owner: Any, handle: Any) -> object:
+    """Cache the stream object ``owner``'s ``handle`` on it for ``rt``, where a
+    launch finds it (``_nss_stream``: a stream's handle is fixed for its
+    life); nothing for None (a raw handle) or an object that takes no
+    attributes."""
+    if owner is None:
+        return None
+    cached = getattr(owner, "_nss_stream", None)
+    if type(cached) is tuple and len(cached) == 2 and cached[0] is rt:
+        return None
+    try:
+        owner._nss_stream = (rt, handle)
+    except AttributeError:
+        pass
+    return None
 
 
 @cython.cfunc

@@ -84,7 +84,7 @@ cdef class MarkBook:
     cpdef object unborrow(self, Mark mark)
     cpdef dict program_clock(self, object stream)
     cpdef object program_waited(self, object stream, dict clock, object owner=*)
-    cpdef object program_completed(self, dict clock)
+    cpdef object program_completed(self, dict clock, object stream=*)
     cpdef object retire(self, object stream, bint direct=*)
     cpdef object ending(self, object stream, bint query=*)
     cdef bint _covered(self, object stream, Mark mark) except? -1

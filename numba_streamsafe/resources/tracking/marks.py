@@ -913,10 +913,19 @@ class MarkBook:
         self.ordered[stream] = entry
         return entry
 
-    def program_completed(self, clock: dict) -> None:
+    def program_completed(self, clock: dict, stream: Any = None) -> None:
         """The host saw a point of the program complete (a synchronise of a
-        stream, or of an event): ``clock`` is its :meth:`program_clock`."""
+        stream, or of an event): ``clock`` is its :meth:`program_clock`. Where
+        the point was a synchronise of ``stream``, that stream's clock drops
+        what the host has now seen complete (all of it, unless the program
+        made the stream wait for more since the point was taken): a
+        long-lived stream that the program synchronises keeps a clock as
+        small as what it waited for since."""
         _join_clock(self.done, clock)
+        if stream is not None:
+            entry = self.ordered.get(stream)
+            if entry is not None and entry[1]:
+                self._prune(entry[1])
 
     def program_completed_all(self, point: int) -> None:
         """The host saw every stream of the device complete up to ``point``
