@@ -162,7 +162,7 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
         right = back[0] == k and back[-1] == host[-1] * 2 + k
         del src, dst, copy, s
         t.append(clock())
-        for name, a, b in zip(PHASES, t, t[1:]):
+        for name, a, b in zip(PHASES, t[:-1], t[1:], strict=True):
             phases[name].append(b - a)
         return bool(right)
 
