@@ -309,8 +309,14 @@ def synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
         synchronize()
         return
     tracker = rt.resource.tracker
-    clock = tracker.program_clock(stream)
-    synchronize()
+    # The stream's open mark is closed with no event: the host sees it complete now.
+    clock, mark = tracker.program_sync_clock(stream)
+    try:
+        synchronize()
+    except BaseException:
+        if mark is not None:  # not seen complete: the mark gets its event
+            tracker.program_unborrow(mark)
+        raise
     tracker.program_completed(clock, stream)
 
 

@@ -47,7 +47,8 @@ from numba_streamsafe.resources.races import RaceLog
 from numba_streamsafe.resources.reaping import Reaper
 from numba_streamsafe.resources.tracking.block_table import BlockTable
 from numba_streamsafe.resources.tracking.lock import Lock
-from numba_streamsafe.resources.tracking.marks import EventPool, ForeignMark, Mark, MarkBook
+from numba_streamsafe.resources.tracking.marks import (AT_SYNC, EventPool, ForeignMark, Mark,
+                                                       MarkBook)
 from numba_streamsafe.resources.tracking.rules import Entry
 from numba_streamsafe.resources.upstream import Upstream, memory_source
 
@@ -940,6 +941,18 @@ class AsyncResource(MemoryResource):
             if self.observed is not None:
                 self.marks.catch_up()
             return self.marks.program_record(stream, (event, handle))  # type: ignore[no-any-return]
+
+    def program_sync_clock(self, stream: int) -> tuple[dict[Any, int], Any]:
+        """The point of a synchronise of ``stream`` that the host is about to
+        make: its clock, as :meth:`program_clock`, and the mark it closed, with
+        no event of the library's since the host is about to see its work
+        complete (``MarkBook.program_record`` with ``AT_SYNC``), or None. Tell
+        the completion with :meth:`program_completed`; if the synchronise
+        fails, pass the mark to :meth:`program_unborrow`."""
+        with self._lock:
+            if self.observed is not None:
+                self.marks.catch_up()
+            return self.marks.program_record(stream, AT_SYNC)  # type: ignore[no-any-return]
 
     def program_unborrow(self, mark: Any) -> None:
         """The program is about to record again the event a mark of

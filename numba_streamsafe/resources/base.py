@@ -138,6 +138,12 @@ class MemoryResource(abc.ABC):
         (see :meth:`AsyncResource.program_clock`); empty here."""
         return {}
 
+    def program_sync_clock(self, stream: int) -> tuple[dict[Any, int], Any]:
+        """The point of a synchronise of ``stream`` that the host is about to
+        make, and the mark it closed (see :meth:`AsyncResource.program_sync_clock`):
+        :meth:`program_clock` and None here."""
+        return self.program_clock(stream), None
+
     def program_point_all(self) -> int:
         """A point of the program on every stream of the device; 0 here."""
         return 0

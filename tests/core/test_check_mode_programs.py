@@ -232,7 +232,7 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
                 res.program_waited(streams[step.stream], clock)
         elif isinstance(step, StreamSync):
             s = streams[step.stream]
-            clock = res.program_clock(s)
+            clock, _ = res.program_sync_clock(s)
             sim.stream_synchronize(s)
             res.program_completed(clock, s)
         elif isinstance(step, DeviceSync):

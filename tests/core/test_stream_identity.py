@@ -420,6 +420,90 @@ def test_a_mark_that_borrows_the_programs_event_gets_its_own_before_that_event_c
             assert sim.hazards, "waiting for the event as recorded again orders nothing"
 
 
+@pytest.mark.parametrize("case", ["completed", "needed before", "synchronise fails",
+                                  "retired before"])
+def test_a_synchronise_of_a_stream_records_no_event_of_the_librarys(case):
+    """The host synchronises ``a``, which wrote ``x`` (as transparent mode's
+    hook tells it: ``program_sync_clock``, the synchronise, then
+    ``program_completed``): ``a``'s mark is closed with no event of the
+    library's, and a read of ``x`` on ``b`` afterwards needs neither a wait
+    nor an event. Where the mark is needed before the host saw it complete (a
+    read on ``b`` meanwhile, as another thread may queue it), where the
+    synchronise fails (the host saw nothing complete), or where ``a`` is
+    retired first, the mark gets an event then, recorded on ``a``, and the
+    read on ``b`` waits for it: no hazard in any case. Negative control: the
+    read on ``b`` queued without the library's wait before the synchronise
+    races the write."""
+    sim, res, a, b, x = _written_on_a()
+    recorded, waits = sim.calls["cuEventRecord"], res.marks.waits
+    clock, mark = res.program_sync_clock(a)
+    assert mark is not None and sim.calls["cuEventRecord"] == recorded
+    if case == "completed":
+        sim.stream_synchronize(a)
+        res.program_completed(clock, a)
+        kernel(res, sim, b, [(x, R)], label="read x on b")
+        assert (sim.calls["cuEventRecord"], res.marks.waits) == (recorded, waits)
+    else:
+        if case == "needed before":
+            kernel(res, sim, b, [(x, R)], label="read x on b")
+            sim.stream_synchronize(a)
+            res.program_completed(clock, a)
+        elif case == "synchronise fails":
+            res.program_unborrow(mark)  # as program_order.synchronised does then
+            kernel(res, sim, b, [(x, R)], label="read x on b")
+        else:
+            res.retire_stream(a, sim.destroy_stream)
+            kernel(res, sim, b, [(x, R)], label="read x on b")
+        assert sim.calls["cuEventRecord"] == recorded + 1  # the mark's event, on a
+        assert res.marks.waits == waits + 1
+    assert sim.hazards == []
+    # Control: the same read, unordered, before the synchronise.
+    sim, res, a, b, x = _written_on_a()
+    res.program_sync_clock(a)
+    sim.trace_access(b, [(x.ptr, x.nbytes, R)], "read x on b, no wait")
+    assert sim.hazards, "the read on b must be ordered after the write on a"
+
+
+def test_a_stream_per_step_synchronised_records_no_event_per_step():
+    """The steps of ``stream_per_step.py`` on the simulated driver, as
+    transparent mode's hooks tell the resource: a stream per step writes
+    ``x``, half the steps hand it to a long-lived reader stream by an event
+    of the program's, the stream that read it is synchronised and the block
+    freed. The library records no event of its own and queues no wait, and
+    nothing races."""
+    sim = SimDriver(backing=False, recycle_streams=False)
+    res = AsyncResource(sim)
+    reader = sim.create_stream()
+    recorded = sim.calls["cuEventRecord"]
+    programs = 0
+    for i in range(200):
+        s = sim.create_stream()
+        x = res.allocate(256, s, f"x{i}")
+        y = res.allocate(256, s, f"y{i}")
+        kernel(res, sim, s, [(x, W)], label=f"write x{i}")
+        on = s
+        event = None
+        if i & 1:  # the program's event, as the hooks of record and wait tell it
+            event = sim.event_create()
+            clock, _ = res.program_record(s, object(), event)
+            sim.event_record(event, s)
+            sim.stream_wait_event(reader, event)
+            res.program_waited(reader, clock)
+            programs += 1
+            on = reader
+        kernel(res, sim, on, [(x, R), (y, W)], label=f"copy x{i}")
+        clock, _ = res.program_sync_clock(on)
+        sim.stream_synchronize(on)
+        res.program_completed(clock, on)
+        if event is not None:
+            sim.event_destroy(event)
+        res.deallocate(x)
+        res.deallocate(y)
+    assert sim.calls["cuEventRecord"] - recorded == programs  # the program's own only
+    assert res.marks.waits == 0
+    sim.assert_no_hazards()
+
+
 def _hand_off(res, sim, s, hub):
     """The program records an event on ``s`` and makes ``hub`` wait for it, and
     the resource is told (as transparent mode's hooks tell it): returns the

@@ -262,7 +262,8 @@ def execute(program: Program, *, fenced: bool = True, fences: str = "lazy",
         elif isinstance(step, HostSync):
             sim.stream_synchronize(streams[step.stream])
         elif isinstance(step, ProgramSync):
-            clock = res.tracker.program_clock(streams[step.stream])
+            # As transparent mode's hook of a stream's synchronise tells it.
+            clock, _ = res.tracker.program_sync_clock(streams[step.stream])
             sim.stream_synchronize(streams[step.stream])
             res.tracker.program_completed(clock, streams[step.stream])
         elif isinstance(step, DeviceSync):

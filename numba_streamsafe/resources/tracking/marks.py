@@ -30,7 +30,7 @@ from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
 
 __all__ = ["Mark", "ForeignMark", "MarkBook", "EventPool", "retired_stream_id", "set_work",
-           "current_work", "CLOSED", "BORROW_DONE", "COMPILED"]
+           "current_work", "CLOSED", "BORROW_DONE", "AT_SYNC", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -81,7 +81,8 @@ class Mark:
     ``(event object, handle)`` (:meth:`MarkBook.program_record`): while the
     program does not record that event again, its handle is the mark's
     event, and the library records none of its own (``BORROW_DONE``: the
-    mark's work is complete, the handle is the program's, never the pool's).
+    mark's work is complete, the handle is the program's, never the pool's;
+    ``AT_SYNC``: closed by a synchronise of its stream, with no event at all).
     Callers change a mark only under their resource's lock.
     """
 
@@ -278,6 +279,15 @@ CLOSED: str = "closed"
 #: wait for more than the mark, never for less), not the pool's.
 BORROW_DONE: str = "borrow done"
 
+#: ``Mark.borrow`` of a mark closed by a synchronise of its stream
+#: (:meth:`MarkBook.program_record` with it): it has no event, since the host
+#: is about to see its work complete (``MarkBook.program_completed``), after
+#: which no wait needs it. A wait that needs it before that, or its stream's
+#: retirement or capture, gets it an event recorded then on its stream, which
+#: covers its work and what followed it there (:meth:`MarkBook.seal`,
+#: :meth:`MarkBook.unborrow`).
+AT_SYNC: str = "at a synchronise"
+
 #: Per thread, what the use being checked or recorded is (check mode's
 #: reports): ``(label, stack, names, library)``, set by :func:`set_work`.
 _work = threading.local()
@@ -446,6 +456,8 @@ class MarkBook:
         none is recorded: the mark is closed, ``CLOSED``). A sealed mark is no
         longer its stream's open mark: later work gets a new one."""
         handle = mark.handle
+        if handle is None and mark.borrow is AT_SYNC:
+            mark.borrow = None  # needed before the host saw it complete: an event now
         if handle is None and mark.borrow is not None and mark.borrow is not BORROW_DONE:
             # Closed where the program recorded its event: that event is the mark's.
             handle = mark.handle = mark.borrow[1]
@@ -761,7 +773,10 @@ class MarkBook:
     def program_record(self, stream: Any, borrow: Any) -> tuple:
         """The program records its event ``borrow`` (``(event object,
         handle)``) on ``stream`` now: returns ``(clock, mark)``, the point's
-        :meth:`program_clock` and the mark it closed, or None.
+        :meth:`program_clock` and the mark it closed, or None. With
+        :data:`AT_SYNC` for ``borrow``, the point is a synchronise of
+        ``stream`` that the host is about to make: the mark is closed with no
+        event (see :data:`AT_SYNC`).
 
         In ordering mode the stream's open mark, when a use refers to it, is
         closed without an event of the library's: it *borrows* the program's
@@ -811,6 +826,11 @@ class MarkBook:
             mark.handle = None
             return
         if mark.stream < 0:
+            if borrow is AT_SYNC:
+                # Ended behind the library's back, the device synchronised since:
+                # complete, as the marks ended() closed without an event.
+                mark.borrow = None
+                return
             self.driver.event_synchronize(borrow[1])
             mark.handle = borrow[1]
             mark.borrow = BORROW_DONE
@@ -920,12 +940,22 @@ class MarkBook:
         what the host has now seen complete (all of it, unless the program
         made the stream wait for more since the point was taken): a
         long-lived stream that the program synchronises keeps a clock as
-        small as what it waited for since."""
+        small as what it waited for since, and the marks the synchronise
+        closed with no event (:data:`AT_SYNC`) stay without one."""
         _join_clock(self.done, clock)
         if stream is not None:
             entry = self.ordered.get(stream)
             if entry is not None and entry[1]:
                 self._prune(entry[1])
+            held = self._borrowed.get(stream)
+            if held:  # the marks the synchronise closed (AT_SYNC) are complete now
+                point = clock.get(self.origin(stream), 0)
+                mark: Mark
+                for m in held:
+                    mark = m
+                    if mark.borrow is AT_SYNC and mark.seq <= point:
+                        mark.borrow = None
+                held[:] = [m for m in held if cython.cast(Mark, m).borrow is not None]
 
     def program_completed_all(self, point: int) -> None:
         """The host saw every stream of the device complete up to ``point``
