@@ -126,9 +126,13 @@ def test_a_trace_records_the_compiled_launches_as_the_python_path_does(
     assert any(w[6] for w in hot[2])  # the program does need waits
 
 
-def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
-    """slow_fill on a, then copy on b: b must wait. The arrays are reused, so
-    every trial after the first launches through the hot path."""
+@pytest.mark.parametrize("renew", [False, True], ids=["same arrays", "new arrays and streams"])
+def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime, renew):
+    """slow_fill on a, then copy on b: b must wait. Every trial after the
+    first launches through the hot path, with the same arrays and streams, or
+    (``renew``) with arrays and streams made anew every trial, as a program
+    that makes them every step does. Untracked, most trials read the array
+    early (the negative control)."""
     a, b = gpu.stream(), gpu.stream()
     x = nss.device_array(N, np.int32, stream=a)
     y = nss.device_array(N, np.int32, stream=a)
@@ -142,6 +146,10 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
     for trial in range(TRIALS):
         for tracking in (True, False):
             value = 2 * trial + (1 if tracking else 2)
+            if renew:
+                a, b = gpu.stream(), gpu.stream()
+                x = nss.device_array(N, np.int32, stream=a)
+                y = nss.device_array(N, np.int32, stream=b)
             with nss.tracking(tracking):
                 kernels.slow_fill[GRID, BLOCK, a](x, value, spins)
                 kernels.copy[GRID, BLOCK, b](x, y)
@@ -149,39 +157,8 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime):
             a.synchronize()
             if not (nss.copy_to_host(y, stream=b) == value).all():
                 wrong[tracking] += 1
-    assert launcher.launches() - fast0 >= 2 * TRIALS - 2  # the tracked trials took the hot path
-    assert wrong[True] == 0, f"tracked: {wrong[True]}/{TRIALS} wrong"
-    assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
-
-
-def test_new_arrays_and_streams_take_the_hot_path_and_are_ordered(gpu, kernels, fresh_runtime):
-    """A program that makes its arrays and streams anew every step (slow_fill
-    of a new array on one new stream, copy of it into another new array on a
-    second new stream: the copy must wait) keeps to the hot path from its
-    second step on, and every tracked step is right; untracked, most steps read
-    the array early (the negative control)."""
-    spins = 1000
-    a, b = gpu.stream(), gpu.stream()
-    x, y = (nss.device_array(N, np.int32, stream=a) for _ in range(2))
-    kernels.slow_fill[GRID, BLOCK, a](x, 0, 1)  # compile both kernels, and plan them
-    kernels.copy[GRID, BLOCK, b](x, y)
-    gpu.synchronize()
-    wrong = {True: 0, False: 0}
-    fast0 = launcher.launches()
-    for trial in range(TRIALS):
-        for tracking in (True, False):
-            value = 2 * trial + (1 if tracking else 2)
-            a, b = gpu.stream(), gpu.stream()
-            x = nss.device_array(N, np.int32, stream=a)
-            y = nss.device_array(N, np.int32, stream=b)
-            with nss.tracking(tracking):
-                kernels.slow_fill[GRID, BLOCK, a](x, value, spins)
-                kernels.copy[GRID, BLOCK, b](x, y)
-            gpu.synchronize()
-            if not (nss.copy_to_host(y, stream=b) == value).all():
-                wrong[tracking] += 1
-            del x, y, a, b
-    # Each tracked step's two launches (a launch finding frees queued goes to the Python path).
+    # The tracked trials took the hot path (a launch that finds frees queued goes to
+    # the Python path, which runs them).
     assert launcher.launches() - fast0 >= 2 * TRIALS - 2
     assert wrong[True] == 0, f"tracked: {wrong[True]}/{TRIALS} wrong"
     assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
