@@ -315,7 +315,10 @@ def synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
         synchronize()
     except BaseException:
         if mark is not None:  # not seen complete: the mark gets its event
-            tracker.program_unborrow(mark)
+            try:
+                tracker.program_unborrow(mark)
+            except BaseException:
+                pass  # not recorded either (a sticky error): a use that needs it records it
         raise
     tracker.program_completed(clock, stream)
 

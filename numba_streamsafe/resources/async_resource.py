@@ -47,8 +47,13 @@ from numba_streamsafe.resources.races import RaceLog
 from numba_streamsafe.resources.reaping import Reaper
 from numba_streamsafe.resources.tracking.block_table import BlockTable
 from numba_streamsafe.resources.tracking.lock import Lock
-from numba_streamsafe.resources.tracking.marks import (AT_SYNC, EventPool, ForeignMark, Mark,
-                                                       MarkBook)
+from numba_streamsafe.resources.tracking.marks import (
+    AT_SYNC,
+    EventPool,
+    ForeignMark,
+    Mark,
+    MarkBook,
+)
 from numba_streamsafe.resources.tracking.rules import Entry
 from numba_streamsafe.resources.upstream import Upstream, memory_source
 

@@ -420,21 +420,34 @@ def test_a_mark_that_borrows_the_programs_event_gets_its_own_before_that_event_c
             assert sim.hazards, "waiting for the event as recorded again orders nothing"
 
 
+def _written_by_an_owned_stream(observe: bool = False):
+    """``_written_on_a``, with the write on ``a`` made through a stream object
+    that owns ``a``'s handle (the mark keeps it alive)."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, observe=observe)
+    a, b = sim.create_stream(), sim.create_stream()
+    owner = _StreamObject()
+    x = res.allocate(256, b, "x")
+    sim.synchronize()
+    kernel(res, sim, a, [(x, W)], owner=owner, label="write x on a")
+    return sim, res, a, b, x, owner
+
+
 @pytest.mark.parametrize("case", ["completed", "needed before", "synchronise fails",
                                   "retired before"])
 def test_a_synchronise_of_a_stream_records_no_event_of_the_librarys(case):
-    """The host synchronises ``a``, which wrote ``x`` (as transparent mode's
-    hook tells it: ``program_sync_clock``, the synchronise, then
-    ``program_completed``): ``a``'s mark is closed with no event of the
-    library's, and a read of ``x`` on ``b`` afterwards needs neither a wait
-    nor an event. Where the mark is needed before the host saw it complete (a
-    read on ``b`` meanwhile, as another thread may queue it), where the
-    synchronise fails (the host saw nothing complete), or where ``a`` is
-    retired first, the mark gets an event then, recorded on ``a``, and the
-    read on ``b`` waits for it: no hazard in any case. Negative control: the
-    read on ``b`` queued without the library's wait before the synchronise
-    races the write."""
-    sim, res, a, b, x = _written_on_a()
+    """The host synchronises ``a``, whose stream object owns its handle, and
+    which wrote ``x`` (as transparent mode's hook tells it:
+    ``program_sync_clock``, the synchronise, then ``program_completed``):
+    ``a``'s mark is closed with no event of the library's, and a read of ``x``
+    on ``b`` afterwards needs neither a wait nor an event. Where the mark is
+    needed before the host saw it complete (a read on ``b`` meanwhile, as
+    another thread may queue it), where the synchronise fails (the host saw
+    nothing complete), or where ``a`` is retired first, the mark gets an
+    event then, recorded on ``a``, and the read on ``b`` waits for it: no
+    hazard in any case. Negative control: the read on ``b`` queued without
+    the library's wait before the synchronise races the write."""
+    sim, res, a, b, x, owner = _written_by_an_owned_stream()
     recorded, waits = sim.calls["cuEventRecord"], res.marks.waits
     clock, mark = res.program_sync_clock(a)
     assert mark is not None and sim.calls["cuEventRecord"] == recorded
@@ -458,40 +471,74 @@ def test_a_synchronise_of_a_stream_records_no_event_of_the_librarys(case):
         assert res.marks.waits == waits + 1
     assert sim.hazards == []
     # Control: the same read, unordered, before the synchronise.
-    sim, res, a, b, x = _written_on_a()
+    sim, res, a, b, x, _ = _written_by_an_owned_stream()
     res.program_sync_clock(a)
     sim.trace_access(b, [(x.ptr, x.nbytes, R)], "read x on b, no wait")
     assert sim.hazards, "the read on b must be ordered after the write on a"
 
 
+@pytest.mark.parametrize("observe", [False, True], ids=["handle only", "observed"])
+def test_a_synchronised_stream_known_by_handle_only_records_its_marks_event(observe):
+    """A stream the library knows by its handle only (another library's, or
+    one wrapped by ``cuda.external_stream``), synchronised by the program:
+    nothing keeps the handle alive for the mark, so the synchronise records
+    the mark's event then. The stream's owner may destroy it once the
+    synchronise returned and before the completion is told (where the driver
+    observer runs, it notes that destroy); a read of ``x`` on ``b`` by
+    another thread meanwhile waits for that event: no hazard, no event
+    recorded on a stream that is gone. Without the event (a mark closed at
+    the synchronise with none), the read would record one on the destroyed
+    stream."""
+    sim = SimDriver(backing=False)
+    res = AsyncResource(sim, observe=observe)
+    s = sim.observer.create_stream() if observe else sim.create_stream()
+    b = sim.create_stream()
+    x = res.allocate(256, b, "x")
+    sim.synchronize()
+    kernel(res, sim, s, [(x, W)], label="write x on s")
+    recorded = sim.calls["cuEventRecord"]
+    clock, mark = res.program_sync_clock(s)
+    assert mark is None and sim.calls["cuEventRecord"] == recorded + 1
+    sim.stream_synchronize(s)
+    if observe:
+        sim.observer.destroy_stream(s)
+    else:
+        sim.destroy_stream(s)
+    kernel(res, sim, b, [(x, R)], label="read x on b")  # another thread, meanwhile
+    res.program_completed(clock, s)
+    sim.assert_no_hazards()
+
+
 def test_a_stream_per_step_synchronised_records_no_event_per_step():
     """The steps of ``stream_per_step.py`` on the simulated driver, as
-    transparent mode's hooks tell the resource: a stream per step writes
-    ``x``, half the steps hand it to a long-lived reader stream by an event
-    of the program's, the stream that read it is synchronised and the block
-    freed. The library records no event of its own and queues no wait, and
-    nothing races."""
+    transparent mode's hooks tell the resource: a stream per step (an object
+    owning its handle) writes ``x``, half the steps hand it to a long-lived
+    reader stream by an event of the program's, the stream that read it is
+    synchronised and the blocks freed. The library records no event of its
+    own and queues no wait, and nothing races."""
     sim = SimDriver(backing=False, recycle_streams=False)
     res = AsyncResource(sim)
     reader = sim.create_stream()
+    reader_object = _StreamObject()
     recorded = sim.calls["cuEventRecord"]
     programs = 0
     for i in range(200):
         s = sim.create_stream()
+        step = _StreamObject()
         x = res.allocate(256, s, f"x{i}")
         y = res.allocate(256, s, f"y{i}")
-        kernel(res, sim, s, [(x, W)], label=f"write x{i}")
-        on = s
+        kernel(res, sim, s, [(x, W)], owner=step, label=f"write x{i}")
+        on, on_object = s, step
         event = None
         if i & 1:  # the program's event, as the hooks of record and wait tell it
             event = sim.event_create()
             clock, _ = res.program_record(s, object(), event)
             sim.event_record(event, s)
             sim.stream_wait_event(reader, event)
-            res.program_waited(reader, clock)
+            res.program_waited(reader, clock, reader_object)
             programs += 1
-            on = reader
-        kernel(res, sim, on, [(x, R), (y, W)], label=f"copy x{i}")
+            on, on_object = reader, reader_object
+        kernel(res, sim, on, [(x, R), (y, W)], owner=on_object, label=f"copy x{i}")
         clock, _ = res.program_sync_clock(on)
         sim.stream_synchronize(on)
         res.program_completed(clock, on)

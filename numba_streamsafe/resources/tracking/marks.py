@@ -26,6 +26,7 @@ import cython
 
 from numba_streamsafe._driver.libcuda import record_event, wait_event
 from numba_streamsafe.core.errors import DriverError
+from numba_streamsafe.core.streams import owns_handle
 from numba_streamsafe.core.tracehook import current_log
 from numba_streamsafe.resources.tracking.lock import Lock
 
@@ -285,7 +286,9 @@ BORROW_DONE: str = "borrow done"
 #: which no wait needs it. A wait that needs it before that, or its stream's
 #: retirement or capture, gets it an event recorded then on its stream, which
 #: covers its work and what followed it there (:meth:`MarkBook.seal`,
-#: :meth:`MarkBook.unborrow`).
+#: :meth:`MarkBook.unborrow`). Only a mark whose stream object owns its handle
+#: (``core.streams.owns_handle``: the stream lives while the mark keeps the
+#: object alive) is closed so; any other records its event at the synchronise.
 AT_SYNC: str = "at a synchronise"
 
 #: Per thread, what the use being checked or recorded is (check mode's
@@ -776,7 +779,8 @@ class MarkBook:
         :meth:`program_clock` and the mark it closed, or None. With
         :data:`AT_SYNC` for ``borrow``, the point is a synchronise of
         ``stream`` that the host is about to make: the mark is closed with no
-        event (see :data:`AT_SYNC`).
+        event where its stream object owns its handle, else sealed with one
+        (see :data:`AT_SYNC`).
 
         In ordering mode the stream's open mark, when a use refers to it, is
         closed without an event of the library's: it *borrows* the program's
@@ -793,6 +797,12 @@ class MarkBook:
         found = None
         if not self.checking:
             found = self.open.get(stream)
+            if (found is not None and borrow is AT_SYNC
+                    and not owns_handle(cython.cast(Mark, found).owner)):
+                # No object of the stream's that the mark keeps alive holds its handle:
+                # the stream may be gone by the time a wait needs the mark's event, so
+                # it is recorded now (program_clock's point seals the mark).
+                found = None
             if found is not None:
                 mark = found
                 del self.open[stream]
