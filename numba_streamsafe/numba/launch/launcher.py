@@ -266,8 +266,10 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     Returns
     -------
     bool
-        True when launched; False, with nothing queued and no state changed,
-        when the Python path must do the launch.
+        True when launched; False, with nothing queued and no tracking state
+        changed (an array's fields or a stream's handle may have been cached,
+        as the Python path caches them), when the Python path must do the
+        launch.
     """
     if not _takes(state):
         return False
