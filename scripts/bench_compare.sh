@@ -9,6 +9,8 @@
 set -uo pipefail
 
 BEFORE=${1:?usage: $0 BEFORE_DIR [SCRIPT ARGS...]}
+# Absolute: each run goes into its tree, and its PYTHONPATH must still name it there.
+BEFORE=$(cd "$BEFORE" && pwd) || { echo "no such checkout: $1" >&2; exit 2; }
 shift
 SCRIPT=${1:-run_all.py}
 shift || true
