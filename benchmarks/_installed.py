@@ -1,8 +1,8 @@
 """The library as an installation runs it: its modules byte-compiled, as pip
 byte-compiles a package it installs. A checkout run from its source where
 Python writes no bytecode (``PYTHONDONTWRITEBYTECODE``, set on some machines)
-compiles every module of the library at every import instead: 60 to 100 ms
-a process on the lent H200, against about 20 ms byte-compiled, which a
+compiles every module of the library at every import instead: 80 to 119 ms
+a process on the lent H200, against 19 to 21 ms byte-compiled, which a
 benchmark of whole processes would count against the library. Importing this
 module imports neither Numba nor the library.
 """

@@ -372,9 +372,10 @@ ab)
     ;;
 host)
     # Issue "host cost", this tree against ${BASE:-.before53}/ (built here), in one call:
-    # this round's GPU tests (and EXTRA_TESTS), a stream per step with and without the plugin for both trees
-    # (this tree's benchmarks/stream_per_step.py over each tree's package, taking turns),
-    # the first launch of plain kernels, the self-ordered rounds and the 200-stream events
+    # this round's GPU tests (and EXTRA_TESTS), a stream per step with and without the
+    # plugin for both trees (this tree's benchmarks/stream_per_step.py over each tree's
+    # package, taking turns), the first launch of plain kernels, the self-ordered rounds
+    # and the 200-stream events
     # of both trees, then the launch and allocation benchmarks of both trees taking turns.
     # Nothing else runs on the GPU meanwhile: a process beside them (the long run, in an
     # earlier version of this step) halved a stream per step and moved the launch figures.

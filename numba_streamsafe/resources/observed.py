@@ -137,7 +137,7 @@ class ObservedCalls:
             if clock is not None:
                 book.program_waited(stream, clock, None)
         elif kind == observer.STREAM_SYNC:
-            book.program_completed(book.program_clock(stream), stream)
+            _stream_synchronised(book, stream)
         elif kind in (observer.EVENT_SYNC, observer.EVENT_QUERY):
             clock = self.clocks.get(event)
             if clock is not None:
@@ -171,7 +171,7 @@ class ObservedCalls:
         the host (``flags``)."""
         book = self.book
         if flags & observer.SYNC_BEFORE:
-            book.program_completed(book.program_clock(stream), stream)
+            _stream_synchronised(book, stream)
         uses = []
         if nbytes > 0:
             for ptr, access in ((dst, _WRITE), (src, _READ if kind == observer.COPY else 0)):
@@ -188,7 +188,13 @@ class ObservedCalls:
             rules.preflight_locked(book, entries, stream, None, False, what, True)
             rules.commit_locked(book, entries, stream, None, False, False, None, what)
         if flags & observer.SYNC_AFTER:
-            book.program_completed(book.program_clock(stream), stream)
+            _stream_synchronised(book, stream)
+
+
+def _stream_synchronised(book: Any, stream: int) -> None:
+    """The host waited for ``stream`` (another library's synchronise, or its
+    synchronous copy), noted after the fact: complete up to now."""
+    book.program_completed(book.program_clock(stream), stream)
 
 
 def _library_of(frames: Any) -> str | None:

@@ -837,8 +837,9 @@ class MarkBook:
             return
         if mark.stream < 0:
             if borrow is AT_SYNC:
-                # Ended behind the library's back, the device synchronised since:
-                # complete, as the marks ended() closed without an event.
+                # Not reached where AT_SYNC applies (the mark keeps alive the object
+                # that owns the stream's handle, and a retirement through the library
+                # unborrows first): it keeps no borrow, as the marks ended() closed.
                 mark.borrow = None
                 return
             self.driver.event_synchronize(borrow[1])
