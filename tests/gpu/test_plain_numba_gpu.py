@@ -22,11 +22,11 @@ TRIALS = int(os.environ.get("NSS_PLAIN_TRIALS", "100"))
 
 CHILD = """
     import plain_numba
-    plain_numba.run(True, 1, 100)   # compile
+    plain_numba.run(True, 1, 1)   # compile
     wrong = {{True: 0, False: 0}}
     for i in range({trials}):
         for tracked in (True, False):
-            wrong[tracked] += plain_numba.run(tracked, i + 2, 1_000_000)
+            wrong[tracked] += plain_numba.run(tracked, i + 2, 2000)  # 2 ms
     print("RESULT", wrong[True], wrong[False])
 """
 

@@ -29,8 +29,8 @@ BLOCK = 64 if SIMULATOR else 256
 def slow_fill(out: Write, value, spins):
     i = cuda.grid(1)
     if i < out.size:
-        if spins > 0:
-            cuda.nanosleep(spins)
+        for _ in range(spins):  # one nanosleep lasts at most about 1 ms
+            cuda.nanosleep(1000)
         out[i] = value
 
 
@@ -49,7 +49,8 @@ def add(src: Read, k: Read, dst: Write):
 
 
 def run(tracked: bool, value: int = 7, spins: int = 0) -> bool:
-    """One round; True when the result is wrong."""
+    """One round; True when the result is wrong. The producer sleeps ``spins``
+    microseconds before it writes."""
     grid = (N + BLOCK - 1) // BLOCK
     a, b = cuda.stream(), cuda.stream()
     ones = np.ones(N, dtype=np.int64)
