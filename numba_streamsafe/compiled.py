@@ -3,7 +3,8 @@
 The engine (the modules of :data:`ENGINE`: the lock, the trace log, the
 tracking state and rules and the table of live blocks in
 :mod:`numba_streamsafe.resources`; the parameter
-packer, the launch switches and the direct launch in
+packer, the launch switches, the direct launch, the hooks of the program's
+own ordering and of Numba's copies in
 :mod:`numba_streamsafe.numba`) is written once, in Cython's
 pure-Python mode. Where the package was built with a compiler, each module
 is an extension compiled from that source and Python imports it in place of
@@ -45,7 +46,8 @@ ENGINE = ("numba_streamsafe._driver.libcuda", "numba_streamsafe._driver.observer
           "numba_streamsafe.resources.tracking.block_table",
           "numba_streamsafe.resources.tracking.freed",
           "numba_streamsafe.numba.launch.packing", "numba_streamsafe.numba.launch.policy",
-          "numba_streamsafe.numba.launch.launcher", "numba_streamsafe.numba.program_order")
+          "numba_streamsafe.numba.launch.launcher", "numba_streamsafe.numba.program_order",
+          "numba_streamsafe.numba.copies")
 
 
 def _asked() -> bool:

@@ -41,7 +41,8 @@ from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["record", "wait", "completed", "synchronised", "device_synchronised", "noting",
-           "record_hook", "wait_hook", "stream_ref", "event_handle", "COMPILED"]
+           "record_hook", "wait_hook", "stream_ref", "cache_stream", "event_handle",
+           "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -113,13 +114,34 @@ def _runtime() -> Any:
 def stream_ref(rt: Any, stream: Any) -> tuple:
     """``(handle, owner)`` of a stream as Numba's calls take it (0 or None: the
     default stream): the handle a launch cached on the stream object for
-    ``rt``, else the runtime's answer (``DeviceRuntime.stream_ref``)."""
+    ``rt``, else the runtime's answer (``DeviceRuntime.stream_ref``), cached
+    on the stream object for the next call (:func:`cache_stream`)."""
     if not stream:
         return (default_stream_handle(), None)
     cached = getattr(stream, "_nss_stream", None)
     if type(cached) is tuple and cached[0] is rt:
         return (cached[1], stream)
-    return rt.stream_ref(stream)
+    ref = rt.stream_ref(stream)
+    cache_stream(rt, ref[1], ref[0])
+    return ref
+
+
+@cython.ccall
+def cache_stream(rt: Any, owner: Any, handle: Any) -> object:
+    """Cache the stream object ``owner``'s ``handle`` on it for ``rt``, where a
+    launch and :func:`stream_ref` find it (``_nss_stream``: a stream's handle
+    is fixed for its life); nothing for None (a raw handle) or an object that
+    takes no attributes."""
+    if owner is None:
+        return None
+    cached = getattr(owner, "_nss_stream", None)
+    if type(cached) is tuple and len(cached) == 2 and cached[0] is rt:
+        return None
+    try:
+        owner._nss_stream = (rt, handle)
+    except AttributeError:
+        pass
+    return None
 
 
 @cython.ccall

@@ -16,7 +16,8 @@ those arrays goes through, so plain Numba code gets the launch protocol too:
   ``MemoryPointer.memset``, which ``copy_to_host``, ``copy_to_device``,
   ``cuda.to_device``, indexing and assignment all reach: fenced when they
   touch a block of the library (writes of the destination, reads of the
-  source), passed through otherwise;
+  source), passed through otherwise (:mod:`~numba_streamsafe.numba.copies`,
+  in the compiled engine);
 * **on Numba's CUDA simulator**: the simulator's kernels and array copies,
   and its streams' and events' synchronisation (``Stream.synchronize``,
   ``cuda.synchronize``, ``Event.record`` / ``wait`` / ``synchronize``, the
@@ -54,16 +55,12 @@ from typing import Any
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
-from numba_streamsafe.core.hazards import NUMBA
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import default_stream_handle
-from numba_streamsafe.core.uses import CopyUses
-from numba_streamsafe.numba import program_order, target
+from numba_streamsafe.numba import copies, program_order, target
 from numba_streamsafe.numba.launch import launcher
 from numba_streamsafe.numba.launch.kernel import TrackedKernel
-from numba_streamsafe.numba.launch.policy import launch_policy
-from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
-from numba_streamsafe.protocol import fenced
+from numba_streamsafe.numba.scope import FENCE, INSIDE, per_thread
 from numba_streamsafe.runtime import installed_runtime
 
 __all__ = ["install", "uninstall", "installed"]
@@ -144,118 +141,6 @@ def _launch_hook(original: Callable[[Any, Any], Any], is_device: Callable[[Any],
     return __getitem__
 
 
-# -------------------------------------------------------------- copies (GPU)
-class _NumbaUses(CopyUses):
-    """The uses of one of Numba's copies or fills, with the runtime they were
-    resolved on."""
-
-    __slots__ = ("rt",)
-    library = NUMBA
-
-    def __init__(self, rt: Any) -> None:
-        super().__init__()
-        self.rt = rt
-
-
-def _block_of(rt: Any, obj: Any) -> Any:
-    """The block behind a Numba device object (an array, a pointer or a view
-    of one), or None for memory the library does not track."""
-    memory = getattr(obj, "gpu_data", obj)
-    if memory is None:
-        return None
-    block = getattr(getattr(memory, "owner", None), "_nss_block", None)
-    if block is None:
-        ptr = getattr(memory, "device_pointer_value", None)
-        if ptr:
-            block = rt.find(int(ptr))
-    return block
-
-
-def _fence_numba(label: str, stream: Any, uses: _NumbaUses, work: Callable[..., Any],
-                 *args: Any) -> Any:
-    """Run one of Numba's copies or fills on ``stream`` as an ordered operation."""
-    rt = uses.rt
-    handle, owner = program_order.stream_ref(rt, stream)
-    tracking = _fence and per_thread.transparent == FENCE and launch_policy(rt).tracking
-    return fenced(rt, handle, uses, label, False, owner, numba_call, work, *args,
-                  tracking=tracking)
-
-
-def _uses(pairs: tuple[tuple[Any, Access, str], ...], size: int | None) -> _NumbaUses | None:
-    """The uses of a copy's device operands, each over the ``size`` bytes
-    from its pointer (None: all of the pointer's memory), or None when none
-    is the library's (or transparent mode passes the work through)."""
-    if per_thread.transparent == INSIDE:
-        return None
-    rt = target.launch_runtime()
-    uses = _NumbaUses(rt)
-    for obj, access, name in pairs:
-        block = _block_of(rt, obj)
-        if block is not None:
-            memory = getattr(obj, "gpu_data", obj)
-            ptr = int(getattr(memory, "device_pointer_value", None) or block.ptr)
-            nbytes = getattr(memory, "size", block.nbytes) if size is None else size
-            uses.add(block, access, name, *target.span(block, ptr, nbytes))
-    if not uses.blocks:
-        return None
-    return uses
-
-
-def _copy_hook(original: Callable[..., Any], *, label: str, write_dst: bool, read_src: bool,
-               host_waits: str | None = None) -> Callable[..., Any]:
-    """A hook of one of Numba's copy or fill functions. ``host_waits``: on
-    the default stream the call is synchronous, and the host waits for the
-    stream's earlier work (``"before"``: a copy from the host) or for the copy
-    itself (``"after"``: a copy to the host), which the resource is told where
-    races are reported (:attr:`~numba_streamsafe.runtime.DeviceRuntime.observing`)."""
-    # Numba calls these with keywords too: the parameters keep Numba's names.
-    def copy(dst: Any, src: Any, size: int, stream: Any = 0) -> Any:
-        pairs = []
-        if write_dst:
-            pairs.append((dst, Access.WRITE, "dst"))
-        if read_src:
-            pairs.append((src, Access.READ, "src"))
-        sync = host_waits if not stream else None
-        if sync == "before":
-            _host_waited_default()
-        uses = _uses(tuple(pairs), size) if size else None
-        if uses is None:
-            result = original(dst, src, size, stream)
-        else:
-            result = _fence_numba(label, stream, uses, original, dst, src, size, stream)
-        if sync == "after":
-            _host_waited_default()
-        return result
-
-    copy.__name__ = original.__name__
-    copy.__doc__ = original.__doc__
-    return copy
-
-
-def _host_waited_default() -> None:
-    """A synchronous copy on the default stream: the host waits for the
-    default stream (where races are reported the resource is told: the host is
-    then ordered after the copy, or after the stream's earlier work). Told
-    where the driver observer runs too: the copy was the library's, which it
-    does not note."""
-    rt = installed_runtime(target.current_device())
-    if rt is not None and rt.observing and rt.capture is None:
-        tracker = rt.resource.tracker
-        handle = default_stream_handle()
-        tracker.program_completed(tracker.program_clock(handle), handle)
-
-
-def _pointer_memset_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    def memset(self: Any, byte: int, count: int | None = None, stream: Any = 0) -> Any:
-        uses = _uses(((self, Access.WRITE, "dst"),), count)
-        if uses is None:
-            return original(self, byte, count, stream)
-        return _fence_numba("memset (Numba)", stream, uses, original, self, byte, count, stream)
-
-    memset.__doc__ = original.__doc__
-    return memset
-
-
 def _configured(config: Any) -> Any:
     """The tracked-launch equivalent of one of Numba's configured launches, or
     False when transparent mode leaves the kernel to Numba."""
@@ -333,9 +218,10 @@ def _install_gpu() -> None:
             ("device_to_device", "device copy (Numba)", True, True, None),
             ("device_memset", "memset (Numba)", True, False, None)):
         _replace(numba_driver, name, functools.partial(
-            _copy_hook, label=label, write_dst=write_dst, read_src=read_src,
-            host_waits=host_waits))
-    _replace(numba_driver.MemoryPointer, "memset", _pointer_memset_hook)
+            copies.copy_hook, fence=_fence, label=label, write_dst=write_dst,
+            read_src=read_src, host_waits=host_waits))
+    _replace(numba_driver.MemoryPointer, "memset",
+             functools.partial(copies.pointer_memset_hook, fence=_fence))
     # The program's own ordering (its events, stream and device synchronises):
     # the waits it satisfies are skipped.
     _replace(numba_driver.Event, "record", program_order.record_hook)
@@ -398,7 +284,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
     if per_thread.transparent == INSIDE or isinstance(threading.current_thread(), _KernelThread):
         return work(*args)  # inside a fenced operation, or a kernel's own element access
     rt = target.launch_runtime()
-    uses = _NumbaUses(rt)
+    uses = copies.NumbaUses(rt)
     for obj, access, name in pairs:
         if isinstance(obj, _SimArray):
             _, block, _ = target.resolve(rt, obj)
@@ -406,7 +292,7 @@ def _sim_op(label: str, stream: Any, pairs: tuple[tuple[Any, Access, str], ...],
                 uses.add(block, access, name, *target.array_span(block, obj))
     if not uses.blocks:
         return work(*args)
-    result = _fence_numba(label, stream, uses, work, *args)
+    result = copies.fence_numba(_fence, label, stream, uses, work, *args)
     if sync:
         handle = program_order.stream_ref(rt, stream)[0]
         if rt.observing:  # the host waits for the copy: told to the resource

@@ -31,7 +31,7 @@ from numba.cuda.np import numpy_support
 
 from numba_streamsafe._driver.limits import normalize_dims
 from numba_streamsafe.core.uses import Uses
-from numba_streamsafe.numba import target
+from numba_streamsafe.numba import program_order, target
 from numba_streamsafe.numba.accesses import access_check
 from numba_streamsafe.numba.launch import launcher, packing
 from numba_streamsafe.numba.launch.policy import launch_policy
@@ -418,7 +418,7 @@ class DirectLaunches:
         for (_, access), arg, ty in zip(kernel.params, args, argtypes, strict=True):
             if access is not None:
                 cached_fields(arg, ty)
-        launcher.cache_stream(rt, owner, handle)
+        program_order.cache_stream(rt, owner, handle)
 
 
 def _numba_warns_low_occupancy() -> bool:

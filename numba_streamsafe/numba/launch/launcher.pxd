@@ -7,6 +7,7 @@ from numba_streamsafe.resources.tracking.marks cimport MarkBook
 from numba_streamsafe.resources.tracking.rules cimport Entry, commit_locked, preflight_locked
 from numba_streamsafe.core.tracehook cimport TraceLog, current_log, launches_direct
 from numba_streamsafe.core.sites cimport capture_stack
+from numba_streamsafe.numba.program_order cimport cache_stream
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 
@@ -65,4 +66,3 @@ cdef class Launcher:
 
 
 cpdef bint launch(LaunchState state, tuple config, tuple args) except -1
-cpdef object cache_stream(object rt, object owner, object handle)

@@ -28,12 +28,13 @@ from numba_streamsafe.core.settings import Settings, on_reload, settings
 from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
+from numba_streamsafe.numba.program_order import cache_stream
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
            "by_driver", "retried", "available", "release_gil", "releases_gil", "slow_launches",
-           "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "COMPILED", "cache_stream"]
+           "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -375,24 +376,6 @@ def _new_stream(rt: Any, config: tuple) -> tuple | None:
         return None
     cache_stream(rt, ref[1], ref[0])
     return (ref[0], ref[1])
-
-
-@cython.ccall
-def cache_stream(rt: Any, owner: Any, handle: Any) -> object:
-    """Cache the stream object ``owner``'s ``handle`` on it for ``rt``, where a
-    launch finds it (``_nss_stream``: a stream's handle is fixed for its
-    life); nothing for None (a raw handle) or an object that takes no
-    attributes."""
-    if owner is None:
-        return None
-    cached = getattr(owner, "_nss_stream", None)
-    if type(cached) is tuple and len(cached) == 2 and cached[0] is rt:
-        return None
-    try:
-        owner._nss_stream = (rt, handle)
-    except AttributeError:
-        pass
-    return None
 
 
 @cython.cfunc
