@@ -35,7 +35,7 @@ from typing import Any
 import cython
 
 from numba_streamsafe._driver.libcuda import record_event, wait_event
-from numba_streamsafe.core.streams import default_stream_handle, owns_handle
+from numba_streamsafe.core.streams import default_stream_handle, owns_handle, stream_handle
 from numba_streamsafe.resources.tracking.lock import Lock
 from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
 from numba_streamsafe.runtime import RUNTIMES
@@ -115,14 +115,18 @@ def stream_ref(rt: Any, stream: Any) -> tuple:
     """``(handle, owner)`` of a stream as Numba's calls take it (0 or None: the
     default stream): the handle a launch cached on the stream object for
     ``rt``, else the runtime's answer (``DeviceRuntime.stream_ref``), cached
-    on the stream object for the next call (:func:`cache_stream`)."""
+    on a stream object that carries its handle for the next call
+    (:func:`cache_stream`)."""
     if not stream:
         return (default_stream_handle(), None)
     cached = getattr(stream, "_nss_stream", None)
     if type(cached) is tuple and cached[0] is rt:
         return (cached[1], stream)
     ref = rt.stream_ref(stream)
-    cache_stream(rt, ref[1], ref[0])
+    if stream_handle(stream) is not None:
+        # Not a stand-in that carries no handle (the simulator's streams): the
+        # runtime made its stream, and refuses the object once that is destroyed.
+        cache_stream(rt, ref[1], ref[0])
     return ref
 
 

@@ -7,11 +7,17 @@ A hooked copy that reads a block another stream wrote waits for that write; with
 transparent mode's setting off (``fence=False``: the work is shown, not ordered)
 the same copy races (the negative control). Memory the library does not track,
 a copy of no bytes and a copy inside a fenced operation pass through unfenced;
-the stream object a copy names is cached for the next call.
+the stream object a copy names is cached for the next call, where it carries
+its handle.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +27,8 @@ from numba_streamsafe import Access
 from numba_streamsafe.numba import copies
 from numba_streamsafe.numba.scope import numba_call
 from tests.helpers.programs import launch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Memory:
@@ -114,14 +122,77 @@ def test_the_stream_object_a_copy_names_is_cached(rt):
     assert stream._nss_stream == (rt, b)
 
 
-def test_the_hooks_keep_numbas_names_and_a_memset_is_a_method():
-    hooked = _hook()
-    assert hooked.__name__ == "_noop"
+def test_numbas_keyword_calls_reach_the_hook(rt):
+    """Numba passes every argument by name (``device_to_host(dst=..., ...)``)."""
+    sim = rt.driver
+    a, b = sim.create_stream(), sim.create_stream()
+    src = rt.resource.allocate(256, a)
+    dst = rt.resource.allocate(256, b)
+    launch(rt, a, [(src, Access.WRITE)])
+    calls.clear()
+    _hook()(dst=_Array(dst), src=_Array(src), size=256, stream=_Stream(b))
+    assert len(calls) == 1 and not sim.hazards, sim.hazards
 
-    class Pointer:
-        def memset(self, byte: int, count: int | None = None, stream: Any = 0) -> None:
-            """Numba's docstring."""
 
-    Pointer.memset = copies.pointer_memset_hook(Pointer.memset, fence=True)
-    assert Pointer.memset.__doc__ == "Numba's docstring."
-    assert Pointer().memset(0) is None  # bound to the pointer; untracked: passed through
+class _Pointer(_Memory):
+    """Numba's ``MemoryPointer``, its ``memset`` a fill that does nothing."""
+
+    def memset(self, byte: int, count: int | None = None, stream: Any = 0) -> None:
+        """Numba's docstring."""
+        calls.append((self, byte, count, stream))
+
+
+@pytest.mark.parametrize("fence", [True, False], ids=["hooked", "unordered"])
+def test_a_memset_of_what_another_stream_reads_waits_for_the_read(rt, monkeypatch, fence):
+    monkeypatch.setattr(_Pointer, "memset",
+                        copies.pointer_memset_hook(_Pointer.memset, fence=fence))
+    assert _Pointer.memset.__doc__ == "Numba's docstring."
+    sim = rt.driver
+    a, b = sim.create_stream(), sim.create_stream()
+    block = rt.resource.allocate(256, a)
+    launch(rt, a, [(block, Access.READ)])
+    calls.clear()
+    pointer = _Pointer(block)
+    pointer.memset(0, stream=_Stream(b))  # bound to the pointer
+    assert calls == [(pointer, 0, None, calls[0][3])]
+    if fence:
+        assert not sim.hazards, sim.hazards
+    else:
+        assert sim.hazards, "the memset on b did not race the read on a"
+
+
+def test_the_hooks_keep_numbas_names(rt):
+    assert _hook().__name__ == "_noop"
+    assert _hook().__doc__ == _noop.__doc__
+
+
+def test_a_destroyed_simulator_stream_stays_refused_after_a_copy_named_it():
+    """The simulator's stream objects carry no handle: the runtime made one for
+    each, and refuses the object once it destroyed that stream, even where the
+    next stream got the same handle. Nothing caches the handle on such an
+    object (a launch, a copy or a synchronise that named it)."""
+    code = """
+        import numpy as np
+        from numba import cuda
+        import numba_streamsafe as nss
+        rt = nss.get_runtime()
+        x = cuda.device_array(16, dtype=np.int64)
+        s = cuda.stream()
+        x.copy_to_host(stream=s)
+        s.synchronize()
+        rt.destroy_stream(s)
+        t = cuda.stream()
+        x.copy_to_host(stream=t)
+        try:
+            x.copy_to_host(stream=s)
+        except nss.StreamMisuse as exc:
+            print("REFUSED", "destroyed" in str(exc))
+        else:
+            print("ACCEPTED")
+    """
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1",
+           "NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert "REFUSED True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
