@@ -12,6 +12,7 @@ snippet.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,6 +142,14 @@ def test_graph_replay_negative_control():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ordered       wrong 0/2  trials with a hazard 0/2" in proc.stdout
     assert "ordering off  wrong 0/2  trials with a hazard 2/2" in proc.stdout
+
+
+def test_copy_hooks_benchmark_times_the_hook_against_the_bare_call():
+    proc = _run("benchmarks/copy_hooks.py", "--calls", "200", "--rounds", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = dict(re.findall(r"(hooked|unhooked) ([\d.]+) us", proc.stdout))
+    assert set(figures) == {"hooked", "unhooked"}, proc.stdout
+    assert float(figures["hooked"]) > float(figures["unhooked"]) > 0, proc.stdout
 
 
 @pytest.mark.slow
