@@ -16,52 +16,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
-import numba_streamsafe as nss
-from numba_streamsafe._driver.sim import SimDriver
-from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.runtime import DeviceRuntime
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]
+from engine_host import QuietDriver  # noqa: E402
 
-
-class QuietDriver(SimDriver):
-    """The simulated driver with no work in its event, wait and tracing calls."""
-
-    traces_accesses = False
-
-    def event_record(self, event: int, stream: int) -> None:
-        pass
-
-    def stream_wait_event(self, stream: int, event: int) -> None:
-        pass
-
-    def event_query(self, event: int) -> bool:
-        return False
-
-
-class _Memory:
-    """What the hooks read of Numba's ``MemoryPointer``."""
-
-    def __init__(self, block: Any) -> None:
-        self.owner = SimpleNamespace(_nss_block=block)
-        self.device_pointer_value = block.ptr
-        self.size = block.nbytes
-
-
-class _Array:
-    """What the hooks read of Numba's device array."""
-
-    def __init__(self, block: Any) -> None:
-        self.gpu_data = _Memory(block)
-
-
-class _Stream:
-    """A stream object as Numba passes it (it carries its handle)."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
+import numba_streamsafe as nss  # noqa: E402
+from numba_streamsafe.resources import AsyncResource  # noqa: E402
+from numba_streamsafe.runtime import DeviceRuntime  # noqa: E402
+from tests.helpers.numba_objects import NumbaArray, NumbaStream  # noqa: E402
 
 
 def _copy(dst: Any, src: Any, size: int, stream: Any = 0) -> None:
@@ -89,8 +56,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     res = AsyncResource(drv)
     nss.set_runtime(DeviceRuntime(res, drv))  # this process's runtime of device 0
     s = drv.create_stream()
-    dst, src = _Array(res.allocate(1 << 16, s)), _Array(res.allocate(1 << 16, s))
-    stream = _Stream(s)
+    dst, src = NumbaArray(res.allocate(1 << 16, s)), NumbaArray(res.allocate(1 << 16, s))
+    stream = NumbaStream(s)
     variants = {"hooked": _hook(), "unhooked": _copy}
     per: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):

@@ -28,8 +28,10 @@ from numba_streamsafe.resources import AsyncResource
 
 
 class QuietDriver(SimDriver):
-    """The simulated driver with no work in its event and wait calls (the
-    engine's decisions are all that is left to time)."""
+    """The simulated driver with no work in its event, wait and access-tracing
+    calls (the engine's decisions are all that is left to time)."""
+
+    traces_accesses = False
 
     def event_record(self, event: int, stream: int) -> None:
         pass

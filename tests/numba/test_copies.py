@@ -26,32 +26,10 @@ import pytest
 from numba_streamsafe import Access
 from numba_streamsafe.numba import copies
 from numba_streamsafe.numba.scope import numba_call
+from tests.helpers.numba_objects import NumbaArray, NumbaMemory, NumbaStream
 from tests.helpers.programs import launch
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class _Memory:
-    """What the hooks read of Numba's ``MemoryPointer``."""
-
-    def __init__(self, block: Any) -> None:
-        self.owner = SimpleNamespace(_nss_block=block)
-        self.device_pointer_value = block.ptr
-        self.size = block.nbytes
-
-
-class _Array:
-    """What the hooks read of Numba's device array."""
-
-    def __init__(self, block: Any) -> None:
-        self.gpu_data = _Memory(block)
-
-
-class _Stream:
-    """A stream object as Numba's calls pass it (its handle, and attributes)."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
 
 
 #: The calls of Numba's copy (:func:`_noop`) that reached it.
@@ -75,7 +53,7 @@ def test_a_copy_reading_what_another_stream_wrote_waits_for_it(rt, fence):
     dst = rt.resource.allocate(256, b)
     launch(rt, a, [(src, Access.WRITE)])  # a tracked write of src on a
     calls.clear()
-    _hook(fence)(_Array(dst), _Array(src), 256, _Stream(b))
+    _hook(fence)(NumbaArray(dst), NumbaArray(src), 256, NumbaStream(b))
     assert len(calls) == 1  # Numba's copy ran once
     if fence:
         assert not sim.hazards, sim.hazards
@@ -90,7 +68,7 @@ def test_a_copy_of_a_block_written_by_the_copy_orders_the_next_reader(rt):
     a, b, c, d = (sim.create_stream() for _ in range(4))
     src = rt.resource.allocate(256, a)
     dst = rt.resource.allocate(256, a)
-    _hook()(_Array(dst), _Array(src), 256, _Stream(b))
+    _hook()(NumbaArray(dst), NumbaArray(src), 256, NumbaStream(b))
     launch(rt, c, [(dst, Access.READ)])
     assert not sim.hazards, sim.hazards
     launch(rt, d, [(dst, Access.READ)], fenced=False)  # the control: an unordered reader
@@ -105,9 +83,10 @@ def test_untracked_memory_no_bytes_and_nested_copies_pass_through(rt):
     untracked = SimpleNamespace(gpu_data=SimpleNamespace(device_pointer_value=0))
     recorded = rt.resource.stats()
     calls.clear()
-    hook(untracked, untracked, 256, _Stream(a))  # memory no resource tracks
-    hook(_Array(block), _Array(block), 0, _Stream(a))  # no bytes
-    numba_call(hook, _Array(block), _Array(block), 256, _Stream(a))  # inside a fenced operation
+    hook(untracked, untracked, 256, NumbaStream(a))  # memory no resource tracks
+    hook(NumbaArray(block), NumbaArray(block), 0, NumbaStream(a))  # no bytes
+    # inside a fenced operation
+    numba_call(hook, NumbaArray(block), NumbaArray(block), 256, NumbaStream(a))
     assert len(calls) == 3
     assert rt.resource.stats() == recorded  # nothing recorded for any of them
 
@@ -117,8 +96,8 @@ def test_the_stream_object_a_copy_names_is_cached(rt):
     a, b = sim.create_stream(), sim.create_stream()
     src = rt.resource.allocate(256, a)
     dst = rt.resource.allocate(256, b)
-    stream = _Stream(b)
-    _hook()(_Array(dst), _Array(src), 256, stream)
+    stream = NumbaStream(b)
+    _hook()(NumbaArray(dst), NumbaArray(src), 256, stream)
     assert stream._nss_stream == (rt, b)
 
 
@@ -130,11 +109,11 @@ def test_numbas_keyword_calls_reach_the_hook(rt):
     dst = rt.resource.allocate(256, b)
     launch(rt, a, [(src, Access.WRITE)])
     calls.clear()
-    _hook()(dst=_Array(dst), src=_Array(src), size=256, stream=_Stream(b))
+    _hook()(dst=NumbaArray(dst), src=NumbaArray(src), size=256, stream=NumbaStream(b))
     assert len(calls) == 1 and not sim.hazards, sim.hazards
 
 
-class _Pointer(_Memory):
+class _Pointer(NumbaMemory):
     """Numba's ``MemoryPointer``, its ``memset`` a fill that does nothing."""
 
     def memset(self, byte: int, count: int | None = None, stream: Any = 0) -> None:
@@ -153,7 +132,7 @@ def test_a_memset_of_what_another_stream_reads_waits_for_the_read(rt, monkeypatc
     launch(rt, a, [(block, Access.READ)])
     calls.clear()
     pointer = _Pointer(block)
-    pointer.memset(0, stream=_Stream(b))  # bound to the pointer
+    pointer.memset(0, stream=NumbaStream(b))  # bound to the pointer
     assert calls == [(pointer, 0, None, calls[0][3])]
     if fence:
         assert not sim.hazards, sim.hazards
