@@ -172,18 +172,32 @@ print(set(c.engine_builds(load=True).values()), 'libcuda entry:', l.available())
 engine)
     # The engine: compiled here (and the tree before it in .before/, for the benchmarks),
     # then the GPU suite on the compiled build and, with SUITES=both, on the Python source.
-    run build_ext python3 setup.py build_ext --inplace
-    if [[ -d .before ]]; then (cd .before && python3 setup.py build_ext --inplace) \
+    # PART=1 or PART=2: the first or the second half of the test files (the whole suite
+    # took more than 540 s at NSS_RACE_TRIALS=100). Each test's outcome is logged as it
+    # ends (-v), so a run cut by its time limit still names its failures.
+    run build_ext python3 setup.py build_ext --inplace -j 8
+    if [[ -d .before ]]; then (cd .before && python3 setup.py build_ext --inplace -j 8) \
         > "$OUT/build_before.log" 2>&1; fi
     python3 -c "import numba_streamsafe.numba.launch.launcher as l, numba_streamsafe.compiled as c; \
 print(c.engine_builds(load=True), 'libcuda entry:', l.available())"
     export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-100}
+    suite=(tests/gpu)
+    if [[ -n ${PART:-} ]]; then
+        mapfile -t all < <(printf '%s\n' tests/gpu/test_*.py | sort)
+        half=$(( (${#all[@]} + 1) / 2 ))
+        if [[ $PART == 1 ]]; then suite=("${all[@]:0:half}"); else suite=("${all[@]:half}"); fi
+    fi
+    # shellcheck disable=SC2086  # SUITE_ARGS: several arguments
     run gpu_compiled timeout "${SUITE_TIMEOUT:-400}" python3 -X faulthandler -m pytest -m gpu \
-        -q -p no:cacheprovider tests/gpu -rs ${SUITE_ARGS:-}
+        -v -p no:cacheprovider "${suite[@]}" -rs ${SUITE_ARGS:-}
+    grep -E "FAILED|ERROR" "$OUT/gpu_compiled.log" | head -20
     tail -n 4 "$OUT/gpu_compiled.log"
     if [[ ${SUITES:-compiled} == both ]]; then
+        # shellcheck disable=SC2086
         NUMBA_STREAMSAFE_PURE_PYTHON=1 run gpu_pure timeout "${SUITE_TIMEOUT:-400}" python3 \
-            -X faulthandler -m pytest -m gpu -q -p no:cacheprovider tests/gpu -rs ${SUITE_ARGS:-}
+            -X faulthandler -m pytest -m gpu -v -p no:cacheprovider "${suite[@]}" -rs \
+            ${SUITE_ARGS:-}
+        grep -E "FAILED|ERROR" "$OUT/gpu_pure.log" | head -20
         tail -n 4 "$OUT/gpu_pure.log"
     fi
     cat "$OUT/race.txt" 2>/dev/null | tail -20
