@@ -6,6 +6,7 @@ from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
 
 cdef Lock _event_lock(object event)
 cpdef bint noting(object rt) except? -1
+cdef tuple _tracking(object rt)
 cdef object _book(object rt)
 cdef Lock _caught_up(object rt, MarkBook book)
 cdef object _runtime()

@@ -68,12 +68,28 @@ def noting(rt: Any) -> cython.bint:
 
 
 @cython.cfunc
+def _tracking(rt: Any) -> tuple:
+    """``(book, lock)`` of ``rt``'s tracking resource: its mark book (None
+    where it keeps none) and the lock of its state. Read once and kept on the
+    runtime (``_nss_tracking``): a runtime's resource stack is fixed when it
+    is made, and each read through it runs Python properties."""
+    d = rt.__dict__
+    found = d.get("_nss_tracking")
+    if found is None:
+        tracker = rt.resource.tracker
+        book = getattr(tracker, "marks", None)
+        found = (book, None if book is None else tracker.lock)
+        d["_nss_tracking"] = found
+    return found  # type: ignore[no-any-return]
+
+
+@cython.cfunc
 def _book(rt: Any) -> Any:
     """The mark book of ``rt``'s tracking resource where the program's
     ordering is noted now (:func:`noting`), else None."""
     if rt.capture is not None:
         return None
-    book = getattr(rt.resource.tracker, "marks", None)
+    book = _tracking(rt)[0]
     if book is None:
         return None
     observed = cython.cast(MarkBook, book).observed
@@ -87,7 +103,7 @@ def _caught_up(rt: Any, book: MarkBook) -> Lock:
     """Take the lock of ``rt``'s tracking resource and apply what the driver
     observer noted since (``book``: its mark book); the caller gives the lock
     back."""
-    lock: Lock = rt.resource.tracker.lock
+    lock: Lock = _tracking(rt)[1]
     lock.take()
     try:
         if book.observed is not None:
