@@ -15,3 +15,7 @@ cpdef object cache_stream(object rt, object owner, object handle)
 cpdef object event_handle(object event)
 cdef object _weak(object rt)
 cdef object _still_borrowing(object rt, object point)
+cpdef object record(object rt, object event, object stream, object handle, bint direct,
+                    object fallback, tuple args)
+cpdef object wait(object rt, object event, object stream, object owner, object handle,
+                  bint direct, object fallback, tuple args)

@@ -51,7 +51,7 @@ COMPILED: bool = cython.compiled
 def _event_lock(event: Any) -> Lock:
     """The lock of ``event`` (made on first use, kept in its ``__dict__``): the
     engine's :class:`Lock`, taken and given from C."""
-    d = event.__dict__
+    d: dict = event.__dict__
     lock = d.get("_nss_lock")
     if lock is None:
         lock = d.setdefault("_nss_lock", Lock())
@@ -73,7 +73,7 @@ def _tracking(rt: Any) -> tuple:
     where it keeps none) and the lock of its state. Read once and kept on the
     runtime (``_nss_tracking``): a runtime's resource stack is fixed when it
     is made, and each read through it runs Python properties."""
-    d = rt.__dict__
+    d: dict = rt.__dict__
     found = d.get("_nss_tracking")
     if found is None:
         tracker = rt.resource.tracker
@@ -170,7 +170,7 @@ def event_handle(event: Any) -> Any:
     ``CUevent``, or of a ``ctypes.c_void_p`` (older numba-cuda releases).
     Read once and kept on the event (``_nss_handle``): an event's handle is
     fixed for its life."""
-    d = event.__dict__
+    d: dict = event.__dict__
     found = d.get("_nss_handle")
     if found is not None:
         return found
@@ -191,7 +191,7 @@ def record_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def record_event_(self: Any, stream: Any = 0) -> None:
         rt = _runtime()
         handle = stream_ref(rt, stream)[0]
-        record(rt, self, handle, event_handle(self), handle > 2, original, self, stream)
+        record(rt, self, handle, event_handle(self), handle > 2, original, (self, stream))
     record_event_.__doc__ = original.__doc__
     record_event_.__name__ = "record"
     return record_event_
@@ -206,7 +206,7 @@ def wait_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = _runtime()
         ref = stream_ref(rt, stream)
         handle = ref[0]
-        wait(rt, self, handle, ref[1], event_handle(self), handle > 2, original, self, stream)
+        wait(rt, self, handle, ref[1], event_handle(self), handle > 2, original, (self, stream))
     wait_event_.__doc__ = original.__doc__
     wait_event_.__name__ = "wait"
     return wait_event_
@@ -243,8 +243,9 @@ def _still_borrowing(rt: Any, point: Any) -> Any:
     return None
 
 
+@cython.ccall
 def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
-           fallback: Callable[..., Any], *args: Any) -> None:
+           fallback: Callable[..., Any], args: tuple) -> None:
     """The program records ``event`` (driver handle ``handle``) on stream
     ``stream`` of runtime ``rt``: the point is taken first (what is queued
     there so far, its mark closed and borrowing the event), then the event
@@ -254,7 +255,7 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
     not for an event not yet recorded); the point is kept once the record
     succeeded. Any mark that borrowed the event's earlier record gets an
     event of its own first."""
-    d = event.__dict__
+    d: dict = event.__dict__
     book: MarkBook
     lock: Lock
     elock: Lock = _event_lock(event)
@@ -296,8 +297,9 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
         elock.give()
 
 
+@cython.ccall
 def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cython.bint,
-         fallback: Callable[..., Any], *args: Any) -> None:
+         fallback: Callable[..., Any], args: tuple) -> None:
     """The program makes ``stream`` (of object ``owner``) wait for ``event``
     (driver handle ``handle``), through libcuda where ``direct``, else (or
     where libcuda refuses) by ``fallback(*args)``: once that succeeded, the
@@ -307,7 +309,8 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
     elock: Lock = _event_lock(event)
     elock.take()
     try:
-        point = event.__dict__.get("_nss_point")
+        d: dict = event.__dict__
+        point = d.get("_nss_point")
         if not direct or wait_event(stream, handle) != 0:
             fallback(*args)
         if point is None or point[0]() is not rt:

@@ -398,8 +398,8 @@ def _event_record(original: Any) -> Any:
     def record(self: Any, stream: Any = 0) -> None:
         rt, handle = _sim_handle(stream)
         event = _sim_event(rt, self)
-        program_order.record(rt, self, handle, event, False, rt.driver.event_record, event,
-                             handle)
+        program_order.record(rt, self, handle, event, False, rt.driver.event_record,
+                             (event, handle))
     return record
 
 
@@ -409,7 +409,7 @@ def _event_wait(original: Any) -> Any:
         handle, owner = program_order.stream_ref(rt, stream)
         event = _sim_event(rt, self)
         program_order.wait(rt, self, handle, owner, event, False, rt.driver.stream_wait_event,
-                           handle, event)
+                           (handle, event))
     return wait
 
 

@@ -746,7 +746,7 @@ def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event
         queued.wait(0.5)  # the read runs now unless it waits for the library
         sim.event_record(handle, stream)
 
-    program_order.record(rt, _Event(), s1, handle, False, driver_record, s1)
+    program_order.record(rt, _Event(), s1, handle, False, driver_record, (s1,))
     for thread in threads:
         thread.join()
     if library:
@@ -769,6 +769,6 @@ def test_a_failed_program_record_leaves_the_write_ordered(failures):
     handle = sim.event_create()
     sim.inject_failure("cuEventRecord", times=failures)
     with pytest.raises(DriverError, match="cuEventRecord"):
-        program_order.record(rt, _Event(), s1, handle, False, sim.event_record, handle, s1)
+        program_order.record(rt, _Event(), s1, handle, False, sim.event_record, (handle, s1))
     launch(rt, s2, [(x, Access.READ)], label="read x on s2")
     sim.assert_no_hazards()
