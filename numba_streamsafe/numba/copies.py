@@ -31,7 +31,7 @@ from numba_streamsafe.numba.scope import FENCE, INSIDE, numba_call, per_thread
 from numba_streamsafe.protocol import fenced
 from numba_streamsafe.runtime import installed_runtime
 
-__all__ = ["NumbaUses", "uses_of", "fence_numba", "copy_hook", "pointer_memset_hook",
+__all__ = ["NumbaUses", "fence_numba", "copy_hook", "pointer_memset_hook",
            "host_waited_default", "COMPILED"]
 
 #: Whether this module runs compiled (:func:`numba_streamsafe.compiled.engine_builds`).
@@ -54,40 +54,44 @@ class NumbaUses(CopyUses):
 
 
 @cython.cfunc
-def _add(uses: Any, rt: Any, obj: Any, access: Any, name: str, size: Any) -> cython.bint:
+def _add(uses: Any, rt: Any, obj: Any, access: Any, name: str, size: Any) -> None:
     """Add to ``uses`` the use of the Numba device object ``obj`` (an array, a
     pointer or a view of one) over the ``size`` bytes from its pointer (None:
-    all of its memory), where its memory is a block of the library; False
-    where it is not (memory the library does not track)."""
+    all of its memory), where its memory is a block of the library (nothing
+    for memory the library does not track)."""
     memory = getattr(obj, "gpu_data", obj)
     if memory is None:
-        return False
+        return
     block = getattr(getattr(memory, "owner", None), "_nss_block", None)
     ptr = getattr(memory, "device_pointer_value", None)
     if block is None:
         if not ptr:
-            return False
+            return
         block = rt.find(int(ptr))
         if block is None:
-            return False
+            return
     ptr = int(ptr or block.ptr)
     nbytes = getattr(memory, "size", block.nbytes) if size is None else size
     lo, hi = target.span(block, ptr, nbytes)
     uses.add(block, access, name, lo, hi)
-    return True
 
 
-def uses_of(pairs: tuple[tuple[Any, Access, str], ...], size: int | None) -> NumbaUses | None:
-    """The uses of a copy's or fill's device operands (``(object, access,
-    name)`` each), each over the ``size`` bytes from its pointer (None: all
-    of the pointer's memory), or None when none is the library's (or
-    transparent mode passes the work through: inside a fenced operation)."""
+@cython.cfunc
+def _uses(dst: Any, src: Any, size: Any, write_dst: cython.bint,
+          read_src: cython.bint) -> Any:
+    """The uses of a copy's or fill's device operands (the write of ``dst``,
+    the read of ``src``, as asked), each over the ``size`` bytes from its
+    pointer (None: all of the pointer's memory), or None when none is the
+    library's (or transparent mode passes the work through: inside a fenced
+    operation)."""
     if per_thread.transparent == INSIDE:
         return None
     rt = target.launch_runtime()
     uses = NumbaUses(rt)
-    for obj, access, name in pairs:
-        _add(uses, rt, obj, access, name, size)
+    if write_dst:
+        _add(uses, rt, dst, _WRITE, "dst", size)
+    if read_src:
+        _add(uses, rt, src, _READ, "src", size)
     if not uses.blocks:
         return None
     return uses
@@ -119,16 +123,7 @@ def copy_hook(original: Callable[..., Any], *, fence: bool, label: str, write_ds
         sync = host_waits if not stream else None
         if sync == "before":
             host_waited_default()
-        uses = None
-        if size and per_thread.transparent != INSIDE:
-            rt = target.launch_runtime()
-            uses = NumbaUses(rt)
-            if write_dst:
-                _add(uses, rt, dst, _WRITE, "dst", size)
-            if read_src:
-                _add(uses, rt, src, _READ, "src", size)
-            if not uses.blocks:
-                uses = None
+        uses = _uses(dst, src, size, write_dst, read_src) if size else None
         if uses is None:
             result = original(dst, src, size, stream)
         else:
@@ -147,7 +142,7 @@ def pointer_memset_hook(original: Callable[..., Any], *, fence: bool) -> Callabl
     writes the pointer's memory."""
     @cython.binding(True)  # a method of Numba's class: bound to the pointer
     def memset(self: Any, byte: int, count: int | None = None, stream: Any = 0) -> Any:
-        uses = uses_of(((self, _WRITE, "dst"),), count)
+        uses = _uses(self, None, count, True, False)
         if uses is None:
             return original(self, byte, count, stream)
         return fence_numba(fence, "memset (Numba)", stream, uses, original, self, byte, count,
