@@ -7,7 +7,7 @@ from numba_streamsafe.resources.tracking.marks cimport MarkBook
 from numba_streamsafe.resources.tracking.rules cimport Entry, commit_locked, preflight_locked
 from numba_streamsafe.core.tracehook cimport TraceLog, current_log, launches_direct
 from numba_streamsafe.core.sites cimport capture_stack
-from numba_streamsafe.numba.program_order cimport cache_stream
+from numba_streamsafe.numba.program_order cimport stream_ref
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
 

@@ -28,7 +28,7 @@ from numba_streamsafe.core.settings import Settings, on_reload, settings
 from numba_streamsafe.core.sites import capture_stack
 from numba_streamsafe.core.tracehook import TraceLog, current_log, launches_direct
 from numba_streamsafe.numba.launch.packing import MAX_PARAM_BYTES, ParamScratch, pack_into
-from numba_streamsafe.numba.program_order import cache_stream
+from numba_streamsafe.numba.program_order import stream_ref
 from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, preflight_locked
 from numba_streamsafe.runtime import RUNTIMES
 
@@ -363,19 +363,17 @@ def _stream_of(rt: Any, config: tuple) -> tuple | None:
 
 @cython.cfunc
 def _new_stream(rt: Any, config: tuple) -> tuple | None:
-    """``(handle, owner)`` of a stream object no launch cached its handle on
-    (``DeviceRuntime.stream_ref``, as the Python path resolves it), cached on
-    the object for the next launches as the Python path caches it; None when
-    the Python path must decide (it raises the error)."""
+    """``(handle, owner)`` of a stream object no launch cached its handle on,
+    resolved and cached for the next launches as Numba's copies and syncs
+    resolve it (:func:`~numba_streamsafe.numba.program_order.stream_ref`);
+    None when the Python path must decide (it raises the error)."""
     stream = config[2]
     if type(stream) is int or getattr(stream, "_nss_stream", None) is not None:
         return None  # refused by _stream_of: a negative handle, another runtime's stream
     try:
-        ref = rt.stream_ref(stream)
+        return stream_ref(rt, stream)
     except Exception:
         return None
-    cache_stream(rt, ref[1], ref[0])
-    return (ref[0], ref[1])
 
 
 @cython.cfunc
