@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|long|yardstick|profile
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|steps|long|yardstick|profile
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -435,6 +435,16 @@ host)
         python3 benchmarks/stream_per_step.py --child --profile "$OUT/per_step_plain.prof" \
             > "$OUT/per_step_plain.json" 2>&1
     fi
+    ;;
+steps)
+    # A stream per step alone (issue "host cost"), this tree: benchmarks/stream_per_step.py
+    # with its plugin and plain processes taking turns for STEP_ROUNDS rounds (default 7;
+    # the host's speed moves from process to process, so one round says little).
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    PYTHONWARNINGS=ignore NSS_BENCH_DIR="$OUT/steps" run per_step python3 -X faulthandler \
+        benchmarks/stream_per_step.py --rounds "${STEP_ROUNDS:-7}"
+    grep -E "^rounds|ratio" "$OUT/per_step.log"
+    grep -A 11 "^phase" "$OUT/per_step.log"
     ;;
 long)
     # The long run alone (issue "host cost"): a stream per step for LONG_MINUTES (default
