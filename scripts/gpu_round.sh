@@ -457,11 +457,14 @@ long)
 yardstick)
     # Issue "host cost": the real-programs benchmark (benchmarks/real_programs.py, .whl-suite
     # carried), then run_all.py of this tree and of ${BASE:-.before53}/ taking turns.
+    # BUDGET: seconds after which no new round starts. A round of the ten programs took
+    # about 85 s on an H200, so the default 400 lets five rounds run (290 allowed four)
+    # and ends within a call's 600 s; give RUN_ALL=0 with it.
     base=$PWD/${BASE:-.before53}
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
     export PYTHONWARNINGS=ignore
     run real_programs python3 -X faulthandler benchmarks/real_programs.py \
-        --rounds "${ROUNDS:-5}" --budget "${BUDGET:-300}"
+        --rounds "${ROUNDS:-5}" --budget "${BUDGET:-400}"
     tail -n 20 "$OUT/real_programs.log"
     if [[ ${RUN_ALL:-1} == 1 ]]; then
         (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
