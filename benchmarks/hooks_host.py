@@ -7,7 +7,9 @@ calls emptied; each beside the same call unhooked (the floor: a Python call):
 * ``record+wait``: a hooked ``Event.record`` on a stream with a use, then
   ``Event.wait`` on another stream (the program ordering itself), around
   methods that do nothing. No libcuda here: the hooks fall back to the
-  methods they wrap.
+  methods they wrap;
+* ``synchronize``: a hooked ``Stream.synchronize`` of a stream object with a
+  use, around a method that does nothing.
 
 A GPU call's host time is this work plus the driver's and Numba's. Like
 ``engine_host.py`` it measures the library's own part on any machine, so that
@@ -51,6 +53,19 @@ def _wait(self: Any, stream: Any = 0) -> None:
     """Numba's ``Event.wait``, doing nothing."""
 
 
+def _synchronize(self: Any) -> None:
+    """Numba's ``Stream.synchronize``, doing nothing."""
+
+
+def _synchronize_hook() -> Any:
+    try:
+        return program_order.stream_synchronize_hook(_synchronize)  # type: ignore[attr-defined]
+    except AttributeError:  # a tree from before the hook moved to program_order
+        from numba_streamsafe.numba import transparent
+
+        return transparent._gpu_stream_synchronize(_synchronize)  # type: ignore[attr-defined]
+
+
 def _copy_hook() -> Any:
     try:
         from numba_streamsafe.numba import copies
@@ -79,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     event = NumbaEvent(drv.event_create())
     copy_hook = _copy_hook()
     record, wait = program_order.record_hook(_record), program_order.wait_hook(_wait)
+    synchronize = _synchronize_hook()
 
     def copies(copy: Callable[..., Any]) -> float:
         start = time.perf_counter_ns()
@@ -99,10 +115,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             total += time.perf_counter_ns() - start
         return total / args.calls / 1000
 
+    def syncs(sync: Callable[..., Any]) -> float:
+        """Each synchronise after a use on ``a`` by its stream object (its mark
+        to close); only the call timed."""
+        total = 0
+        for _ in range(args.calls):
+            res.preflight(use, a, on_a)
+            res.commit(use, a, on_a)
+            start = time.perf_counter_ns()
+            sync(on_a)
+            total += time.perf_counter_ns() - start
+        return total / args.calls / 1000
+
     variants: dict[str, Callable[[], float]] = {
         "copy hooked": lambda: copies(copy_hook), "copy unhooked": lambda: copies(_copy),
         "record+wait hooked": lambda: orderings(record, wait),
-        "record+wait unhooked": lambda: orderings(_record, _wait)}
+        "record+wait unhooked": lambda: orderings(_record, _wait),
+        "synchronize hooked": lambda: syncs(synchronize),
+        "synchronize unhooked": lambda: syncs(_synchronize)}
     per: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for name, run in variants.items():

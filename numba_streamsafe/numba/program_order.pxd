@@ -19,3 +19,5 @@ cpdef object record(object rt, object event, object stream, object handle, bint 
                     object fallback, tuple args)
 cpdef object wait(object rt, object event, object stream, object owner, object handle,
                   bint direct, object fallback, tuple args)
+cpdef object completed(object event, object synchronize, tuple args=*)
+cpdef object synchronised(object rt, object stream, object synchronize, tuple args=*)

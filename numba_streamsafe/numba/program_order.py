@@ -37,12 +37,12 @@ import cython
 from numba_streamsafe._driver.libcuda import record_event, wait_event
 from numba_streamsafe.core.streams import default_stream_handle, owns_handle, stream_handle
 from numba_streamsafe.resources.tracking.lock import Lock
-from numba_streamsafe.resources.tracking.marks import Mark, MarkBook
+from numba_streamsafe.resources.tracking.marks import AT_SYNC, Mark, MarkBook
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["record", "wait", "completed", "synchronised", "device_synchronised", "noting",
-           "record_hook", "wait_hook", "stream_ref", "cache_stream", "event_handle",
-           "COMPILED"]
+           "record_hook", "wait_hook", "stream_synchronize_hook", "event_completed_hook",
+           "stream_ref", "cache_stream", "event_handle", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -330,42 +330,97 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
         elock.give()
 
 
-def completed(event: Any, synchronize: Callable[[], Any]) -> Any:
-    """``synchronize()`` waits on the host for ``event`` (or, a query, tells
-    whether it completed): when it returns anything but False, the event's
-    point is complete. Its result is returned. Under the event's lock, so a
-    record of the event by another thread meanwhile cannot be taken for it."""
+@cython.ccall
+def completed(event: Any, synchronize: Callable[..., Any], args: tuple = ()) -> object:
+    """``synchronize(*args)`` waits on the host for ``event`` (or, a query,
+    tells whether it completed): when it returns anything but False, the
+    event's point is complete. Its result is returned. Under the event's lock,
+    so a record of the event by another thread meanwhile cannot be taken for
+    it."""
+    book: MarkBook
+    lock: Lock
     elock: Lock = _event_lock(event)
     elock.take()
     try:
         point = event.__dict__.get("_nss_point")
-        done = synchronize()
+        done = synchronize(*args)
         rt = point[0]() if point is not None else None
-        if done is not False and rt is not None and noting(rt):
-            rt.resource.tracker.program_completed(point[1])
+        if done is not False and rt is not None:
+            found = _book(rt)
+            if found is not None:
+                book = found
+                lock = _caught_up(rt, book)
+                try:
+                    book.program_completed(point[1])
+                finally:
+                    lock.give()
         return done
     finally:
         elock.give()
 
 
-def synchronised(rt: Any, stream: Any, synchronize: Callable[[], Any]) -> None:
-    """``synchronize()`` waits on the host for stream ``stream``: complete up to now."""
-    if not noting(rt):
-        synchronize()
-        return
-    tracker = rt.resource.tracker
-    # The stream's open mark is closed with no event: the host sees it complete now.
-    clock, mark = tracker.program_sync_clock(stream)
+@cython.ccall
+def synchronised(rt: Any, stream: Any, synchronize: Callable[..., Any],
+                 args: tuple = ()) -> object:
+    """``synchronize(*args)`` waits on the host for stream ``stream`` of
+    runtime ``rt``: complete up to now. The stream's open mark is closed
+    first with no event (``MarkBook.program_record`` with ``AT_SYNC``: the
+    host is about to see its work complete); if the synchronise fails, the
+    mark gets its event. The mark book is called under the resource's lock,
+    as :func:`record` calls it."""
+    book: MarkBook
+    lock: Lock
+    found = _book(rt)
+    if found is None:
+        synchronize(*args)
+        return None
+    book = found
+    lock = _caught_up(rt, book)
     try:
-        synchronize()
+        clock, mark = book.program_record(stream, AT_SYNC)
+    finally:
+        lock.give()
+    try:
+        synchronize(*args)
     except BaseException:
         if mark is not None:  # not seen complete: the mark gets its event
+            lock.take()
             try:
-                tracker.program_unborrow(mark)
+                book.unborrow(mark)
             except BaseException:
                 pass  # not recorded either (a sticky error): a use that needs it records it
+            finally:
+                lock.give()
         raise
-    tracker.program_completed(clock, stream)
+    lock = _caught_up(rt, book)
+    try:
+        book.program_completed(clock, stream)
+    finally:
+        lock.give()
+    return None
+
+
+def stream_synchronize_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Numba's ``Stream.synchronize`` (``original``) as transparent mode hooks
+    it on a GPU: :func:`synchronised` on the current runtime around it."""
+    @cython.binding(True)  # a method of Numba's class: bound to the stream
+    def synchronize_stream_(self: Any) -> None:
+        rt = _runtime()
+        synchronised(rt, stream_ref(rt, self)[0], original, (self,))
+    synchronize_stream_.__doc__ = original.__doc__
+    synchronize_stream_.__name__ = "synchronize"
+    return synchronize_stream_
+
+
+def event_completed_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Numba's ``Event.synchronize`` or ``Event.query`` (``original``) as
+    transparent mode hooks it on a GPU: :func:`completed` around it."""
+    @cython.binding(True)  # a method of Numba's class: bound to the event
+    def event_completed_(self: Any) -> Any:
+        return completed(self, original, (self,))
+    event_completed_.__doc__ = original.__doc__
+    event_completed_.__name__ = original.__name__
+    return event_completed_
 
 
 def device_synchronised(rt: Any, synchronize: Callable[[], Any]) -> None:

@@ -226,35 +226,12 @@ def _install_gpu() -> None:
     # the waits it satisfies are skipped.
     _replace(numba_driver.Event, "record", program_order.record_hook)
     _replace(numba_driver.Event, "wait", program_order.wait_hook)
-    _replace(numba_driver.Event, "synchronize", _gpu_event_synchronize)
-    _replace(numba_driver.Event, "query", _gpu_event_query)
-    _replace(numba_driver.Stream, "synchronize", _gpu_stream_synchronize)
+    _replace(numba_driver.Event, "synchronize", program_order.event_completed_hook)
+    _replace(numba_driver.Event, "query", program_order.event_completed_hook)
+    _replace(numba_driver.Stream, "synchronize", program_order.stream_synchronize_hook)
     # A Python host callback needs the GIL: no launch keeps it from then on.
     _replace(numba_driver.Stream, "add_callback", _gpu_stream_add_callback)
     _replace(numba_driver.Context, "synchronize", _gpu_context_synchronize)
-
-
-def _gpu_event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
-    def synchronize(self: Any) -> None:
-        program_order.completed(self, lambda: original(self))
-    synchronize.__doc__ = original.__doc__
-    return synchronize
-
-
-def _gpu_event_query(original: Callable[..., Any]) -> Callable[..., Any]:
-    def query(self: Any) -> bool:
-        return program_order.completed(self, lambda: original(self))  # type: ignore[no-any-return]
-    query.__doc__ = original.__doc__
-    return query
-
-
-def _gpu_stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
-    def synchronize(self: Any) -> None:
-        rt = target.launch_runtime()
-        handle = program_order.stream_ref(rt, self)[0]
-        program_order.synchronised(rt, handle, lambda: original(self))
-    synchronize.__doc__ = original.__doc__
-    return synchronize
 
 
 def _gpu_stream_add_callback(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -148,9 +148,10 @@ def test_hooks_benchmark_times_each_hook_against_the_bare_call():
     proc = _run("benchmarks/hooks_host.py", "--calls", "200", "--rounds", "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = {name: float(us) for name, us in
-               re.findall(r"((?:copy|record\+wait) (?:hooked|unhooked)) ([\d.]+) us", proc.stdout)}
-    assert len(figures) == 4, proc.stdout
-    for hook in ("copy", "record+wait"):
+               re.findall(r"((?:copy|record\+wait|synchronize) (?:hooked|unhooked)) ([\d.]+) us",
+                          proc.stdout)}
+    assert len(figures) == 6, proc.stdout
+    for hook in ("copy", "record+wait", "synchronize"):
         assert figures[f"{hook} hooked"] > figures[f"{hook} unhooked"] > 0, proc.stdout
 
 
