@@ -384,13 +384,10 @@ def synchronised(rt: Any, stream: Any, synchronize: Callable[..., Any],
         synchronize(*args)
     except BaseException:
         if mark is not None:  # not seen complete: the mark gets its event
-            lock.take()
             try:
-                book.unborrow(mark)
+                rt.resource.tracker.program_unborrow(mark)
             except BaseException:
                 pass  # not recorded either (a sticky error): a use that needs it records it
-            finally:
-                lock.give()
         raise
     lock = _caught_up(rt, book)
     try:

@@ -462,7 +462,7 @@ def test_a_synchronise_of_a_stream_records_no_event_of_the_librarys(case):
             sim.stream_synchronize(a)
             res.program_completed(clock, a)
         elif case == "synchronise fails":
-            res.program_unborrow(mark)  # MarkBook.unborrow, as program_order.synchronised calls it
+            res.program_unborrow(mark)  # as program_order.synchronised does then
             kernel(res, sim, b, [(x, R)], label="read x on b")
         else:
             res.retire_stream(a, sim.destroy_stream)
