@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|steps|long|yardstick|profile
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|steps|long|yardstick|house|profile
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -473,6 +473,19 @@ yardstick)
             > "$OUT/run_all.log" 2>&1
         grep -E "^=== |ratio|x |  " "$OUT/run_all.log" | tail -n 60
     fi
+    ;;
+house)
+    # Issue "host cost": run_all.py of ${BASE:-.before52}/ (the tree before the issue's
+    # work) and of this tree, both compiled here, taking turns ${HOUSE_ROUNDS:-1} times
+    # (each run_all with --rounds ${RUN_ALL_ROUNDS:-3}), then every figure side by side
+    # with after / before and the ones that moved the wrong way by more than 3 %.
+    base=$PWD/${BASE:-.before52}
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+        > "$OUT/build_base.log" 2>&1
+    ROUNDS=${HOUSE_ROUNDS:-1} bash scripts/bench_compare.sh "$base" run_all.py \
+        --rounds "${RUN_ALL_ROUNDS:-3}" > "$OUT/run_all.log" 2>&1
+    python3 scripts/runall_compare.py "$OUT/compare.log" | tee "$OUT/house.txt"
     ;;
 profile)
     # Where the host time goes (issue "host cost"), this tree compiled: a stream per
