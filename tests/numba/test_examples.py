@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,19 @@ def test_hooks_benchmark_times_each_hook_against_the_bare_call():
     assert len(figures) == 6, proc.stdout
     for hook in ("copy", "record+wait", "synchronize"):
         assert figures[f"{hook} hooked"] > figures[f"{hook} unhooked"] > 0, proc.stdout
+
+
+def test_launch_entry_benchmark_times_the_compiled_entry_alone():
+    from numba_streamsafe.numba.launch import launcher
+
+    if not launcher.COMPILED or shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("launch_host.py measures the compiled entry, with a stub driver built by cc")
+    proc = _run("benchmarks/launch_host.py", "--launches", "2000", "--rounds", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(r"same stream (\d+) ns, cross stream (\d+) ns a launch", proc.stdout)
+    assert found, proc.stdout
+    same, cross = int(found.group(1)), int(found.group(2))
+    assert cross > same > 0, proc.stdout  # a wait and an event per launch across streams
 
 
 @pytest.mark.slow

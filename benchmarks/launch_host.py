@@ -1,0 +1,159 @@
+"""The compiled launch entry's own host work, with the driver taken out:
+:func:`~numba_streamsafe.numba.launch.launcher.launch` of a kernel with three
+device-array arguments (read, read, write), as a tracked or plain launch
+reaches it once its plan and the arrays' fields are cached.
+
+The entry calls libcuda's ``cuLaunchKernel``, ``cuEventRecord`` and
+``cuStreamWaitEvent`` itself. Here those come from a stub library built with
+the C compiler (``cc``) and loaded under libcuda's name, whose functions
+return at once; the runtime is the simulated driver's, its event calls
+emptied (``engine_host.QuietDriver``). What is left is the entry's work: the
+checks that it may take the launch, the plan, the parameters packed, the
+preflight and commit under the resource's lock. A GPU launch's host time is
+this work plus the driver's (``launch_overhead.py`` measures both on a GPU).
+
+Variants: ``same`` (every launch on one stream) and ``cross`` (launches
+alternate two streams, each reading what the other wrote: a wait and an
+event per launch). Rounds interleave the variants; medians are printed. The
+figures count instructions as well under ``valgrind --tool=callgrind`` (two
+runs of different ``--launches``, their difference), which, unlike time,
+repeat from run to run: the way to compare two trees on a shared machine.
+
+Needs the compiled engine and a C compiler; run it in a process of its own
+(the stub stays loaded as libcuda in it).
+
+    python benchmarks/launch_host.py [--launches N] [--rounds R] [--variant same|cross]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+STUB = """
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shmem, void *stream, void **params, void **extra)
+{ return 0; }
+int cuEventRecord(void *event, void *stream) { return 0; }
+int cuStreamWaitEvent(void *stream, void *event, unsigned flags) { return 0; }
+"""
+
+
+def load_stub(folder: str) -> None:
+    """Build the stub driver library in ``folder`` and load it as libcuda."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        sys.exit("launch_host.py needs a C compiler (cc) to build its stub driver library")
+    src = os.path.join(folder, "stub.c")
+    lib = os.path.join(folder, "libcuda.so.1")
+    with open(src, "w") as f:
+        f.write(STUB)
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, src],
+                   check=True)
+    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+
+
+def setup() -> tuple[Any, Any, tuple, tuple, tuple, tuple]:
+    """A runtime over the quiet simulated driver, a kernel's launch state
+    with one plan, and three arrays with their fields cached: ``(launcher
+    module, state, args, args reversed, config on s, config on t)``."""
+    from engine_host import QuietDriver
+
+    import numba_streamsafe as nss
+    from numba_streamsafe.core.access import Access
+    from numba_streamsafe.numba.launch import launcher
+    from numba_streamsafe.numba.launch.policy import launch_policy
+    from numba_streamsafe.resources import AsyncResource
+    from numba_streamsafe.runtime import DeviceRuntime
+
+    if not launcher.COMPILED:
+        sys.exit("launch_host.py measures the compiled entry: this build runs the engine as "
+                 "Python (build it: python setup.py build_ext --inplace)")
+
+    class Driver(QuietDriver):
+        def launch_kernel(self, *args: Any) -> None:
+            raise AssertionError("the entry handed the launch to the driver layer: the stub "
+                                 "libcuda was not found")
+
+    drv = Driver(backing=False)
+    res = AsyncResource(drv)
+    rt = DeviceRuntime(res, drv)
+    nss.set_runtime(rt)
+    policy = launch_policy(rt)
+    policy.direct_launch = True  # the simulator's runtime turns it off: no compiled kernels
+    state = launcher.LaunchState(rt, policy, (int(Access.READ), int(Access.READ),
+                                              int(Access.WRITE)), set(), True, "add",
+                                 ("a", "b", "c"))
+    argtype = object()  # a Numba array type: plans match argument types by identity
+
+    class Array:
+        """A device array as a launch reads it: its cached fields."""
+
+    s, t = drv.create_stream(), drv.create_stream()
+    arrays = []
+    for _ in range(3):
+        block = res.allocate(1 << 16, s)
+        a = Array()
+        # Seven 8-byte launch fields, as Numba passes a 1-d array.
+        a._nss_fast = launcher.ArgFields(block, argtype, bytes(56), 0, block.nbytes)
+        arrays.append(a)
+    cufunc = object()
+    state.add_plan(launcher.Plan((argtype,) * 3, 0x1000, b"AAA", {rt.device: cufunc}, cufunc,
+                                 rt.device))
+    args = tuple(arrays)
+    return launcher, state, args, args[::-1], (1, 128, s), (1, 128, t)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--launches", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variant", choices=("both", "same", "cross"), default="both",
+                        help="one variant alone (for callgrind)")
+    args = parser.parse_args(argv)
+    folder = tempfile.mkdtemp(prefix="nss-stub-")
+    try:
+        load_stub(folder)
+        launcher, state, fwd, rev, on_s, on_t = setup()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # loaded: the file is no longer needed
+    launch = launcher.launch
+    if not launch(state, on_s, fwd):
+        sys.exit("the compiled entry handed the launch back: nothing to measure")
+    before = launcher.launches()
+
+    def run(cross: bool) -> float:
+        other = on_t if cross else on_s
+        n = args.launches // 2
+        start = time.perf_counter_ns()
+        for _ in range(n):
+            launch(state, on_s, fwd)
+            launch(state, other, rev)
+        return (time.perf_counter_ns() - start) / (2 * n)
+
+    variants = ("same", "cross") if args.variant == "both" else (args.variant,)
+    per: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.rounds):
+        for v in variants:
+            per[v].append(run(v == "cross"))
+    if launcher.launches() - before != 2 * (args.launches // 2) * len(variants) * args.rounds:
+        sys.exit("some launches went another way than the compiled entry's: the figures are "
+                 "not the entry's")
+    med = {k: statistics.median(v) for k, v in per.items()}
+    print(f"compiled launch entry, driver calls stubbed ({args.launches} launches x "
+          f"{args.rounds} rounds): "
+          + ", ".join(f"{'same' if v == 'same' else 'cross'} stream {med[v]:.0f} ns"
+                      for v in variants) + " a launch")
+    return med
+
+
+if __name__ == "__main__":
+    main()
