@@ -74,10 +74,6 @@ def setup() -> tuple[Any, Any, tuple, tuple, tuple, tuple]:
     from numba_streamsafe.resources import AsyncResource
     from numba_streamsafe.runtime import DeviceRuntime
 
-    if not launcher.COMPILED:
-        sys.exit("launch_host.py measures the compiled entry: this build runs the engine as "
-                 "Python (build it: python setup.py build_ext --inplace)")
-
     class Driver(QuietDriver):
         def launch_kernel(self, *args: Any) -> None:
             raise AssertionError("the entry handed the launch to the driver layer: the stub "
@@ -119,6 +115,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--variant", choices=("both", "same", "cross"), default="both",
                         help="one variant alone (for callgrind)")
     args = parser.parse_args(argv)
+    if args.launches < 2 or args.rounds < 1:
+        parser.error("--launches must be at least 2 and --rounds at least 1")
+    from numba_streamsafe.numba.launch import launcher as entry
+
+    if not entry.COMPILED:
+        sys.exit("launch_host.py measures the compiled entry: this build runs the engine as "
+                 "Python (build it: python setup.py build_ext --inplace)")
     folder = tempfile.mkdtemp(prefix="nss-stub-")
     try:
         load_stub(folder)
@@ -130,9 +133,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         sys.exit("the compiled entry handed the launch back: nothing to measure")
     before = launcher.launches()
 
+    n = args.launches // 2  # pairs of launches: each round runs 2 * n
+
     def run(cross: bool) -> float:
         other = on_t if cross else on_s
-        n = args.launches // 2
         start = time.perf_counter_ns()
         for _ in range(n):
             launch(state, on_s, fwd)
@@ -144,11 +148,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for _ in range(args.rounds):
         for v in variants:
             per[v].append(run(v == "cross"))
-    if launcher.launches() - before != 2 * (args.launches // 2) * len(variants) * args.rounds:
+    if launcher.launches() - before != 2 * n * len(variants) * args.rounds:
         sys.exit("some launches went another way than the compiled entry's: the figures are "
                  "not the entry's")
     med = {k: statistics.median(v) for k, v in per.items()}
-    print(f"compiled launch entry, driver calls stubbed ({args.launches} launches x "
+    print(f"compiled launch entry, driver calls stubbed ({2 * n} launches x "
           f"{args.rounds} rounds): "
           + ", ".join(f"{'same' if v == 'same' else 'cross'} stream {med[v]:.0f} ns"
                       for v in variants) + " a launch")

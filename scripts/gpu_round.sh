@@ -476,15 +476,17 @@ yardstick)
     ;;
 house)
     # Issue "host cost": run_all.py of ${BASE:-.before52}/ (the tree before the issue's
-    # work) and of this tree, both compiled here, taking turns ${HOUSE_ROUNDS:-1} times
-    # (each run_all with --rounds ${RUN_ALL_ROUNDS:-3}), then every figure side by side
-    # with after / before and the ones that moved the wrong way by more than 3 %.
+    # work) and of this tree, both compiled here, ${HOUSE_ROUNDS:-1} time(s) each, the before
+    # tree first in each round (each run_all with --rounds ${RUN_ALL_ROUNDS:-3}), then every
+    # figure side by side with after / before and the ones that moved the wrong way by more
+    # than 3 % (scripts/runall_compare.py over the runs' compare.log).
     base=$PWD/${BASE:-.before52}
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
-    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
-        > "$OUT/build_base.log" 2>&1
+    command -v gcc > /dev/null && run build_base bash -c \
+        "cd '$base' && PYTHONPATH='$SITE:$base' python3 setup.py build_ext --inplace -j 8"
+    rm -f "$OUT/compare.log"  # bench_compare.sh appends to it: this call's runs alone
     ROUNDS=${HOUSE_ROUNDS:-1} bash scripts/bench_compare.sh "$base" run_all.py \
-        --rounds "${RUN_ALL_ROUNDS:-3}" > "$OUT/run_all.log" 2>&1
+        --rounds "${RUN_ALL_ROUNDS:-3}" > /dev/null 2>&1
     python3 scripts/runall_compare.py "$OUT/compare.log" | tee "$OUT/house.txt"
     ;;
 profile)
