@@ -78,6 +78,7 @@ cdef class MarkBook:
     cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1
     cdef int _prune(self, dict clock) except -1
+    cdef list _order_entry(self, object stream, object owner)
     cdef bint _blocking_mark(self, Mark mark) except? -1
     cpdef object program_point(self, object stream)
     cpdef tuple program_record(self, object stream, object borrow)
