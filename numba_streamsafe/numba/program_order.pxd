@@ -7,8 +7,8 @@ from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
 cdef Lock _event_lock(object event)
 cpdef bint noting(object rt) except? -1
 cdef tuple _tracking(object rt)
-cdef object _book(object rt)
-cdef Lock _caught_up(object rt, MarkBook book)
+cdef tuple _noted(object rt)
+cdef Lock _caught_up(tuple noted)
 cdef object _runtime()
 cpdef tuple stream_ref(object rt, object stream)
 cpdef object cache_stream(object rt, object owner, object handle)

@@ -64,7 +64,7 @@ def noting(rt: Any) -> cython.bint:
     graph is captured, nor where the driver observer notes every call of the
     process (Numba's events and synchronises among them), nor where the
     runtime's resource tracks nothing."""
-    return _book(rt) is not None
+    return _noted(rt) is not None
 
 
 @cython.cfunc
@@ -84,26 +84,28 @@ def _tracking(rt: Any) -> tuple:
 
 
 @cython.cfunc
-def _book(rt: Any) -> Any:
-    """The mark book of ``rt``'s tracking resource where the program's
-    ordering is noted now (:func:`noting`), else None."""
+def _noted(rt: Any) -> tuple | None:
+    """``(book, lock)`` of ``rt``'s tracking resource (:func:`_tracking`)
+    where the program's ordering is noted now (:func:`noting`), else None."""
     if rt.capture is not None:
         return None
-    book = _tracking(rt)[0]
+    found: tuple = _tracking(rt)
+    book = found[0]
     if book is None:
         return None
     observed = cython.cast(MarkBook, book).observed
     if observed is not None and observed.whole_process:
         return None
-    return book
+    return found
 
 
 @cython.cfunc
-def _caught_up(rt: Any, book: MarkBook) -> Lock:
-    """Take the lock of ``rt``'s tracking resource and apply what the driver
-    observer noted since (``book``: its mark book); the caller gives the lock
-    back."""
-    lock: Lock = _tracking(rt)[1]
+def _caught_up(noted: tuple) -> Lock:
+    """Take the lock of a tracking resource and apply what the driver
+    observer noted since (``noted``: its ``(book, lock)``, as :func:`_noted`
+    gives it); the caller gives the lock back."""
+    book: MarkBook = noted[0]
+    lock: Lock = noted[1]
     lock.take()
     try:
         if book.observed is not None:
@@ -265,15 +267,15 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
         # gets its own event before the record; under the same hold of the
         # resource's lock as the new point where it is this runtime's.
         held = _still_borrowing(rt, d.pop("_nss_point", None))
-        found = _book(rt)
-        if found is None:  # not noted: the record alone
+        noted = _noted(rt)
+        if noted is None:  # not noted: the record alone
             if held is not None:
                 rt.resource.tracker.program_unborrow(held)
             if not direct or record_event(handle, stream) != 0:
                 fallback(*args)
             return
-        book = found
-        lock = _caught_up(rt, book)
+        book = noted[0]
+        lock = _caught_up(noted)
         try:
             if held is not None:
                 book.unborrow(held)
@@ -315,11 +317,11 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
             fallback(*args)
         if point is None or point[0]() is not rt:
             return
-        found = _book(rt)
-        if found is None:
+        noted = _noted(rt)
+        if noted is None:
             return
-        book = found
-        lock = _caught_up(rt, book)
+        book = noted[0]
+        lock = _caught_up(noted)
         try:
             # The knowledge lasts while the stream's object does, where it owns
             # the handle; a wrapper of one made elsewhere may die with the stream alive.
@@ -346,10 +348,10 @@ def completed(event: Any, synchronize: Callable[..., Any], args: tuple = ()) -> 
         done = synchronize(*args)
         rt = point[0]() if point is not None else None
         if done is not False and rt is not None:
-            found = _book(rt)
-            if found is not None:
-                book = found
-                lock = _caught_up(rt, book)
+            noted = _noted(rt)
+            if noted is not None:
+                book = noted[0]
+                lock = _caught_up(noted)
                 try:
                     book.program_completed(point[1])
                 finally:
@@ -370,12 +372,12 @@ def synchronised(rt: Any, stream: Any, synchronize: Callable[..., Any],
     as :func:`record` calls it."""
     book: MarkBook
     lock: Lock
-    found = _book(rt)
-    if found is None:
+    noted = _noted(rt)
+    if noted is None:
         synchronize(*args)
         return None
-    book = found
-    lock = _caught_up(rt, book)
+    book = noted[0]
+    lock = _caught_up(noted)
     try:
         clock, mark = book.program_record(stream, AT_SYNC)
     finally:
@@ -389,7 +391,7 @@ def synchronised(rt: Any, stream: Any, synchronize: Callable[..., Any],
             except BaseException:
                 pass  # not recorded either (a sticky error): a use that needs it records it
         raise
-    lock = _caught_up(rt, book)
+    lock = _caught_up(noted)
     try:
         book.program_completed(clock, stream)
     finally:
