@@ -91,14 +91,13 @@ def main() -> None:
     if args.worker:
         parts(args.profile)
         return
+    from _installed import memory_manager_env
+
     managers = ["default", OURS] + ([RMM] if importlib.util.find_spec("rmm") else [])
     table: dict[str, dict[str, float]] = {m: {} for m in managers}
     for pass_ in range(args.passes):
         for m in managers:
-            env = dict(os.environ)
-            env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-            if m != "default":
-                env["NUMBA_CUDA_MEMORY_MANAGER"] = m
+            env = memory_manager_env(None if m == "default" else m)
             cmd = [sys.executable, __file__, "--worker",
                    *(["--cpu", str(cpu)] if cpu is not None else [])]
             if args.profile and m == OURS and pass_ == 0:

@@ -101,16 +101,13 @@ def main() -> None:
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         sys.exit("big_array_phases.py needs a GPU: numba-cuda's simulator does not run this "
                  "example (unset NUMBA_ENABLE_CUDASIM)")
-    from _installed import byte_compile_library
+    from _installed import PLUGIN, byte_compile_library, memory_manager_env
 
     byte_compile_library()
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for k in range(args.rounds):
         for plugin in ((False, True) if k % 2 == 0 else (True, False)):
-            env = dict(os.environ)
-            env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-            if plugin:
-                env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
+            env = memory_manager_env(PLUGIN if plugin else None)
             out = subprocess.run([sys.executable, __file__, "--child", "--grid",
                                   str(args.grid), "--shape", *map(str, shape)],
                                  env=env, capture_output=True, text=True, timeout=600)

@@ -164,7 +164,9 @@ def _import_time(env: dict) -> float:
     """Seconds of ``import numba_streamsafe`` after ``numba.cuda``, in a process
     of its own where the plugin is not selected (so Numba does not import it
     first)."""
-    env = {k: v for k, v in env.items() if k != "NUMBA_CUDA_MEMORY_MANAGER"}
+    from _installed import memory_manager_env
+
+    env = memory_manager_env(None, env)
     code = ("import time, numba.cuda; t = time.perf_counter(); import numba_streamsafe; "
             "print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -173,10 +175,10 @@ def _import_time(env: dict) -> float:
 
 
 def _run(plugin: bool) -> dict:
-    env = dict(os.environ)
-    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
+    from _installed import PLUGIN, memory_manager_env
+
+    env = memory_manager_env(PLUGIN if plugin else None)
     if plugin:
-        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
         env["NSS_FIRST_LAUNCH_IMPORT"] = str(_import_time(env))
     s = time.perf_counter()
     proc = subprocess.run([sys.executable, "-X", "faulthandler", str(HERE), "--child"],

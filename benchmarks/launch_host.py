@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     med = {k: statistics.median(v) for k, v in per.items()}
     print(f"compiled launch entry, driver calls stubbed ({2 * n} launches x "
           f"{args.rounds} rounds): "
-          + ", ".join(f"{'same' if v == 'same' else 'cross'} stream {med[v]:.0f} ns"
+          + ", ".join(f"{v} stream {med[v]:.0f} ns"
                       for v in variants) + " a launch")
     return med
 

@@ -125,11 +125,12 @@ def _instrument() -> dict:
 
 
 def run_once(module: str, plugin: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_STREAMSAFE_")}
+    from _installed import PLUGIN, memory_manager_env
+
     # NSS_REAL_PROFILE (from --profile) is kept: the child profiles itself.
-    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-    if plugin:
-        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
+    env = memory_manager_env(PLUGIN if plugin else None,
+                             {k: v for k, v in os.environ.items()
+                              if not k.startswith("NUMBA_STREAMSAFE_")})
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--child", module],
                           env=env, capture_output=True, text=True, timeout=600)

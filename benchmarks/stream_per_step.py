@@ -247,10 +247,9 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
 
 
 def _run_child(plugin: bool, args: argparse.Namespace) -> dict:
-    env = dict(os.environ)
-    env.pop("NUMBA_CUDA_MEMORY_MANAGER", None)
-    if plugin:
-        env["NUMBA_CUDA_MEMORY_MANAGER"] = "numba_streamsafe"
+    from _installed import PLUGIN, memory_manager_env
+
+    env = memory_manager_env(PLUGIN if plugin else None)
     cmd = [sys.executable, "-X", "faulthandler", str(HERE), "--child",
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -287,7 +286,9 @@ def main(argv: list[str] | None = None) -> dict:
                                 args.profile, args.calls)))
         return {}
     if args.minutes > 0:
-        env = {**os.environ, "NUMBA_CUDA_MEMORY_MANAGER": "numba_streamsafe"}
+        from _installed import PLUGIN, memory_manager_env
+
+        env = memory_manager_env(PLUGIN)
         cmd = [sys.executable, "-X", "faulthandler", str(HERE), "--child", "--warmup",
                str(args.warmup), "--minutes", str(args.minutes), "--window", str(args.window)]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
