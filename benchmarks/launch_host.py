@@ -14,7 +14,12 @@ this work plus the driver's (``launch_overhead.py`` measures both on a GPU).
 
 Variants: ``same`` (every launch on one stream) and ``cross`` (launches
 alternate two streams, each reading what the other wrote: a wait and an
-event per launch). Rounds interleave the variants; medians are printed. The
+event per launch), both with the same two argument lists in turn (a loop
+over the same arrays: the entry reuses a recent launch's plan, entries and
+parameters); ``new``: as ``same``, with eight argument lists in turn, each
+its own array objects over the same blocks, more than the entry remembers
+(every launch works its arguments out afresh, as a program that makes new
+arrays every step). Rounds interleave the variants; medians are printed. The
 figures count instructions as well under ``valgrind --tool=callgrind`` (two
 runs of different ``--launches``, their difference), which, unlike time,
 repeat from run to run: the way to compare two trees on a shared machine.
@@ -22,7 +27,7 @@ repeat from run to run: the way to compare two trees on a shared machine.
 Needs the compiled engine and a C compiler; run it in a process of its own
 (the stub stays loaded as libcuda in it).
 
-    python benchmarks/launch_host.py [--launches N] [--rounds R] [--variant same|cross]
+    python benchmarks/launch_host.py [--launches N] [--rounds R] [--variant all|same|cross|new]
 """
 
 from __future__ import annotations
@@ -61,10 +66,11 @@ def load_stub(folder: str) -> None:
     ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
 
 
-def setup() -> tuple[Any, Any, tuple, tuple, tuple, tuple]:
+def setup() -> tuple[Any, Any, tuple, tuple, tuple, tuple, list]:
     """A runtime over the quiet simulated driver, a kernel's launch state
     with one plan, and three arrays with their fields cached: ``(launcher
-    module, state, args, args reversed, config on s, config on t)``."""
+    module, state, args, args reversed, config on s, config on t, eight
+    argument lists of other array objects over the same blocks)``."""
     from engine_host import QuietDriver
 
     import numba_streamsafe as nss
@@ -105,14 +111,23 @@ def setup() -> tuple[Any, Any, tuple, tuple, tuple, tuple]:
     state.add_plan(launcher.Plan((argtype,) * 3, 0x1000, b"AAA", {rt.device: cufunc}, cufunc,
                                  rt.device))
     args = tuple(arrays)
-    return launcher, state, args, args[::-1], (1, 128, s), (1, 128, t)
+    fresh = []
+    for k in range(8):  # new array objects, each with fields of its own, over the same blocks
+        views = []
+        for a in arrays:
+            v = Array()
+            f = a._nss_fast
+            v._nss_fast = launcher.ArgFields(f.block, argtype, f.fields, f.lo, f.hi)
+            views.append(v)
+        fresh.append(tuple(views) if k % 2 == 0 else tuple(views[::-1]))
+    return launcher, state, args, args[::-1], (1, 128, s), (1, 128, t), fresh
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variant", choices=("both", "same", "cross"), default="both",
+    parser.add_argument("--variant", choices=("all", "same", "cross", "new"), default="all",
                         help="one variant alone (for callgrind)")
     args = parser.parse_args(argv)
     if args.launches < 2 or args.rounds < 1:
@@ -125,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     folder = tempfile.mkdtemp(prefix="nss-stub-")
     try:
         load_stub(folder)
-        launcher, state, fwd, rev, on_s, on_t = setup()
+        launcher, state, fwd, rev, on_s, on_t, fresh = setup()
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # loaded: the file is no longer needed
     launch = launcher.launch
@@ -135,27 +150,31 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     n = args.launches // 2  # pairs of launches: each round runs 2 * n
 
-    def run(cross: bool) -> float:
-        other = on_t if cross else on_s
+    def run(variant: str) -> float:
+        other = on_t if variant == "cross" else on_s
         start = time.perf_counter_ns()
-        for _ in range(n):
-            launch(state, on_s, fwd)
-            launch(state, other, rev)
+        if variant == "new":
+            for i in range(n):
+                launch(state, on_s, fresh[(2 * i) % 8])
+                launch(state, on_s, fresh[(2 * i + 1) % 8])
+        else:
+            for _ in range(n):
+                launch(state, on_s, fwd)
+                launch(state, other, rev)
         return (time.perf_counter_ns() - start) / (2 * n)
 
-    variants = ("same", "cross") if args.variant == "both" else (args.variant,)
+    variants = ("same", "cross", "new") if args.variant == "all" else (args.variant,)
     per: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for v in variants:
-            per[v].append(run(v == "cross"))
+            per[v].append(run(v))
     if launcher.launches() - before != 2 * n * len(variants) * args.rounds:
         sys.exit("some launches went another way than the compiled entry's: the figures are "
                  "not the entry's")
     med = {k: statistics.median(v) for k, v in per.items()}
     print(f"compiled launch entry, driver calls stubbed ({2 * n} launches x "
           f"{args.rounds} rounds): "
-          + ", ".join(f"{v} stream {med[v]:.0f} ns"
-                      for v in variants) + " a launch")
+          + ", ".join(f"{v} {med[v]:.0f} ns" for v in variants) + " a launch")
     return med
 
 

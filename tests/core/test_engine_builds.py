@@ -141,3 +141,31 @@ def test_both_builds_take_new_arrays_and_streams_on_the_direct_launch(children):
         assert not refused["taken"] and refused["called"] == [], refused
         assert refused["made"] == 1 and refused["waits"] == 0 and refused["launches"] == 0
 
+
+
+def test_both_builds_reuse_a_recent_launch_only_for_the_same_arguments(children):
+    """A launch with the arguments of one of the kernel's recent launches
+    (the same arrays' fields, the same scalars: an int of the same value)
+    reuses its plan, entries and parameters in both builds, once those
+    arguments were met twice; any other argument is packed afresh, and the
+    waits are decided afresh (a write of ``x`` on another stream since is
+    waited for). A plan whose module was unloaded, or a freed block, hands
+    the launch back with nothing queued. Threads launching one kernel with
+    arguments of their own each pass their own. Fails if a launch passes
+    another launch's parameters or skips a wait."""
+    names = ("first", "same", "third", "other_int", "equal_int", "writer", "after_write", "view",
+             "view_again", "view_third", "unloaded", "before_free", "freed")
+    for child in children:
+        out = child.apply(engine_runs.recalled_launches)
+        for name in names:
+            got = out[name]
+            assert got["slots"] == got["expect"], (out["compiled"], name, got)
+            assert got["taken"] == bool(got["expect"]), (name, got)
+        reused = {name: out[name]["recalled"] for name in names if name != "writer"}
+        assert reused == {"first": 0, "same": 0, "third": 1, "other_int": 0, "equal_int": 1,
+                          "after_write": 1, "view": 0, "view_again": 0, "view_third": 1,
+                          "unloaded": 0, "before_free": 1, "freed": 0}, reused
+        assert out["first"]["waits"] == 1  # x's allocation on stream a
+        assert out["same"]["waits"] == out["third"]["waits"] == 0
+        assert out["after_write"]["waits"] == 1, out["after_write"]  # w wrote x on a since
+        assert out["threads_wrong"] == 0

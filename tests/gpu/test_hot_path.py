@@ -129,7 +129,8 @@ def test_a_trace_records_the_compiled_launches_as_the_python_path_does(
 @pytest.mark.parametrize("renew", [False, True], ids=["same arrays", "new arrays and streams"])
 def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime, renew):
     """slow_fill on a, then copy on b: b must wait. Every trial after the
-    first launches through the hot path, with the same arrays and streams, or
+    first launches through the hot path, with the same arrays and streams (the
+    copy's arguments a recent launch's, its plan and entries reused), or
     (``renew``) with arrays and streams made anew every trial, as a program
     that makes them every step does. Untracked, most trials read the array
     early (the negative control)."""
@@ -142,7 +143,7 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime, renew):
         k[GRID, BLOCK, b](*args)
     gpu.synchronize()
     wrong = {True: 0, False: 0}
-    fast0 = launcher.launches()
+    fast0, recalled0 = launcher.launches(), launcher.recalled()
     for trial in range(TRIALS):
         for tracking in (True, False):
             value = 2 * trial + (1 if tracking else 2)
@@ -166,6 +167,9 @@ def test_hot_path_orders_a_race(gpu, kernels, fresh_runtime, renew):
     fast = launcher.launches() - fast0
     assert wrong[True] == 0, f"tracked: {wrong[True]}/{TRIALS} wrong"
     assert fast >= 2 * TRIALS - 2, f"{fast} of {2 * TRIALS} tracked launches took the hot path"
+    if not renew:  # the copy's arguments are the same every trial: a recent launch's, reused
+        recalled = launcher.recalled() - recalled0
+        assert recalled >= TRIALS - 2, f"{recalled} of {TRIALS} copies reused a recent launch"
     assert wrong[False] >= 0.7 * TRIALS, f"untracked: only {wrong[False]}/{TRIALS} wrong"
 
 

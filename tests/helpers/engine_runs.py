@@ -25,6 +25,21 @@ def builds() -> dict[str, str]:
     return engine_builds(load=True)
 
 
+def at_once(work: Any, args: list[tuple[Any, ...]]) -> None:
+    """``work(*a)`` for each ``a`` of ``args``, one thread each, all at once,
+    with the interpreter switching threads as often as it can meanwhile."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    threads = [threading.Thread(target=work, args=a) for a in args]
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+
+
 def sequential(program: P.Program, fenced: bool, fences: str) -> tuple[Any, ...]:
     """Every figure a program leaves: driver calls, hazards, accounting,
     counters, waits and events."""
@@ -42,8 +57,6 @@ def concurrent(programs: list[P.Program], fences: str, seed: int) -> dict[str, i
     the blocks the threads share (written before they start). Returns what must hold whatever the
     interleaving: the hazards, the bytes and events left once everything is
     freed and reaped, the errors; and the work done (launches, waits)."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
     sim = SimDriver(backing=False)
     res = AsyncResource(sim, fences=fences)
     rt = DeviceRuntime(res)
@@ -88,14 +101,7 @@ def concurrent(programs: list[P.Program], fences: str, seed: int) -> dict[str, i
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=work, args=(t, p)) for t, p in enumerate(programs)]
-    try:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    finally:
-        sys.setswitchinterval(old)
+    at_once(work, list(enumerate(programs)))
     for blk in shared:
         res.deallocate(blk)
     rt.reap()
@@ -208,5 +214,126 @@ def direct_launch(new: bool = False, refuse: bool = False) -> dict[str, Any]:
         rt.deallocate(x)
         rt.deallocate(y)
         return out
+    finally:
+        clear_runtimes()
+
+
+def recalled_launches() -> dict[str, Any]:
+    """Launches through the direct launch (:func:`launcher.launch`) that
+    repeat a recent launch's arguments (kept the second time they are met,
+    reused from the third), on the simulated driver told it launches
+    compiled code. A kernel ``k(x: read, y: write, n: int)`` on
+    stream ``b`` and a kernel ``w(x: write)`` on stream ``a``. Returns, per
+    step, whether the launch was taken, the parameter slots the driver got
+    (as bytes), the waits it queued and whether it reused a recent launch
+    (``launcher.recalled()``), with the slots each step must pass
+    (``"expect"``). Then four threads launch ``k`` at once, each with
+    arrays of its own and the shared ``x``, two argument lists in turn:
+    ``"threads_wrong"`` counts the launches whose slots were not their own
+    arguments'."""
+    import ctypes
+    import struct
+
+    from numba_streamsafe.numba.launch import launcher
+    from numba_streamsafe.numba.launch.policy import launch_policy
+    from numba_streamsafe.runtime import clear_runtimes, set_runtime
+
+    sim = SimDriver(backing=False)
+    sim.supports_direct_launch = True  # type: ignore[misc]
+    called: list[Any] = []
+
+    def launch_kernel(function, grid, block, shmem, stream, params):
+        n = 2 if function == 0x2222 else 5
+        slots = (ctypes.c_void_p * n).from_address(params)
+        called.append([ctypes.string_at(p, 8) for p in slots])
+
+    sim.launch_kernel = launch_kernel  # type: ignore[method-assign]
+    rt = DeviceRuntime(AsyncResource(sim))
+    set_runtime(rt)
+    q = struct.Struct("=Q").pack
+    try:
+        a, b = sim.create_stream(), sim.create_stream()
+        x, y = rt.allocate(64, a, "x"), rt.allocate(64, b, "y")
+        array_type = object()  # matched by identity, as Numba's interned types are
+
+        def fields(block: Any, lo: int = 0, hi: int = 64) -> Any:
+            data = q(block.ptr + lo) + q(hi - lo)
+            return launcher.ArgFields(block, array_type, data, lo, hi)
+
+        def slots(fx: Any, fy: Any, n: int) -> list[bytes]:
+            return [fx.fields[:8], fx.fields[8:], fy.fields[:8], fy.fields[8:],
+                    struct.pack("=q", n)]
+
+        cufunc, wfunc = object(), object()
+        k = launcher.LaunchState(rt, launch_policy(rt), (int(R), int(W), -1), set(), True,
+                                 "k", ("x", "y"))
+        plan = launcher.Plan((array_type, array_type, int), 0x1111, b"AAq", {0: cufunc},
+                             cufunc, 0)
+        k.add_plan(plan)
+        w = launcher.LaunchState(rt, launch_policy(rt), (int(W),), set(), True, "w", ("x",))
+        w.add_plan(launcher.Plan((array_type,), 0x2222, b"A", {0: wfunc}, wfunc, 0))
+        fx, fy = fields(x), fields(y)
+        X, Y = _Array(fx), _Array(fy)
+        steps: dict[str, Any] = {}
+
+        def step(name: str, state: Any, config: tuple, args: tuple, expect: Any) -> None:
+            n0, w0, r0 = len(called), sim.calls["cuStreamWaitEvent"], launcher.recalled()
+            taken = launcher.launch(state, config, args)
+            steps[name] = {"taken": taken, "slots": called[n0:],
+                           "waits": sim.calls["cuStreamWaitEvent"] - w0,
+                           "recalled": launcher.recalled() - r0, "expect": expect}
+
+        minus7 = int("-7")  # an int object of its own (not one of CPython's small ints)
+        step("first", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
+        step("same", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
+        step("third", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
+        step("other_int", k, (1, 32, b), (X, Y, -8), [slots(fx, fy, -8)])
+        step("equal_int", k, (1, 32, b), (X, Y, minus7), [slots(fx, fy, -7)])
+        step("writer", w, (1, 32, a), (X,), [slots(fx, fy, 0)[:2]])
+        step("after_write", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
+        view = fields(y, 16, 48)
+        step("view", k, (1, 32, b), (X, _Array(view), -7), [slots(fx, view, -7)])
+        step("view_again", k, (1, 32, b), (X, _Array(view), -7), [slots(fx, view, -7)])
+        step("view_third", k, (1, 32, b), (X, _Array(view), -7), [slots(fx, view, -7)])
+        plan.cache[0] = object()  # the module unloaded (a context reset)
+        step("unloaded", k, (1, 32, b), (X, Y, -7), [])
+        plan.cache[0] = cufunc
+        step("before_free", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
+        rt.deallocate(y)  # the block freed: a launch naming it is handed back
+        step("freed", k, (1, 32, b), (X, Y, -7), [])
+
+        # Threads: each its own arrays and the shared x, two argument lists in turn.
+        wrong = [0]
+        mine: list[Any] = []
+        for t in range(4):
+            blocks = [rt.allocate(64, b, f"t{t}y{i}") for i in range(2)]
+            mine.append(blocks)
+        barrier = threading.Barrier(4)
+        lock = threading.Lock()
+
+        def work(t: int) -> None:
+            s = sim.create_stream()
+            lists = [(X, _Array(fields(blk)), 100 + t) for blk in mine[t]]
+            barrier.wait()
+            for i in range(200):
+                args = lists[i & 1]
+                n0 = len(called)
+                # The driver's call is appended by this thread during its launch;
+                # another thread's may land in between: find this one by its n.
+                launcher.launch(k, (1, 32, s), args)
+                with lock:
+                    ours = [c for c in called[n0:] if c[4] == struct.pack("=q", 100 + t)]
+                    if not ours or ours[-1] != slots(args[0]._nss_fast, args[1]._nss_fast,
+                                                     100 + t):
+                        wrong[0] += 1
+
+        at_once(work, [(t,) for t in range(4)])
+        steps["threads_wrong"] = wrong[0]
+        rt.deallocate(x)
+        for blocks in mine:
+            for blk in blocks:
+                rt.deallocate(blk)
+        steps["compiled"] = launcher.COMPILED
+        return steps
     finally:
         clear_runtimes()

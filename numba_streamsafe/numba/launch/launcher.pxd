@@ -9,6 +9,7 @@ from numba_streamsafe.core.tracehook cimport TraceLog, current_log, launches_dir
 from numba_streamsafe.core.sites cimport capture_stack
 from numba_streamsafe.numba.program_order cimport stream_ref
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from libc.string cimport memcpy
 
 
 
@@ -53,6 +54,10 @@ cdef class LaunchState:
     cdef readonly object device
     cdef readonly str library
     cdef readonly object fields_of
+    cdef readonly list recent
+    cdef public Py_ssize_t turn
+    cdef readonly list seen
+    cdef public Py_ssize_t seen_turn
 
 
 cdef class Kernel:

@@ -33,8 +33,8 @@ from numba_streamsafe.resources.tracking.rules import Entry, commit_locked, pref
 from numba_streamsafe.runtime import RUNTIMES
 
 __all__ = ["Kernel", "Launcher", "LaunchState", "Plan", "ArgFields", "launch", "launches",
-           "by_driver", "retried", "available", "release_gil", "releases_gil", "slow_launches",
-           "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "COMPILED"]
+           "recalled", "by_driver", "retried", "available", "release_gil", "releases_gil",
+           "slow_launches", "SLOW_LAUNCH_NS", "RELEASE_AFTER_SLOW", "RECENT", "COMPILED"]
 
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
@@ -43,9 +43,14 @@ _MAX_ARGS = 64
 
 _MAX_PARAMS = 512  # MAX_PARAM_BYTES / 8
 
+#: The argument lists a kernel's launch state remembers (``LaunchState.recent``).
+RECENT: int = 4
+_RECENT = cython.declare(cython.Py_ssize_t, RECENT)
+
 _launches = cython.declare(cython.ulonglong, 0)
 _by_driver = cython.declare(cython.ulonglong, 0)
 _retried = cython.declare(cython.ulonglong, 0)
+_recalled = cython.declare(cython.ulonglong, 0)
 #: Whether every launch releases the GIL through ``cuLaunchKernel`` (see
 #: :func:`release_gil`), the launches left that release it after a slow one,
 #: and the slow launches seen.
@@ -123,6 +128,12 @@ def launches() -> int:
     return _launches
 
 
+def recalled() -> int:
+    """Launches of :func:`launch` that reused a recent launch's plan, entries
+    and parameters (``LaunchState.recent``) in this process (either build)."""
+    return _recalled
+
+
 def by_driver() -> int:
     """Launches of :func:`launch` that the driver layer queued (``launch_kernel``):
     all of them where the build runs as Python, else those libcuda refused at
@@ -192,7 +203,17 @@ class LaunchState:
     ``fields_of(array)``, where given, makes and caches the :class:`ArgFields`
     of an array no launch met before (None when the array is not one the
     direct launch covers), so that a program making new arrays every step
-    keeps to this launch."""
+    keeps to this launch.
+
+    ``recent`` holds the last :data:`RECENT` argument lists the kernel was
+    launched with, each as ``(keys, plan, arrays, entries, packed)``: the
+    arrays' :class:`ArgFields` and the scalars (the keys), the plan, the
+    arrays with their accesses, their entries and the packed parameters,
+    so that a launch with the same arguments as one of those (a loop over
+    the same arrays) reuses them instead of working them out again. A list
+    of arguments gets its slot the second time it is met (``seen`` holds the
+    keys of the last :data:`RECENT` lists met once). Nothing in either keeps
+    an array's memory: the keys are the arrays' fields, not the arrays."""
 
     def __init__(self, rt: Any, policy: Any, accesses: tuple, warned: set, no_warn: bool,
                  label: str = "", names: tuple = (), library: str = "numba_streamsafe",
@@ -217,6 +238,10 @@ class LaunchState:
         self.device = rt.device
         self.library = library
         self.fields_of = fields_of
+        self.recent = []
+        self.turn = 0
+        self.seen = []
+        self.seen_turn = 0
 
     def add_plan(self, plan: Plan) -> None:
         """Know ``plan`` (the newest eight are kept)."""
@@ -264,6 +289,11 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
     resource's lock, which also checks, on every path, that the blocks are
     live and the stream not destroyed.
 
+    A launch with the arguments of one of the kernel's recent launches
+    (``LaunchState.recent``: the same arrays' fields, the same scalars) reuses
+    that launch's plan, entries and packed parameters; the waits and the
+    commit are decided afresh.
+
     Returns
     -------
     bool
@@ -272,6 +302,7 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
         as the Python path caches them), when the Python path must do the
         launch.
     """
+    global _recalled
     if not _takes(state):
         return False
     if cython.compiled:
@@ -290,30 +321,79 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
         if stream is None:
             return False
         resolved = True
-    fields: list = [None] * len(args)
-    arrays: list = [None] * (2 * state.narrays)
-    plan = _plan_for(state, args, fields, arrays)
-    if plan is None:
+    keys = _keys(state, args)
+    if keys is None:
         if not _new_arrays(state, args):
             return False
-        plan = _plan_for(state, args, fields, arrays)
-        if plan is None:
+        keys = _keys(state, args)
+        if keys is None:
             return False
         resolved = True
     if resolved and not _takes(state):
         return False
+    slot = _recall(state, keys)
+    if slot is not None:  # the arguments of a recent launch: its plan, entries and parameters
+        if not _again(state, slot, dims, stream):
+            return False
+        _recalled += 1
+        return True
+    return _first(state, keys, args, dims, stream)
+
+
+@cython.cfunc
+def _again(state: LaunchState, slot: tuple, dims: cython.p_uint, stream: tuple) -> cython.bint:
+    """:func:`launch` with a recent launch's arguments (``slot``:
+    ``(keys, plan, arrays, entries, packed)``): its plan, arrays, entries (where none is
+    gone) and packed parameters."""
+    packed: bytes = slot[4]
+    size: cython.Py_ssize_t = len(packed)
+    buffer: Any = None
     if cython.compiled:
         buf = cython.declare(cython.uchar[4096])
         address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
-        buffer = None
+        src: cython.p_char = packed
+        memcpy(cython.cast(cython.p_void, address), src, size)  # type: ignore[name-defined]  # noqa: F821
     else:
         address = _scratch.base
         buffer = _scratch.buffer
+        buffer[:size] = packed
+    return _queue(state, slot[1], dims, stream[0], stream[1], slot[2], address, size // 8,
+                  slot[3]) is not None
+
+
+@cython.cfunc
+def _first(state: LaunchState, keys: list, args: tuple, dims: cython.p_uint,
+           stream: tuple) -> cython.bint:
+    """:func:`launch` with arguments no recent launch had: the plan found,
+    the parameters packed, the entries looked up; once launched, kept among
+    the recent launches (``state.recent``) when they were met before
+    (:func:`_sighted`)."""
+    buffer: Any = None
+    if cython.compiled:
+        buf = cython.declare(cython.uchar[4096])
+        address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
+    else:
+        address = _scratch.base
+        buffer = _scratch.buffer
+    fields: list = [None] * len(args)
+    arrays: list = [None] * (2 * state.narrays)
+    plan = _plan_for(state, keys, args, fields, arrays)
+    if plan is None:
+        return False
     nparams: cython.Py_ssize_t = pack_into(plan.codes, args, fields, buffer, address,
                                            MAX_PARAM_BYTES)
     if nparams < 0:
         return False
-    return _queue(state, plan, dims, stream[0], stream[1], arrays, address, nparams)
+    entries = _queue(state, plan, dims, stream[0], stream[1], arrays, address, nparams, None)
+    if entries is None:
+        return False
+    if _sighted(state, keys):  # met before: kept for the next launches with them
+        if cython.compiled:
+            packed = cython.cast(cython.p_char, address)[:8 * nparams]
+        else:
+            packed = bytes(buffer[:8 * nparams])
+        state.turn = _put(state.recent, (keys, plan, arrays, entries, packed), state.turn)
+    return True
 
 
 @cython.cfunc
@@ -403,52 +483,140 @@ def _new_arrays(state: LaunchState, args: tuple) -> cython.bint:
 
 
 @cython.cfunc
-def _plan_for(state: LaunchState, args: tuple, fields: list, arrays: list) -> Plan | None:
-    """The known plan of the arguments' types. Sets each argument's launch
-    fields in ``fields`` (None for a scalar; one item per argument) and each
-    array's ``ArgFields, access`` in ``arrays`` (two items per array). None
-    when an argument is not covered or no plan is known (or its module was
-    unloaded)."""
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def _keys(state: LaunchState, args: tuple) -> list | None:
+    """What tells the arguments apart from a recent launch's: each array's
+    cached :class:`ArgFields` (fixed for the array's life), each scalar as it
+    is. None when an argument is not covered: an array with no fields cached
+    (yet), an argument that is neither such an array nor a Python scalar."""
     accesses = state.accesses
     nargs: cython.Py_ssize_t = len(args)
     if nargs != len(accesses) or nargs > _MAX_ARGS:
         return None
+    keys: list = [None] * nargs
     i: cython.Py_ssize_t
-    j: cython.Py_ssize_t = 0
     for i in range(nargs):
         arg = args[i]
-        access = accesses[i]
-        if access >= 0:
+        if accesses[i] >= 0:
             f = getattr(arg, "_nss_fast", None)
             if type(f) is not ArgFields:
                 return None
-            fields[i] = cython.cast(ArgFields, f).fields
-            arrays[j] = f
-            arrays[j + 1] = access
-            j += 2
+            keys[i] = f
         else:
             t = type(arg)
             if t is not int and t is not float and t is not bool and t is not complex:
                 return None
+            keys[i] = arg
+    return keys
+
+
+@cython.cfunc
+def _recall(state: LaunchState, keys: list) -> tuple | None:
+    """The recent launch (``state.recent``) whose arguments are ``keys``: the
+    same array fields, the same scalar objects (an int, of the same value),
+    and its plan's module still loaded; else None."""
+    plan: Plan
+    for slot in state.recent:
+        if _same(keys, cython.cast(tuple, slot)[0]):
+            plan = cython.cast(tuple, slot)[1]
+            return slot if _loaded(plan) else None
+    return None
+
+
+@cython.cfunc
+def _same(keys: list, known: list) -> cython.bint:
+    """Whether ``keys`` are ``known``: the same objects, or ints of the same
+    value."""
+    n: cython.Py_ssize_t = len(keys)
+    if len(known) != n:
+        return False
+    i: cython.Py_ssize_t
+    for i in range(n):
+        a = keys[i]
+        b = known[i]
+        if a is not b and (type(a) is not int or type(b) is not int or a != b):
+            return False
+    return True
+
+
+@cython.cfunc
+def _sighted(state: LaunchState, keys: list) -> cython.bint:
+    """Whether a recent launch that no slot holds had ``keys``
+    (``state.seen``); if not, ``keys`` are noted there, in place of the
+    oldest. Only arguments met twice get a slot: a program that makes new
+    arrays every launch pays for no slot it never reuses."""
+    for known in state.seen:
+        if _same(keys, known):
+            return True
+    state.seen_turn = _put(state.seen, keys, state.seen_turn)
+    return False
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _put(ring: list, item: object, turn: cython.Py_ssize_t) -> cython.Py_ssize_t:
+    """Keep ``item`` in ``ring`` (at most :data:`RECENT` items): appended
+    while there is room, else in place of the oldest, at ``turn``. Returns
+    the next turn."""
+    if len(ring) < _RECENT:
+        ring.append(item)
+        return turn
+    turn = turn % _RECENT
+    ring[turn] = item
+    return turn + 1
+
+
+@cython.cfunc
+def _loaded(plan: Plan) -> cython.bint:
+    """Whether ``plan``'s function is still the one Numba holds loaded (a
+    context reset unloads it)."""
+    cache = plan.cache
+    if type(cache) is dict:  # Numba's per-device function cache
+        loaded = cython.cast(dict, cache).get(plan.device)
+    else:
+        loaded = cache.get(plan.device)
+    return loaded is plan.cufunc
+
+
+@cython.cfunc
+@cython.boundscheck(False)  # fields: one item per argument, arrays: two per array (launch)
+@cython.wraparound(False)
+def _plan_for(state: LaunchState, keys: list, args: tuple, fields: list,
+              arrays: list) -> Plan | None:
+    """The known plan of the arguments' types (``keys``: as :func:`_keys`
+    gives them). Sets each argument's launch fields in ``fields`` (None for a
+    scalar; one item per argument) and each array's ``ArgFields, access`` in
+    ``arrays`` (two items per array). None when no plan is known (or its
+    module was unloaded)."""
+    accesses = state.accesses
+    nargs: cython.Py_ssize_t = len(args)
+    i: cython.Py_ssize_t
+    j: cython.Py_ssize_t = 0
+    for i in range(nargs):
+        access = accesses[i]
+        if access >= 0:
+            f = keys[i]
+            fields[i] = cython.cast(ArgFields, f).fields
+            arrays[j] = f
+            arrays[j + 1] = access
+            j += 2
     plan: Plan
     for known in state.plans:
         plan = known
         if _matches(plan.argtypes, args, accesses, arrays):
-            cache = plan.cache
-            if type(cache) is dict:  # Numba's per-device function cache
-                loaded = cython.cast(dict, cache).get(plan.device)
-            else:
-                loaded = cache.get(plan.device)
-            return plan if loaded is plan.cufunc else None
+            return plan if _loaded(plan) else None
     return None
 
 
 @cython.cfunc
 def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, owner: object,
-           arrays: list, address: cython.size_t, nparams: cython.Py_ssize_t) -> cython.bint:
-    """Preflight, ``cuLaunchKernel`` (:func:`_call_libcuda`), commit; False
-    (nothing queued) when a check under the lock sends the launch to the
-    Python path."""
+           arrays: list, address: cython.size_t, nparams: cython.Py_ssize_t,
+           known: list | None) -> list | None:
+    """Preflight, ``cuLaunchKernel`` (:func:`_call_libcuda`), commit. Returns
+    the launch's entries (``known``, a recent launch's entries of these
+    arrays, where none of them is gone); None (nothing queued) when a check
+    under the lock sends the launch to the Python path."""
     global _launches, _by_driver, _retried
     if cython.compiled:
         ptrs = cython.declare(cython.p_void[512])
@@ -476,10 +644,10 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     lock.take()
     try:
         if handle in state.destroyed:
-            return False  # the Python path raises the driver layer's error
-        entries = _entries(state, arrays)
+            return None  # the Python path raises the driver layer's error
+        entries = known if known is not None and _live(known) else _entries(state, arrays)
         if entries is None:
-            return False  # a block freed or replaced: the Python path decides
+            return None  # a block freed or replaced: the Python path decides
         preflight_locked(book, entries, handle, owner, True, what)
     finally:
         lock.give()
@@ -504,7 +672,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
                      _uses_of(arrays, state.names))
     if book.races:  # found in check mode or by a race check; raised after the launch is queued
         state.rt.resource.tracker.report_races()
-    return True
+    return entries
 
 
 @cython.cfunc
@@ -641,6 +809,16 @@ def _entries(state: LaunchState, arrays: list) -> list | None:
             out.append(f.lo)
             out.append(f.hi)
     return out
+
+
+@cython.cfunc
+def _live(entries: list) -> cython.bint:
+    """Whether none of ``entries`` (``[entry, access, lo, hi, ...]``) is gone."""
+    i: cython.Py_ssize_t
+    for i in range(0, len(entries), 4):
+        if cython.cast(Entry, entries[i]).gone:
+            return False
+    return True
 
 
 @cython.cfunc
