@@ -143,6 +143,29 @@ def test_mark_book_seals_once_waits_once_and_releases_its_event():
     assert mark.handle is None and mark.waiters is None and pool.in_use == 0
 
 
+def test_event_pool_reuses_the_newest_idle_handle_and_keeps_at_most_max_idle():
+    """The pool is a stack of idle handles: an acquire takes the one released
+    last, a release past ``max_idle`` destroys the handle, and ``forget``
+    destroys exactly the idle ones (never one in use)."""
+    sim = SimDriver(backing=False)
+    pool = EventPool(sim, max_idle=2)
+    made = [pool.acquire() for _ in range(3)]
+    assert len(set(made)) == 3 and pool.in_use == 3 and pool.idle == 0
+    assert sim.live_events == 3
+    for h in made:
+        pool.release(h)
+    assert pool.idle == 2 and pool.in_use == 0 and sim.live_events == 2  # the third destroyed
+    assert pool.acquire() == made[1] and pool.acquire() == made[0]  # newest first
+    assert pool.idle == 0 and sim.live_events == 2
+    fresh = pool.acquire()  # none idle: a new one
+    assert fresh not in made[:2] and pool.in_use == 3 and sim.live_events == 3
+    pool.release(made[0])
+    pool.forget()  # the idle one is destroyed; the two in use are forgotten
+    assert pool.idle == 0 and pool.in_use == 0 and sim.live_events == 2
+    pool.release(fresh)
+    assert pool.acquire() == fresh and pool.idle == 0
+
+
 # ------------------------------------------------------------ an entry's end
 class Owner:
     """Stands for a stream's owning object."""

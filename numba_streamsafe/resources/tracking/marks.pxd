@@ -28,7 +28,8 @@ cdef class ForeignMark(Mark):
 
 cdef class EventPool:
     cdef readonly object driver
-    cdef object _idle
+    cdef list _idle
+    cdef Py_ssize_t _nidle
     cdef Lock _lock
     cdef readonly Py_ssize_t max_idle
     cdef public Py_ssize_t in_use

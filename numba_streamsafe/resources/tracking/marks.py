@@ -15,7 +15,6 @@ which marks a use waits for and records are :mod:`.rules`.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import threading
@@ -87,22 +86,49 @@ class Mark:
     Callers change a mark only under their resource's lock.
     """
 
+    seq: cython.ulonglong
+    stream: Any
+    origin: Any
+    handle: Any
+    refs: cython.Py_ssize_t
+    owner: Any
+    waiters: Any
+    seen: Any
+    borrow: Any
+
     def __init__(self, stream: int, owner: Any = None, origin: Any = None) -> None:
-        global _mark_seq
-        _mark_seq += 1
-        self.seq = _mark_seq
-        self.stream = stream
-        self.origin = stream if origin is None else origin
-        self.handle = None
-        self.refs = 0
-        self.owner = owner
-        self.waiters = None
-        self.seen = None
-        self.borrow = None
+        _start(self, stream, owner, origin)
 
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"
         return f"<Mark stream={self.stream:#x} {state} refs={self.refs}>"
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _start(mark: Mark, stream: Any, owner: Any, origin: Any) -> cython.int:
+    """A new mark of ``stream``: the next ``seq``, open, held by no use."""
+    global _mark_seq
+    _mark_seq += 1
+    mark.seq = _mark_seq
+    mark.stream = stream
+    mark.origin = stream if origin is None else origin
+    mark.handle = None
+    mark.refs = 0
+    mark.owner = owner
+    mark.waiters = None
+    mark.seen = None
+    mark.borrow = None
+    return 0
+
+
+@cython.cfunc
+def _new_mark(stream: Any, owner: Any, origin: Any) -> Mark:
+    """``Mark(stream, owner, origin)``, made without the Python call (a
+    launch on a stream whose mark was sealed makes one)."""
+    mark: Mark = Mark.__new__(Mark)
+    _start(mark, stream, owner, origin)
+    return mark
 
 
 @cython.cclass
@@ -172,7 +198,9 @@ class EventPool:
 
     def __init__(self, driver: Any, max_idle: int = 1024) -> None:
         self.driver = driver
-        self._idle = collections.deque()
+        #: Idle handles: the first ``_nidle`` items of ``_idle`` (a stack).
+        self._idle = []
+        self._nidle = 0
         self.max_idle = max_idle
         self._lock = Lock()
         self.in_use = 0
@@ -194,19 +222,34 @@ class EventPool:
 
     def acquire(self) -> Any:
         """Return an idle handle, creating one when none is idle."""
-        with self._lock:
+        lock: Lock = self._lock
+        n: cython.Py_ssize_t
+        lock.take()
+        try:
             self.in_use += 1
-            if self._idle:
-                return self._idle.pop()
+            n = self._nidle
+            if n:
+                # A stack in a list that never shrinks: list.pop() would give the
+                # list's memory back and take it again at the next release.
+                self._nidle = n - 1
+                handle = self._idle[n - 1]
+                self._idle[n - 1] = None
+                return handle
+        finally:
+            lock.give()
         try:
             handle = self.driver.event_create()
         except BaseException:
-            with self._lock:
-                self.in_use -= 1
+            lock.take()
+            self.in_use -= 1
+            lock.give()
             raise
-        with self._lock:
+        lock.take()
+        try:
             self.owned.add(handle)
             self._made.add(handle)
+        finally:
+            lock.give()
         return handle
 
     def release(self, handle: Any) -> None:
@@ -216,13 +259,23 @@ class EventPool:
         of a resource's state update (a free, a commit, a context reset). An
         event the driver refuses to destroy is logged and leaked.
         """
-        with self._lock:
+        lock: Lock = self._lock
+        n: cython.Py_ssize_t
+        lock.take()
+        try:
             self.in_use -= 1
-            if len(self._idle) < self.max_idle:
-                self._idle.append(handle)
+            n = self._nidle
+            if n < self.max_idle:
+                if n < len(self._idle):
+                    self._idle[n] = handle
+                else:
+                    self._idle.append(handle)
+                self._nidle = n + 1
                 return
             self.owned.discard(handle)
             self._made.discard(handle)
+        finally:
+            lock.give()
         try:
             self.driver.event_destroy(handle)
         except DriverError as exc:
@@ -244,17 +297,21 @@ class EventPool:
     @property
     def idle(self) -> int:
         """Handles waiting in the pool."""
-        return len(self._idle)
+        return self._nidle
 
     def forget(self) -> None:
         """Destroy the idle handles, ignoring errors (their context may be gone),
         and forget the ones in use."""
-        with self._lock:
-            idle, self._idle = list(self._idle), collections.deque()
+        self._lock.take()
+        try:
+            idle, self._idle = self._idle[:self._nidle], []
+            self._nidle = 0
             self.in_use = 0
             self.generation += 1
             self.owned.difference_update(self._made)
             self._made.clear()
+        finally:
+            self._lock.give()
         for handle in idle:
             try:
                 self.driver.event_destroy(handle)
@@ -263,10 +320,14 @@ class EventPool:
 
     def close(self) -> None:
         """Destroy every idle handle."""
-        with self._lock:
-            idle, self._idle = list(self._idle), collections.deque()
+        self._lock.take()
+        try:
+            idle, self._idle = self._idle[:self._nidle], []
+            self._nidle = 0
             self.owned.difference_update(idle)
             self._made.difference_update(idle)
+        finally:
+            self._lock.give()
         for handle in idle:
             self.driver.event_destroy(handle)
 
@@ -446,7 +507,8 @@ class MarkBook:
         mark: Mark
         found = self.open.get(stream)
         if found is None:
-            mark = Mark(stream, owner, self._origins.get(stream) if self._origins else None)
+            mark = _new_mark(stream, owner,
+                             self._origins.get(stream) if self._origins else None)
             self.open[stream] = mark
         else:
             mark = found
