@@ -149,12 +149,15 @@ def test_both_builds_reuse_a_recent_launch_only_for_the_same_arguments(children)
     reuses its plan, entries and parameters in both builds, once those
     arguments were met twice; any other argument is packed afresh, and the
     waits are decided afresh (a write of ``x`` on another stream since is
-    waited for). A plan whose module was unloaded, or a freed block, hands
-    the launch back with nothing queued. Threads launching one kernel with
-    arguments of their own each pass their own. Fails if a launch passes
-    another launch's parameters or skips a wait."""
+    waited for). A plan whose module was unloaded hands the launch back and
+    its slot is dropped; the plan Numba makes next takes its place. A freed
+    block, also under an empty view, hands the launch back with nothing
+    queued, and the slots naming it are dropped. Threads launching one
+    kernel with arguments of their own each pass their own. Fails if a
+    launch passes another launch's parameters or skips a wait."""
     names = ("first", "same", "third", "other_int", "equal_int", "writer", "after_write", "view",
-             "view_again", "view_third", "unloaded", "before_free", "freed")
+             "view_again", "view_third", "unloaded", "replanned", "before_free", "empty",
+             "empty_again", "empty_third", "freed", "freed_empty")
     for child in children:
         out = child.apply(engine_runs.recalled_launches)
         for name in names:
@@ -164,7 +167,11 @@ def test_both_builds_reuse_a_recent_launch_only_for_the_same_arguments(children)
         reused = {name: out[name]["recalled"] for name in names if name != "writer"}
         assert reused == {"first": 0, "same": 0, "third": 1, "other_int": 0, "equal_int": 1,
                           "after_write": 1, "view": 0, "view_again": 0, "view_third": 1,
-                          "unloaded": 0, "before_free": 1, "freed": 0}, reused
+                          "unloaded": 0, "replanned": 0, "before_free": 1, "empty": 0,
+                          "empty_again": 0, "empty_third": 1, "freed": 0,
+                          "freed_empty": 0}, reused
+        assert out["replanned"]["functions"] == out["before_free"]["functions"] == [0x3333]
+        assert out["slots_left"] == 1  # the view's: the freed launches dropped theirs
         assert out["first"]["waits"] == 1  # x's allocation on stream a
         assert out["same"]["waits"] == out["third"]["waits"] == 0
         assert out["after_write"]["waits"] == 1, out["after_write"]  # w wrote x on a since

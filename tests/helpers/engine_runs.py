@@ -241,11 +241,13 @@ def recalled_launches() -> dict[str, Any]:
     sim = SimDriver(backing=False)
     sim.supports_direct_launch = True  # type: ignore[misc]
     called: list[Any] = []
+    functions: list[int] = []
 
     def launch_kernel(function, grid, block, shmem, stream, params):
         n = 2 if function == 0x2222 else 5
         slots = (ctypes.c_void_p * n).from_address(params)
         called.append([ctypes.string_at(p, 8) for p in slots])
+        functions.append(function)
 
     sim.launch_kernel = launch_kernel  # type: ignore[method-assign]
     rt = DeviceRuntime(AsyncResource(sim))
@@ -279,7 +281,7 @@ def recalled_launches() -> dict[str, Any]:
         def step(name: str, state: Any, config: tuple, args: tuple, expect: Any) -> None:
             n0, w0, r0 = len(called), sim.calls["cuStreamWaitEvent"], launcher.recalled()
             taken = launcher.launch(state, config, args)
-            steps[name] = {"taken": taken, "slots": called[n0:],
+            steps[name] = {"taken": taken, "slots": called[n0:], "functions": functions[n0:],
                            "waits": sim.calls["cuStreamWaitEvent"] - w0,
                            "recalled": launcher.recalled() - r0, "expect": expect}
 
@@ -295,12 +297,20 @@ def recalled_launches() -> dict[str, Any]:
         step("view", k, (1, 32, b), (X, _Array(view), -7), [slots(fx, view, -7)])
         step("view_again", k, (1, 32, b), (X, _Array(view), -7), [slots(fx, view, -7)])
         step("view_third", k, (1, 32, b), (X, _Array(view), -7), [slots(fx, view, -7)])
-        plan.cache[0] = object()  # the module unloaded (a context reset)
+        plan.cache[0] = object()  # the module unloaded (a context reset): its slot dropped
         step("unloaded", k, (1, 32, b), (X, Y, -7), [])
-        plan.cache[0] = cufunc
+        cufunc2 = object()  # Numba's new function: its plan takes the unloaded one's place
+        k.add_plan(launcher.Plan((array_type, array_type, int), 0x3333, b"AAq", {0: cufunc2},
+                                 cufunc2, 0))
+        step("replanned", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
         step("before_free", k, (1, 32, b), (X, Y, -7), [slots(fx, fy, -7)])
+        empty = fields(y, 8, 8)  # an empty view of y
+        for name in ("empty", "empty_again", "empty_third"):
+            step(name, k, (1, 32, b), (X, _Array(empty), -7), [slots(fx, empty, -7)])
         rt.deallocate(y)  # the block freed: a launch naming it is handed back
         step("freed", k, (1, 32, b), (X, Y, -7), [])
+        step("freed_empty", k, (1, 32, b), (X, _Array(empty), -7), [])
+        steps["slots_left"] = len(k.recent)
 
         # Threads: each its own arrays and the shared x, two argument lists in turn.
         wrong = [0]

@@ -212,8 +212,11 @@ class LaunchState:
     so that a launch with the same arguments as one of those (a loop over
     the same arrays) reuses them instead of working them out again. A list
     of arguments gets its slot the second time it is met (``seen`` holds the
-    keys of the last :data:`RECENT` lists met once). Nothing in either keeps
-    an array's memory: the keys are the arrays' fields, not the arrays."""
+    keys of the last :data:`RECENT` lists launched without a slot). A slot
+    whose plan was unloaded, or one of whose blocks left the table, is
+    dropped at its next launch. Neither keeps an array's memory: they hold
+    the arrays' fields (with their blocks' records and entries) and the
+    plans, not the arrays, whose deaths free the memory."""
 
     def __init__(self, rt: Any, policy: Any, accesses: tuple, warned: set, no_warn: bool,
                  label: str = "", names: tuple = (), library: str = "numba_streamsafe",
@@ -244,9 +247,14 @@ class LaunchState:
         self.seen_turn = 0
 
     def add_plan(self, plan: Plan) -> None:
-        """Know ``plan`` (the newest eight are kept)."""
-        for known in self.plans:
-            if cython.cast(Plan, known).argtypes == plan.argtypes:
+        """Know ``plan`` (the newest eight are kept), in place of a known plan
+        of the same argument types whose module was unloaded (a context reset)."""
+        i: cython.Py_ssize_t
+        for i in range(len(self.plans)):
+            known: Plan = self.plans[i]
+            if known.argtypes == plan.argtypes:
+                if not _loaded(known):
+                    self.plans[i] = plan
                 return
         if len(self.plans) >= 8:
             del self.plans[0]
@@ -323,58 +331,59 @@ def launch(state: LaunchState, config: tuple, args: tuple) -> bool:
         resolved = True
     keys = _keys(state, args)
     if keys is None:
-        if not _new_arrays(state, args):
-            return False
-        keys = _keys(state, args)
+        keys = _new_keys(state, args)
         if keys is None:
             return False
         resolved = True
     if resolved and not _takes(state):
         return False
+    buffer: Any = None
+    if cython.compiled:
+        buf = cython.declare(cython.uchar[4096])
+        address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
+    else:
+        address = _scratch.base
+        buffer = _scratch.buffer
     slot = _recall(state, keys)
     if slot is not None:  # the arguments of a recent launch: its plan, entries and parameters
-        if not _again(state, slot, dims, stream):
+        if not _again(state, slot, dims, stream, address, buffer):
             return False
         _recalled += 1
         return True
-    return _first(state, keys, args, dims, stream)
+    return _first(state, keys, args, dims, stream, address, buffer)
 
 
 @cython.cfunc
-def _again(state: LaunchState, slot: tuple, dims: cython.p_uint, stream: tuple) -> cython.bint:
+def _again(state: LaunchState, slot: tuple, dims: cython.p_uint, stream: tuple,
+           address: cython.size_t, buffer: Any) -> cython.bint:
     """:func:`launch` with a recent launch's arguments (``slot``:
-    ``(keys, plan, arrays, entries, packed)``): its plan, arrays, entries (where none is
-    gone) and packed parameters."""
+    ``(keys, plan, arrays, entries, packed)``): its plan, arrays, entries and
+    packed parameters (copied to ``address``; ``buffer`` where the build runs
+    as Python). A slot one of whose blocks left the table is dropped, and
+    the launch handed back."""
     packed: bytes = slot[4]
     size: cython.Py_ssize_t = len(packed)
-    buffer: Any = None
     if cython.compiled:
-        buf = cython.declare(cython.uchar[4096])
-        address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
         src: cython.p_char = packed
         memcpy(cython.cast(cython.p_void, address), src, size)  # type: ignore[name-defined]  # noqa: F821
     else:
-        address = _scratch.base
-        buffer = _scratch.buffer
         buffer[:size] = packed
-    return _queue(state, slot[1], dims, stream[0], stream[1], slot[2], address, size // 8,
-                  slot[3]) is not None
+    if _queue(state, slot[1], dims, stream[0], stream[1], slot[2], address, size // 8,
+              slot[3]) is not None:
+        return True
+    if not _live(slot[2]):
+        _drop(state.recent, slot)
+    return False
 
 
 @cython.cfunc
-def _first(state: LaunchState, keys: list, args: tuple, dims: cython.p_uint,
-           stream: tuple) -> cython.bint:
+def _first(state: LaunchState, keys: list, args: tuple, dims: cython.p_uint, stream: tuple,
+           address: cython.size_t, buffer: Any) -> cython.bint:
     """:func:`launch` with arguments no recent launch had: the plan found,
-    the parameters packed, the entries looked up; once launched, kept among
-    the recent launches (``state.recent``) when they were met before
+    the parameters packed (at ``address``; into ``buffer`` where the build
+    runs as Python), the entries looked up; once launched, kept among the
+    recent launches (``state.recent``) when they were met before
     (:func:`_sighted`)."""
-    buffer: Any = None
-    if cython.compiled:
-        buf = cython.declare(cython.uchar[4096])
-        address: cython.size_t = cython.cast(cython.size_t, cython.address(buf[0]))
-    else:
-        address = _scratch.base
-        buffer = _scratch.buffer
     fields: list = [None] * len(args)
     arrays: list = [None] * (2 * state.narrays)
     plan = _plan_for(state, keys, args, fields, arrays)
@@ -384,14 +393,16 @@ def _first(state: LaunchState, keys: list, args: tuple, dims: cython.p_uint,
                                            MAX_PARAM_BYTES)
     if nparams < 0:
         return False
-    entries = _queue(state, plan, dims, stream[0], stream[1], arrays, address, nparams, None)
-    if entries is None:
-        return False
+    packed = None
     if _sighted(state, keys):  # met before: kept for the next launches with them
         if cython.compiled:
             packed = cython.cast(cython.p_char, address)[:8 * nparams]
         else:
             packed = bytes(buffer[:8 * nparams])
+    entries = _queue(state, plan, dims, stream[0], stream[1], arrays, address, nparams, None)
+    if entries is None:
+        return False
+    if packed is not None:
         state.turn = _put(state.recent, (keys, plan, arrays, entries, packed), state.turn)
     return True
 
@@ -454,6 +465,15 @@ def _new_stream(rt: Any, config: tuple) -> tuple | None:
         return stream_ref(rt, stream)
     except Exception:
         return None
+
+
+@cython.cfunc
+def _new_keys(state: LaunchState, args: tuple) -> list | None:
+    """:func:`_keys` of arguments some of whose arrays no launch met, once
+    their fields are made (:func:`_new_arrays`); None when one cannot be."""
+    if not _new_arrays(state, args):
+        return None
+    return _keys(state, args)
 
 
 @cython.cfunc
@@ -520,7 +540,10 @@ def _recall(state: LaunchState, keys: list) -> tuple | None:
     for slot in state.recent:
         if _same(keys, cython.cast(tuple, slot)[0]):
             plan = cython.cast(tuple, slot)[1]
-            return slot if _loaded(plan) else None
+            if _loaded(plan):
+                return slot
+            _drop(state.recent, slot)
+            return None
     return None
 
 
@@ -559,12 +582,25 @@ def _put(ring: list, item: object, turn: cython.Py_ssize_t) -> cython.Py_ssize_t
     """Keep ``item`` in ``ring`` (at most :data:`RECENT` items): appended
     while there is room, else in place of the oldest, at ``turn``. Returns
     the next turn."""
-    if len(ring) < _RECENT:
+    n: cython.Py_ssize_t = len(ring)
+    if n < _RECENT:
         ring.append(item)
         return turn
-    turn = turn % _RECENT
+    turn = turn % n  # n > RECENT only where threads appended at once (the Python build)
     ring[turn] = item
     return turn + 1
+
+
+@cython.cfunc
+@cython.exceptval(-1)
+def _drop(ring: list, item: object) -> cython.int:
+    """Take ``item`` (by identity) out of ``ring``, if it is still there."""
+    i: cython.Py_ssize_t
+    for i in range(len(ring)):
+        if ring[i] is item:
+            del ring[i]
+            break
+    return 0
 
 
 @cython.cfunc
@@ -615,8 +651,9 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
            known: list | None) -> list | None:
     """Preflight, ``cuLaunchKernel`` (:func:`_call_libcuda`), commit. Returns
     the launch's entries (``known``, a recent launch's entries of these
-    arrays, where none of them is gone); None (nothing queued) when a check
-    under the lock sends the launch to the Python path."""
+    arrays, where every array's entry is still its block's: :func:`_live`);
+    None (nothing queued) when a check under the lock sends the launch to
+    the Python path."""
     global _launches, _by_driver, _retried
     if cython.compiled:
         ptrs = cython.declare(cython.p_void[512])
@@ -645,7 +682,7 @@ def _queue(state: LaunchState, plan: Plan, dims: cython.p_uint, handle: object, 
     try:
         if handle in state.destroyed:
             return None  # the Python path raises the driver layer's error
-        entries = known if known is not None and _live(known) else _entries(state, arrays)
+        entries = known if known is not None and _live(arrays) else _entries(state, arrays)
         if entries is None:
             return None  # a block freed or replaced: the Python path decides
         preflight_locked(book, entries, handle, owner, True, what)
@@ -812,11 +849,16 @@ def _entries(state: LaunchState, arrays: list) -> list | None:
 
 
 @cython.cfunc
-def _live(entries: list) -> cython.bint:
-    """Whether none of ``entries`` (``[entry, access, lo, hi, ...]``) is gone."""
+def _live(arrays: list) -> cython.bint:
+    """Whether the entry each of ``arrays`` (``[ArgFields, access, ...]``)
+    found at its last launch is still its block's: an empty view's too,
+    which the launch's entries leave out (the Python path refuses a view of
+    a freed block, empty or not)."""
+    f: ArgFields
     i: cython.Py_ssize_t
-    for i in range(0, len(entries), 4):
-        if cython.cast(Entry, entries[i]).gone:
+    for i in range(0, len(arrays), 2):
+        f = arrays[i]
+        if f.entry is None or f.entry.gone:
             return False
     return True
 

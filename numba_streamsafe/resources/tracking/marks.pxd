@@ -41,6 +41,7 @@ cdef class EventPool:
     cpdef object acquire(self)
     cpdef object release(self, object handle)
     cpdef object record(self, object stream, bint direct=*)
+    cdef list _take_idle(self, bint all_handles)
 
 
 @cython.final

@@ -86,6 +86,7 @@ class Mark:
     Callers change a mark only under their resource's lock.
     """
 
+    # The attributes as marks.pxd declares them (the compiled build's source of truth).
     seq: cython.ulonglong
     stream: Any
     origin: Any
@@ -263,6 +264,8 @@ class EventPool:
         n: cython.Py_ssize_t
         lock.take()
         try:
+            if handle not in self._made:
+                return  # made before a forget() (its context reset): not this pool's now
             self.in_use -= 1
             n = self._nidle
             if n < self.max_idle:
@@ -301,18 +304,8 @@ class EventPool:
 
     def forget(self) -> None:
         """Destroy the idle handles, ignoring errors (their context may be gone),
-        and forget the ones in use."""
-        self._lock.take()
-        try:
-            idle, self._idle = self._idle[:self._nidle], []
-            self._nidle = 0
-            self.in_use = 0
-            self.generation += 1
-            self.owned.difference_update(self._made)
-            self._made.clear()
-        finally:
-            self._lock.give()
-        for handle in idle:
+        and forget the ones in use: given back later, they are dropped."""
+        for handle in self._take_idle(True):
             try:
                 self.driver.event_destroy(handle)
             except Exception:
@@ -320,16 +313,28 @@ class EventPool:
 
     def close(self) -> None:
         """Destroy every idle handle."""
+        for handle in self._take_idle(False):
+            self.driver.event_destroy(handle)
+
+    @cython.cfunc
+    def _take_idle(self, all_handles: cython.bint) -> list:
+        """The idle handles, taken out of the pool (no longer owned); with
+        ``all_handles`` the ones in use are forgotten too (a new generation)."""
         self._lock.take()
         try:
             idle, self._idle = self._idle[:self._nidle], []
             self._nidle = 0
-            self.owned.difference_update(idle)
-            self._made.difference_update(idle)
+            if all_handles:
+                self.in_use = 0
+                self.generation += 1
+                self.owned.difference_update(self._made)
+                self._made.clear()
+            else:
+                self.owned.difference_update(idle)
+                self._made.difference_update(idle)
         finally:
             self._lock.give()
-        for handle in idle:
-            self.driver.event_destroy(handle)
+        return idle
 
 
 # ------------------------------------------------------------------- mark book
@@ -683,7 +688,7 @@ class MarkBook:
         before every host point): the ready mark of memory that needs no
         ordering anywhere, such as a kept block whose uses were all complete
         when it was freed. It is never any stream's open mark."""
-        mark = Mark(stream, owner)
+        mark = _new_mark(stream, owner, None)
         mark.seq = 0
         return mark
 
