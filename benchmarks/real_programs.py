@@ -104,7 +104,9 @@ def child(module: str) -> None:
                       and not result.skipped,
                       "tests": result.testsRun, "skipped": len(result.skipped),
                       "errors": [str(e[1])[-300:] for e in result.errors + result.failures]
-                      + [f"skipped: {why}" for _, why in result.skipped],
+                      + [f"skipped: {why}" for _, why in result.skipped]
+                      + [f"unexpected success: {t}" for t in result.unexpectedSuccesses]
+                      + ([] if result.testsRun else [f"no test ran in {module}"]),
                       "in_program": in_program, "numba_import": numba_import,
                       "plugin_import": plugin_import, "library": library}))
 
