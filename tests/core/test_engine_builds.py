@@ -142,7 +142,6 @@ def test_both_builds_take_new_arrays_and_streams_on_the_direct_launch(children):
         assert refused["made"] == 1 and refused["waits"] == 0 and refused["launches"] == 0
 
 
-
 def test_both_builds_reuse_a_recent_launch_only_for_the_same_arguments(children):
     """A launch with the arguments of one of the kernel's recent launches
     (the same arrays' fields, the same scalars: an int of the same value)
