@@ -12,6 +12,7 @@ from numba_streamsafe.core.errors import StaleContext, UseAfterFree
 from numba_streamsafe.resources.tracking.block_table import BlockTable
 from numba_streamsafe.resources.tracking.freed import KeptBlocks, PendingFrees
 from numba_streamsafe.resources.tracking.marks import EventPool, MarkBook
+from numba_streamsafe.resources.tracking.rules import commit_locked, preflight_locked, resolve
 
 
 def test_kept_blocks_take_what_was_put_on_the_same_stream_and_size():
@@ -120,9 +121,9 @@ def test_block_table_forgets_a_retired_stream():
     table.add(a, marks.current(7), marks)
     entry = table.entry(a, "use")
     entry.reads[9] = marks.current(9)
-    entry.last_write.waiters = {9: None}
+    entry.last_write.waiters = {9: None, 11: None}
     table.forget_stream(9)
-    assert 9 not in entry.reads and entry.last_write.waiters == {}
+    assert 9 not in entry.reads and entry.last_write.waiting() == {11: None}
     table.forget_stream(7)
     assert entry.last_write.stream < 0
     assert entry.waits_for(7, Access.READ) == [entry.last_write]  # a new stream 7 waits
@@ -140,7 +141,74 @@ def test_mark_book_seals_once_waits_once_and_releases_its_event():
     assert sim.calls["cuEventRecord"] == 1 and sim.calls["cuStreamWaitEvent"] == 1
     assert marks.current(a) is not mark, "a sealed mark is no longer open"
     marks.release(mark)
-    assert mark.handle is None and mark.waiters is None and pool.in_use == 0
+    assert mark.handle is None and mark.waiting() == {} and pool.in_use == 0
+
+
+def test_a_mark_keeps_its_first_waiter_in_itself_and_the_others_in_a_dict():
+    """Each waiting stream waits once, keeps the owner it gave (a None owner
+    is replaced by a later one), and leaves the waiters when its history
+    ends, whether it was the first (kept in the mark) or a later one."""
+    sim = SimDriver(backing=False)
+    a, b, c = (sim.create_stream() for _ in range(3))
+    marks = MarkBook(sim, EventPool(sim))
+    table = BlockTable(device=0)
+    mark = table.add(_block(0x1000, stream=a), marks.current(a), marks).last_write
+    owner_b, owner_c = object(), object()
+    marks.wait_all(b, [mark])
+    assert mark.waiting() == {b: None} and mark.waiters is None
+    marks.wait_all(b, [mark], owner_b)
+    assert sim.calls["cuStreamWaitEvent"] == 1 and mark.waiting() == {b: owner_b}
+    marks.wait_all(c, [mark], owner_c)
+    marks.wait_all(c, [mark])
+    assert sim.calls["cuStreamWaitEvent"] == 2
+    assert mark.waiting() == {b: owner_b, c: owner_c} and mark.waiters == {c: owner_c}
+    table.forget_stream(b)
+    assert mark.waiting() == {c: owner_c}
+    marks.wait_all(b, [mark])  # the first place is free again: b is a new stream there
+    assert sim.calls["cuStreamWaitEvent"] == 3 and mark.waiting() == {b: None, c: owner_c}
+    table.forget_stream(c)
+    marks.wait_all(b, [mark])
+    assert sim.calls["cuStreamWaitEvent"] == 3 and mark.waiting() == {b: None}
+
+
+def test_a_block_keeps_a_stream_s_read_in_place_and_drops_complete_reads_for_a_new_stream():
+    """A stream that read the block before takes its place again; a stream
+    new to the block first drops every read the host saw complete (not only
+    the oldest), whose marks' uses end. A last write that a device
+    synchronise saw complete is waited for by no stream (counted as skipped),
+    and the streams that did wait for it are let go."""
+    sim = SimDriver(backing=False)
+    s = [sim.create_stream() for _ in range(5)]
+    book = MarkBook(sim, EventPool(sim))
+    table = BlockTable(device=0)
+    blk = _block(0x1000, stream=s[0])
+    entry = table.add(blk, book.current(s[0]), book)
+
+    def use(stream: int, access: Access = Access.READ) -> None:
+        entries = resolve(table, [(blk, access)], "use")
+        preflight_locked(book, entries, stream, None)
+        commit_locked(book, entries, stream, None, True)  # sealed: a later use gets a new mark
+
+    for k in (1, 2, 3, 1):
+        use(s[k])
+    assert list(entry.reads) == [s[1], s[2], s[3]]
+    first = entry.reads[s[1]]
+    book.done[s[1]] = first.seq  # the host saw s1's read complete
+    book.done[s[3]] = entry.reads[s[3]].seq
+    use(s[2])  # s2 read before: nothing dropped
+    assert list(entry.reads) == [s[1], s[2], s[3]]
+    use(s[4])  # a new stream: both complete reads go, wherever they stand
+    assert list(entry.reads) == [s[2], s[4]] and not book.in_use(first)
+
+    use(s[0], Access.WRITE)
+    last = entry.last_write
+    waits, skipped = sim.calls["cuStreamWaitEvent"], book.skipped
+    use(s[1])
+    assert sim.calls["cuStreamWaitEvent"] == waits + 1 and last.waiting() == {s[1]: None}
+    book.done_all = last.seq  # a device synchronise
+    use(s[2])
+    assert sim.calls["cuStreamWaitEvent"] == waits + 1 and book.skipped == skipped + 1
+    assert last.waiting() == {}
 
 
 def test_event_pool_reuses_the_newest_idle_handle_and_keeps_at_most_max_idle():

@@ -350,7 +350,7 @@ def test_streams_made_and_dropped_in_a_loop_go(plain):
     assert driver.live_streams <= 16, driver.live_streams
     last_write, reads = plain.resource.block_events(nss.block_of(src))
     assert len(reads) <= 12, len(reads)
-    assert len(last_write.waiters or ()) <= 12, len(last_write.waiters)
+    assert len(last_write.waiting()) <= 12, len(last_write.waiting())
     assert len(driver.system.host_clock) <= 64, len(driver.system.host_clock)
     book = plain.resource.marks
     assert len(book.done) <= 16 and len(book.ordered[plain.stream_handle(hub)][1]) <= 16

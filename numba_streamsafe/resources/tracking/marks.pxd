@@ -8,6 +8,7 @@ from numba_streamsafe.core.tracehook cimport TraceLog, current_log
 
 
 
+@cython.freelist(64)
 cdef class Mark:
     cdef readonly unsigned long long seq
     cdef public object stream
@@ -15,9 +16,18 @@ cdef class Mark:
     cdef public object handle
     cdef readonly Py_ssize_t refs
     cdef public object owner
+    cdef readonly object waiter
+    cdef readonly object waiter_owner
+    cdef readonly bint has_waiter
     cdef public object waiters
     cdef public object seen
     cdef public object borrow
+
+
+cdef bint waited(Mark mark, object stream, object owner) except -1
+cdef int add_waiter(Mark mark, object stream, object owner) except -1
+cpdef int drop_waiter(Mark mark, object stream) except -1
+cdef int clear_waiters(Mark mark) except -1
 
 
 cdef class ForeignMark(Mark):
@@ -76,6 +86,7 @@ cdef class MarkBook:
     cpdef object release(self, Mark mark)
     cpdef bint reportable(self, object stream, Mark mark) except? -1
     cdef bint ordered_already(self, object stream, Mark mark, object owner) except? -1
+    cdef bint done_at_sync(self, Mark mark) except? -1
     cpdef bint complete(self, Mark mark) except? -1
     cpdef object origin(self, object stream)
     cdef bint _program_orders(self, object stream, Mark mark) except? -1

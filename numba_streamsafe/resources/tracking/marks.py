@@ -66,11 +66,13 @@ class Mark:
     ``refs`` counts the block states holding the mark; at zero a sealed mark's
     event goes back to the pool. ``owner`` keeps the stream's owning object
     alive while a use refers to the mark, so the stream cannot be destroyed
-    before the event is recorded. ``waiters`` maps the streams that already
-    wait for the mark's event to their owning objects (None for a raw
-    handle), kept alive while the mark is in use. ``seq`` numbers marks in
-    the order they are made: of two marks of one stream, the one with the
-    higher ``seq`` stands for all the other does. ``origin`` is the stream
+    before the event is recorded. The streams that already wait for the
+    mark's event are kept with their owning objects (None for a raw handle),
+    alive while the mark is in use (:meth:`waiting`): the first in the mark
+    itself (``waiter``, ``waiter_owner``), any others in ``waiters`` (None
+    until there is a second). ``seq`` numbers marks in the order they are
+    made: of two marks of one stream, the one with the higher ``seq`` stands
+    for all the other does. ``origin`` is the stream
     it was made on as the program's clocks know it (``MarkBook.origin``),
     kept when a retired stream's marks are renamed (``stream`` then names no
     live stream): points taken on the stream reach the mark, points taken on
@@ -93,6 +95,9 @@ class Mark:
     handle: Any
     refs: cython.Py_ssize_t
     owner: Any
+    waiter: Any
+    waiter_owner: Any
+    has_waiter: cython.bint
     waiters: Any
     seen: Any
     borrow: Any
@@ -103,6 +108,14 @@ class Mark:
     def __repr__(self) -> str:
         state = "sealed" if self.handle is not None else "open"
         return f"<Mark stream={self.stream:#x} {state} refs={self.refs}>"
+
+    def waiting(self) -> dict:
+        """The streams that waited for the mark's event, each with its owning
+        object (None for a raw handle)."""
+        out: dict = {} if self.waiters is None else dict(self.waiters)
+        if self.has_waiter:
+            out[self.waiter] = self.waiter_owner
+        return out
 
 
 @cython.cfunc
@@ -117,9 +130,65 @@ def _start(mark: Mark, stream: Any, owner: Any, origin: Any) -> cython.int:
     mark.handle = None
     mark.refs = 0
     mark.owner = owner
+    mark.waiter = None
+    mark.waiter_owner = None
+    mark.has_waiter = False
     mark.waiters = None
     mark.seen = None
     mark.borrow = None
+    return 0
+
+
+def waited(mark: Mark, stream: Any, owner: Any) -> cython.bint:
+    """Whether ``stream`` waited for ``mark``'s event; if so, ``owner`` (when
+    not None) replaces a None owner kept for it."""
+    if mark.has_waiter and (mark.waiter is stream or mark.waiter == stream):
+        if owner is not None and mark.waiter_owner is None:
+            mark.waiter_owner = owner
+        return True
+    waiters = mark.waiters
+    if waiters is not None and stream in waiters:
+        if owner is not None and waiters[stream] is None:
+            waiters[stream] = owner
+        return True
+    return False
+
+
+def add_waiter(mark: Mark, stream: Any, owner: Any) -> cython.int:
+    """``stream`` (owned by ``owner``, kept alive while the mark is in use)
+    waits for ``mark``'s event (:func:`waited` for a stream that did).
+    The first waiter is kept in the mark itself: most marks have one."""
+    if waited(mark, stream, owner):
+        return 0
+    if not mark.has_waiter:
+        mark.waiter = stream
+        mark.waiter_owner = owner
+        mark.has_waiter = True
+    elif mark.waiters is None:
+        mark.waiters = {stream: owner}
+    else:
+        mark.waiters[stream] = owner
+    return 0
+
+
+def drop_waiter(mark: Mark, stream: Any) -> cython.int:
+    """``stream`` no longer counts as a waiter of ``mark`` (its history ended)."""
+    if mark.has_waiter and (mark.waiter is stream or mark.waiter == stream):
+        mark.waiter = None
+        mark.waiter_owner = None
+        mark.has_waiter = False
+    waiters = mark.waiters
+    if waiters:
+        waiters.pop(stream, None)
+    return 0
+
+
+def clear_waiters(mark: Mark) -> cython.int:
+    """No stream counts as a waiter of ``mark`` any more (and none is kept alive)."""
+    mark.waiter = None
+    mark.waiter_owner = None
+    mark.has_waiter = False
+    mark.waiters = None
     return 0
 
 
@@ -564,13 +633,10 @@ class MarkBook:
             mark = m
             if self.ordered_already(stream, mark, owner):
                 continue
-            waiters = mark.waiters
-            if waiters is None:
-                waiters = mark.waiters = {}
             handle = self.seal(mark, direct)
             if not direct or wait_event(stream, handle) != 0:
                 self.driver.stream_wait_event(stream, handle)
-            waiters[stream] = owner
+            add_waiter(mark, stream, owner)
             self.waits += 1
             log = current_log()
             if log is not None:
@@ -623,10 +689,7 @@ class MarkBook:
         the stream counts as a waiter; in ordering mode the wait the library
         then queues makes it one)."""
         if self.checking:
-            waiters = mark.waiters
-            if waiters is None:
-                waiters = mark.waiters = {}
-            waiters[stream] = owner
+            add_waiter(mark, stream, owner)
         seen = mark.seen  # the works so far: later ones are not this race's
         self.races.append((stream, mark, where, what, None if seen is None else list(seen)))
 
@@ -652,8 +715,7 @@ class MarkBook:
             return False  # another device's, or made before the watch began
         if _legacy(stream) or _legacy(mark.stream) or mark.seq <= self.legacy_point:
             return False
-        waiters = mark.waiters
-        if waiters is not None and stream in waiters:
+        if waited(mark, stream, None):
             return False
         return not self._program_orders(stream, mark)
 
@@ -667,21 +729,32 @@ class MarkBook:
         foreign: cython.bint = type(mark) is not Mark
         if foreign and cython.cast(ForeignMark, mark).stale:
             return True
-        waiters = mark.waiters
-        if waiters is not None and stream in waiters:
-            if owner is not None and waiters[stream] is None:
-                waiters[stream] = owner
+        if waited(mark, stream, owner):
             return True
         # The program's ordering is known for this device's streams only: a
         # foreign mark is work of another device, which no synchronise here covers.
         if not foreign and self._program_orders(stream, mark):
             self.skipped += 1
-            if waiters is not None and self.complete(mark):
+            if (mark.has_waiter or mark.waiters is not None) and self.complete(mark):
                 # No stream waits for it any more: the streams that did may go
                 # (their objects are no longer kept alive for it).
-                mark.waiters = None
+                clear_waiters(mark)
             return True
         return False
+
+    @cython.cfunc
+    @cython.exceptval(-1, check=True)
+    def done_at_sync(self, mark: Mark) -> cython.bint:
+        """Whether a device synchronise saw ``mark``'s work complete (no stream
+        waits for it, and none need keep waiting: its waiters are let go), as
+        :meth:`ordered_already` decides it and counts it in :attr:`skipped`.
+        Never for another device's mark."""
+        if type(mark) is not Mark or mark.seq > self.done_all:
+            return False
+        self.skipped += 1
+        if mark.has_waiter or mark.waiters is not None:
+            clear_waiters(mark)
+        return True
 
     def complete_mark(self, stream: Any, owner: Any = None) -> Mark:
         """A mark of ``stream`` whose work the host saw complete (its point is
@@ -1192,7 +1265,7 @@ class MarkBook:
                 else:
                     cython.cast(ForeignMark, mark).give_back()
             mark.owner = None
-            mark.waiters = None
+            clear_waiters(mark)
             mark.seen = None
 
     def retire(self, stream: Any, direct: cython.bint = False) -> None:

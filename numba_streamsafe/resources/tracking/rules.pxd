@@ -1,6 +1,6 @@
 # C declarations of rules.py for its compiled build (see marks.pxd).
 
-from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
+from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook, drop_waiter
 
 
 cdef class Span:

@@ -19,7 +19,7 @@ from typing import Any
 
 import cython
 
-from numba_streamsafe.resources.tracking.marks import Mark, MarkBook, current_work
+from numba_streamsafe.resources.tracking.marks import Mark, MarkBook, current_work, drop_waiter
 
 __all__ = ["Entry", "Span", "MAX_SPANS", "resolve", "needed_locked", "preflight_locked",
            "commit_locked", "COMPILED"]
@@ -247,8 +247,7 @@ class Entry:
             if m.stream == stream:
                 m.stream = tomb
                 n = 1
-            if m.waiters:
-                m.waiters.pop(stream, None)
+            drop_waiter(m, stream)
             return n + _forget(self.reads, stream, tomb)
         for s in self.spans:
             span = s
@@ -279,9 +278,7 @@ def _forget(marks: dict, stream: Any, tomb: Any) -> cython.int:
         marks[tomb] = m
         n = 1
     for mark in marks.values():
-        m = mark
-        if m.waiters:
-            m.waiters.pop(stream, None)
+        drop_waiter(mark, stream)
     return n
 
 
@@ -310,7 +307,9 @@ def _uniform_waits(entry: Entry, stream: Any, access: cython.int, marks: list | 
     use may touch has it)."""
     lw = entry.last_write
     if lw.stream != stream:
-        if marks is None:
+        if book is not None and book.done_at_sync(lw):
+            pass  # ordered already, as MarkBook.ordered_already would decide it
+        elif marks is None:
             marks = [lw]
         else:
             marks.append(lw)
@@ -590,41 +589,43 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
 @cython.exceptval(-1)
 def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.int:
     """``mark`` becomes the read of ``stream`` in ``reads``: it covers the
-    stream's earlier read, whose use ends. ``reads`` are kept in the order
-    they were last noted, oldest first, and a new mark first drops the
-    oldest whose work the host saw complete (:func:`_drop_complete`): a
-    block that stream after stream reads keeps the reads of the streams
+    stream's earlier read, whose use ends. A stream new to ``reads`` first
+    drops the reads whose work the host saw complete (:func:`_drop_complete`):
+    a block that stream after stream reads keeps the reads of the streams
     since the host last waited, not one per stream ever made (whose objects
-    the marks would keep alive)."""
+    the marks would keep alive). A stream that read before takes its place
+    again (the dict is not reordered, nor does it grow)."""
     prev: Mark
     earlier = reads.get(stream)
-    if earlier is not mark:
-        if earlier is not None:
-            del reads[stream]  # noted again at the end
-        if reads:
-            _drop_complete(book, reads)
-        reads[stream] = mark
-        book.hold(mark)
-        if earlier is not None:
-            prev = earlier
-            book.release(prev)
+    if earlier is mark:
+        return 0
+    if earlier is None and reads:
+        _drop_complete(book, reads)
+    reads[stream] = mark
+    book.hold(mark)
+    if earlier is not None:
+        prev = earlier
+        book.release(prev)
     return 0
 
 
 @cython.cfunc
 @cython.exceptval(-1)
 def _drop_complete(book: MarkBook, reads: dict) -> cython.int:
-    """Drop the oldest reads of ``reads`` whose work the host saw complete
-    (``MarkBook.complete``), up to the first that it did not: no later write
-    waits for them."""
+    """Drop the reads of ``reads`` whose work the host saw complete
+    (``MarkBook.complete``): no later write waits for them."""
     m: Mark
-    while reads:
-        stream = next(iter(reads))
-        m = reads[stream]
-        if not book.complete(m):
-            break
-        del reads[stream]
-        book.release(m)
+    done = None
+    for stream, mark in reads.items():
+        if book.complete(mark):
+            if done is None:
+                done = [stream]
+            else:
+                done.append(stream)
+    if done is not None:
+        for stream in done:
+            m = reads.pop(stream)
+            book.release(m)
     return 0
 
 
