@@ -16,7 +16,7 @@ A GPU call's host time is this work plus the driver's and Numba's. Like
 two trees can be compared by running this script with each on ``PYTHONPATH``,
 processes taking turns.
 
-    python benchmarks/hooks_host.py [--calls N] [--rounds R]
+    python benchmarks/hooks_host.py [--calls N] [--rounds R] [--variant all|copy|record+wait|synchronize]
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--variant", choices=("all", "copy", "record+wait", "synchronize"),
+                        default="all", help="one call alone, hooked and unhooked (for callgrind)")
     args = parser.parse_args(argv)
     drv = QuietDriver(backing=False)
     res = AsyncResource(drv)
@@ -133,6 +135,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "record+wait unhooked": lambda: orderings(_record, _wait),
         "synchronize hooked": lambda: syncs(synchronize),
         "synchronize unhooked": lambda: syncs(_synchronize)}
+    if args.variant != "all":
+        variants = {v: run for v, run in variants.items() if v.startswith(args.variant + " ")}
     per: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for name, run in variants.items():
