@@ -16,7 +16,8 @@ A GPU call's host time is this work plus the driver's and Numba's. Like
 two trees can be compared by running this script with each on ``PYTHONPATH``,
 processes taking turns.
 
-    python benchmarks/hooks_host.py [--calls N] [--rounds R] [--variant all|copy|record+wait|synchronize]
+    python benchmarks/hooks_host.py [--calls N] [--rounds R]
+        [--variant all|copy|record+wait|synchronize]
 """
 
 from __future__ import annotations

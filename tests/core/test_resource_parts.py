@@ -171,12 +171,14 @@ def test_a_mark_keeps_its_first_waiter_in_itself_and_the_others_in_a_dict():
     assert sim.calls["cuStreamWaitEvent"] == 3 and mark.waiting() == {b: None}
 
 
-def test_a_block_keeps_a_stream_s_read_in_place_and_drops_complete_reads_for_a_new_stream():
-    """A stream that read the block before takes its place again; a stream
-    new to the block first drops every read the host saw complete (not only
-    the oldest), whose marks' uses end. A last write that a device
-    synchronise saw complete is waited for by no stream (counted as skipped),
-    and the streams that did wait for it are let go."""
+def test_a_block_keeps_a_stream_s_read_in_place_and_drops_complete_reads_once_work_completes():
+    """A stream that read the block before takes its place again. Once the
+    host saw work complete, the next read of the block, by any stream, first
+    drops every read the host saw complete (not only the oldest), whose
+    marks' uses end; while nothing completes, nothing is scanned. A last
+    write that a device synchronise saw complete is waited for by no stream,
+    one that waited for it before included (counted as skipped, and the
+    streams that waited are let go)."""
     sim = SimDriver(backing=False)
     s = [sim.create_stream() for _ in range(5)]
     book = MarkBook(sim, EventPool(sim))
@@ -192,21 +194,23 @@ def test_a_block_keeps_a_stream_s_read_in_place_and_drops_complete_reads_for_a_n
     for k in (1, 2, 3, 1):
         use(s[k])
     assert list(entry.reads) == [s[1], s[2], s[3]]
-    first = entry.reads[s[1]]
-    book.done[s[1]] = first.seq  # the host saw s1's read complete
-    book.done[s[3]] = entry.reads[s[3]].seq
-    use(s[2])  # s2 read before: nothing dropped
-    assert list(entry.reads) == [s[1], s[2], s[3]]
-    use(s[4])  # a new stream: both complete reads go, wherever they stand
-    assert list(entry.reads) == [s[2], s[4]] and not book.in_use(first)
+    first, third = entry.reads[s[1]], entry.reads[s[3]]
+    book.program_completed({s[1]: first.seq})  # the host saw s1's and s3's reads complete
+    book.program_completed({s[3]: third.seq})
+    use(s[2])  # a stream that read before: the complete reads go, wherever they stand
+    assert list(entry.reads) == [s[2]] and not book.in_use(first) and not book.in_use(third)
+    use(s[4])
+    use(s[2])
+    assert list(entry.reads) == [s[2], s[4]]
 
     use(s[0], Access.WRITE)
     last = entry.last_write
-    waits, skipped = sim.calls["cuStreamWaitEvent"], book.skipped
+    waits = sim.calls["cuStreamWaitEvent"]
     use(s[1])
     assert sim.calls["cuStreamWaitEvent"] == waits + 1 and last.waiting() == {s[1]: None}
-    book.done_all = last.seq  # a device synchronise
-    use(s[2])
+    book.program_completed_all(last.seq)  # a device synchronise
+    skipped = book.skipped
+    use(s[1])  # waited for it before: still skipped, and let go
     assert sim.calls["cuStreamWaitEvent"] == waits + 1 and book.skipped == skipped + 1
     assert last.waiting() == {}
 

@@ -8,7 +8,6 @@ from numba_streamsafe.core.tracehook cimport TraceLog, current_log
 
 
 
-@cython.freelist(64)
 cdef class Mark:
     cdef readonly unsigned long long seq
     cdef public object stream
@@ -62,6 +61,7 @@ cdef class MarkBook:
     cdef public Py_ssize_t waits
     cdef public Py_ssize_t same_stream
     cdef public unsigned long long done_all
+    cdef readonly long long completions
     cdef readonly dict done
     cdef readonly dict ordered
     cdef public Py_ssize_t skipped

@@ -53,6 +53,7 @@ def retired_stream_id() -> int:
 
 
 # ----------------------------------------------------------------------- marks
+@cython.freelist(64)
 @cython.cclass
 class Mark:
     """A point on a stream that uses of blocks are recorded against.
@@ -529,6 +530,10 @@ class MarkBook:
         self.done_all = 0
         self.done = {}
         self.ordered = {}
+        #: Moves on each time ``done`` or ``done_all`` do (the host saw work
+        #: complete): a block's reads are scanned for complete ones only once
+        #: it moved since their last scan (``rules._note_read``).
+        self.completions = 1
         #: Waits not queued because the program's own ordering covered them.
         self.skipped = 0
         self.checking = checking
@@ -1094,6 +1099,7 @@ class MarkBook:
         small as what it waited for since, and the marks the synchronise
         closed with no event (:data:`AT_SYNC`) stay without one."""
         _join_clock(self.done, clock)
+        self.completions += 1
         if stream is not None:
             entry = self.ordered.get(stream)
             if entry is not None and entry[1]:
@@ -1123,6 +1129,7 @@ class MarkBook:
         retirement."""
         if point > self.done_all:
             self.done_all = point
+            self.completions += 1
         done_all = self.done_all
         if self._retired_keys:
             for key in [k for k, newest in self._retired_keys.items() if newest <= done_all]:
@@ -1287,6 +1294,7 @@ class MarkBook:
             del self.open[stream]
 
     def clear(self) -> None:
+        self.completions += 1
         self.open.clear()
         self.done.clear()
         self.ordered.clear()

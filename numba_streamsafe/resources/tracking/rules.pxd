@@ -8,6 +8,7 @@ cdef class Span:
     cdef readonly Py_ssize_t hi
     cdef readonly dict writes
     cdef readonly dict reads
+    cdef long long scanned
 
 
 cdef class Entry:
@@ -16,6 +17,7 @@ cdef class Entry:
     cdef readonly Py_ssize_t nbytes
     cdef readonly Mark last_write
     cdef readonly dict reads
+    cdef long long scanned
     cdef readonly list spans
     cdef public bint gone
 

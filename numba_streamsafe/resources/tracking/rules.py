@@ -43,7 +43,9 @@ class Span:
     marks of the writes a use must wait for (one per stream; one mark, of the
     last write, unless neighbouring ranges were merged) and, per stream, the
     mark of its newest read since. Each mark held counts one use of it
-    (``MarkBook.hold``). Only :class:`Entry` changes a span."""
+    (``MarkBook.hold``). ``scanned`` is the book's ``completions`` when the
+    reads were last scanned for complete ones (:func:`_note_read`). Only
+    :class:`Entry` changes a span."""
 
     def __init__(self, lo: cython.Py_ssize_t, hi: cython.Py_ssize_t, writes: dict,
                  reads: dict) -> None:
@@ -51,6 +53,7 @@ class Span:
         self.hi = hi
         self.writes = writes
         self.reads = reads
+        self.scanned = 0
 
     def __repr__(self) -> str:
         return (f"<Span {self.lo}..{self.hi} writes={sorted(self.writes)} "
@@ -136,7 +139,8 @@ class Entry:
     block makes it uniform again, and at most :data:`MAX_SPANS` are kept.
 
     ``size`` is the block's size as a Python int, ``nbytes`` the same as a
-    C integer. ``gone`` is set when the entry leaves its table (the block freed,
+    C integer. ``scanned``: as :class:`Span`'s, for the uniform state's
+    reads. ``gone`` is set when the entry leaves its table (the block freed,
     released, replaced at its address, or the table cleared): whoever holds
     the entry can tell without a lookup. Only this module changes an entry's
     state; callers hold the resource's lock.
@@ -148,6 +152,7 @@ class Entry:
         self.nbytes = block.nbytes
         self.last_write = ready
         self.reads = {}
+        self.scanned = 0
         self.spans = None
         self.gone = False
 
@@ -580,33 +585,38 @@ def _record_whole(book: MarkBook, entry: Entry, mark: Mark, stream: Any,
             _release_all(book, entry.reads)
             entry.reads = {}
     else:
-        _note_read(book, entry.reads, stream, mark)
+        entry.scanned = _note_read(book, entry.reads, stream, mark, entry.scanned)
     return 0
 
 
 @cython.cfunc
 @cython.inline
 @cython.exceptval(-1)
-def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark) -> cython.int:
+def _note_read(book: MarkBook, reads: dict, stream: Any, mark: Mark,
+               scanned: cython.longlong) -> cython.longlong:
     """``mark`` becomes the read of ``stream`` in ``reads``: it covers the
-    stream's earlier read, whose use ends. A stream new to ``reads`` first
-    drops the reads whose work the host saw complete (:func:`_drop_complete`):
-    a block that stream after stream reads keeps the reads of the streams
-    since the host last waited, not one per stream ever made (whose objects
-    the marks would keep alive). A stream that read before takes its place
-    again (the dict is not reordered, nor does it grow)."""
+    stream's earlier read, whose use ends (a stream that read before keeps
+    its place: the dict is not reordered). Where the host saw work complete
+    since ``reads`` were last scanned (``scanned``, against the book's
+    ``completions``), every read it saw complete is dropped first
+    (:func:`_drop_complete`): a block that stream after stream reads keeps
+    the reads of the streams since the host last waited, not one per stream
+    ever made (whose objects the marks would keep alive), and a program that
+    never waits pays no scan. Returns the new ``scanned``."""
     prev: Mark
     earlier = reads.get(stream)
     if earlier is mark:
-        return 0
-    if earlier is None and reads:
+        return scanned
+    if reads and scanned != book.completions:
         _drop_complete(book, reads)
+        scanned = book.completions
+        earlier = reads.get(stream)  # dropped with the others if complete
     reads[stream] = mark
     book.hold(mark)
     if earlier is not None:
         prev = earlier
         book.release(prev)
-    return 0
+    return scanned
 
 
 @cython.cfunc
@@ -667,7 +677,7 @@ def _record_span(book: MarkBook, entry: Entry, mark: Mark, stream: Any, access: 
             span.writes = {stream: mark}
             span.reads = {}
         else:
-            _note_read(book, span.reads, stream, mark)
+            span.scanned = _note_read(book, span.reads, stream, mark, span.scanned)
     _coalesce(book, spans, first - 1 if first > 0 else 0, end + 1)
     if len(spans) > _MAX_SPANS:
         _bound(book, spans)
