@@ -776,5 +776,6 @@ def _settle(entry: Entry) -> cython.int:
             for mark in span.writes.values():
                 entry.last_write = mark
             entry.reads = span.reads
+            entry.scanned = span.scanned
             entry.spans = None
     return 0
