@@ -46,11 +46,14 @@ def copy(src: Read, dst: Write):
 
 
 def _tensor(capsule):
+    """The capsule's tensor, read in place: the caller keeps ``capsule`` alive
+    while it reads (a capsule collected unconsumed frees the tensor)."""
     address = dlpack._pyapi.PyCapsule_GetPointer(capsule, b"dltensor")
     return dlpack.DLManagedTensor.from_address(address).dl_tensor
 
 
 def _versioned(capsule):
+    """As :func:`_tensor`, for a versioned capsule."""
     address = dlpack._pyapi.PyCapsule_GetPointer(capsule, b"dltensor_versioned")
     return dlpack.DLManagedTensorVersioned.from_address(address)
 
@@ -87,10 +90,12 @@ def test_capsule_fields(rt, streams):
     assert t.data == nss.block_of(x).ptr and t.byte_offset == 0
     _consume(capsule)
     v = x[:, ::2]                                    # a strided view
-    t = _tensor(dlpack.export_dlpack(v, stream=-1))
+    capsule = dlpack.export_dlpack(v, stream=-1)
+    t = _tensor(capsule)
     assert [t.strides[i] for i in range(2)] == [6, 2] and [t.shape[i] for i in range(2)] == [4, 3]
     for dtype, code in ((np.int8, 0), (np.uint16, 1), (np.complex128, 5), (np.bool_, 6)):
-        t = _tensor(dlpack.export_dlpack(nss.device_array(3, dtype, stream=a), stream=-1))
+        capsule = dlpack.export_dlpack(nss.device_array(3, dtype, stream=a), stream=-1)
+        t = _tensor(capsule)
         assert (t.dtype.code, t.dtype.bits) == (code, 8 * np.dtype(dtype).itemsize)
     assert dlpack.dlpack_device(x) == (dlpack.KDL_CUDA, 0)
 
@@ -288,7 +293,8 @@ def test_a_consumer_of_dlpack_1_gets_a_versioned_capsule(rt, streams):
 def test_a_zero_size_array_exports(rt, streams):
     a, _ = streams
     x = nss.device_array((0, 4), np.int32, stream=a)
-    t = _versioned(dlpack.export_dlpack(x, stream=-1, max_version=(1, 0))).dl_tensor
+    capsule = dlpack.export_dlpack(x, stream=-1, max_version=(1, 0))
+    t = _versioned(capsule).dl_tensor
     assert t.ndim == 2 and [t.shape[i] for i in range(2)] == [0, 4]
 
 
