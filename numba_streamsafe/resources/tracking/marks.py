@@ -131,19 +131,23 @@ def _start(mark: Mark, stream: Any, owner: Any, origin: Any) -> cython.int:
     mark.handle = None
     mark.refs = 0
     mark.owner = owner
-    mark.waiter = None
-    mark.waiter_owner = None
-    mark.has_waiter = False
-    mark.waiters = None
+    clear_waiters(mark)
     mark.seen = None
     mark.borrow = None
     return 0
 
 
+@cython.cfunc
+@cython.inline
+def _first_waiter(mark: Mark, stream: Any) -> cython.bint:
+    """Whether ``stream`` is the waiter kept in ``mark`` itself."""
+    return mark.has_waiter and (mark.waiter is stream or mark.waiter == stream)
+
+
 def waited(mark: Mark, stream: Any, owner: Any) -> cython.bint:
     """Whether ``stream`` waited for ``mark``'s event; if so, ``owner`` (when
     not None) replaces a None owner kept for it."""
-    if mark.has_waiter and (mark.waiter is stream or mark.waiter == stream):
+    if _first_waiter(mark, stream):
         if owner is not None and mark.waiter_owner is None:
             mark.waiter_owner = owner
         return True
@@ -174,7 +178,7 @@ def add_waiter(mark: Mark, stream: Any, owner: Any) -> cython.int:
 
 def drop_waiter(mark: Mark, stream: Any) -> cython.int:
     """``stream`` no longer counts as a waiter of ``mark`` (its history ended)."""
-    if mark.has_waiter and (mark.waiter is stream or mark.waiter == stream):
+    if _first_waiter(mark, stream):
         mark.waiter = None
         mark.waiter_owner = None
         mark.has_waiter = False
