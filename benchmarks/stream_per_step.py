@@ -246,17 +246,22 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
     return out
 
 
-def _run_child(plugin: bool, args: argparse.Namespace) -> dict:
-    from _installed import PLUGIN, memory_manager_env
+#: The memory manager of each kind of process: Numba's own (``without``), the
+#: plugin (``with``), and the floor of stream-ordered allocation (``bare``:
+#: ``bare_async_emm``, which orders and tracks nothing).
+MANAGERS = {"without": None, "with": "numba_streamsafe", "bare": "bare_async_emm"}
 
-    env = memory_manager_env(PLUGIN if plugin else None)
+
+def _run_child(kind: str, args: argparse.Namespace) -> dict:
+    from _installed import memory_manager_env
+
+    env = memory_manager_env(MANAGERS[kind])
     cmd = [sys.executable, "-X", "faulthandler", str(HERE), "--child",
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
-        raise SystemExit(f"the {'plugin' if plugin else 'plain'} process exited "
-                         f"{proc.returncode}")
+        raise SystemExit(f"the {kind} process exited {proc.returncode}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -279,6 +284,10 @@ def main(argv: list[str] | None = None) -> dict:
                         "FILE.pstats")
     parser.add_argument("--calls", action="store_true",
                         help="with --child: count the library's driver calls by caller")
+    parser.add_argument("--bare", action="store_true",
+                        help="add a third process per round under bare_async_emm "
+                        "(cuMemAllocAsync and cuMemFreeAsync, nothing tracked): what "
+                        "stream-ordered allocation alone costs the steps")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -307,11 +316,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{key:24s} {a:14.2f} {b:14.2f} {r:10.3f}")
         _save(res)
         return res
-    per: dict[str, list[dict]] = {"without": [], "with": []}
+    kinds = ["without", "with"] + (["bare"] if args.bare else [])
+    per: dict[str, list[dict]] = {kind: [] for kind in kinds}
     for r in range(args.rounds):
-        order = (False, True) if r % 2 == 0 else (True, False)
-        for plugin in order:
-            per["with" if plugin else "without"].append(_run_child(plugin, args))
+        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            per[kind].append(_run_child(kind, args))
     ratios = [w["steps_per_s"] / o["steps_per_s"]
               for w, o in zip(per["with"], per["without"], strict=True)]
     med = {k: statistics.median(x["steps_per_s"] for x in v) for k, v in per.items()}
@@ -325,13 +334,25 @@ def main(argv: list[str] | None = None) -> dict:
           f"{statistics.median(x['launch_us'] for x in per['without']):.2f} -> "
           f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}; "
           f"clock keys at the end {max(x.get('clock_keys') or 0 for x in per['with'])}")
-    print(f"{'phase (median us of a step)':30s} {'without':>9s} {'with':>9s} {'with - w/o':>10s}")
-    for name in PHASES:
-        a = statistics.median(x["phase_us"][name] for x in per["without"])
-        b = statistics.median(x["phase_us"][name] for x in per["with"])
-        print(f"{name:30s} {a:9.2f} {b:9.2f} {b - a:10.2f}")
     res = {"rounds": per, "ratios": ratios, "ratio": statistics.median(ratios),
            "events_per_step": ev, "wrong": wrong}
+    if args.bare:
+        bare = [b["steps_per_s"] / o["steps_per_s"]
+                for b, o in zip(per["bare"], per["without"], strict=True)]
+        res["bare_ratio"] = statistics.median(bare)
+        print("bare_async_emm rounds (steps/s, bare / without):",
+              ", ".join(f"{x:.3f}" for x in bare),
+              f"median {res['bare_ratio']:.3f} (spread {_spread(bare):.3f})")
+    head = f"{'phase (median us of a step)':30s} {'without':>9s} {'with':>9s} {'with - w/o':>10s}"
+    print(head + (f" {'bare':>9s} {'bare - w/o':>10s}" if args.bare else ""))
+    for name in PHASES:
+        a, b = (statistics.median(x["phase_us"][name] for x in per[k])
+                for k in ("without", "with"))
+        line = f"{name:30s} {a:9.2f} {b:9.2f} {b - a:10.2f}"
+        if args.bare:
+            c = statistics.median(x["phase_us"][name] for x in per["bare"])
+            line += f" {c:9.2f} {c - a:10.2f}"
+        print(line)
     _save(res)
     return res
 

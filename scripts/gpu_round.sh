@@ -440,10 +440,12 @@ steps)
     # A stream per step alone (issue "host cost"), this tree: benchmarks/stream_per_step.py
     # with its plugin and plain processes taking turns for STEP_ROUNDS rounds (default 7;
     # the host's speed moves from process to process, so one round says little).
+    # STEP_ARGS: more options, e.g. --bare (a third process under bare_async_emm).
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    # shellcheck disable=SC2086  # STEP_ARGS is a list of options
     PYTHONWARNINGS=ignore NSS_BENCH_DIR="$OUT/steps" run per_step python3 -X faulthandler \
-        benchmarks/stream_per_step.py --rounds "${STEP_ROUNDS:-7}"
-    grep -E "^rounds|ratio" "$OUT/per_step.log"
+        benchmarks/stream_per_step.py --rounds "${STEP_ROUNDS:-7}" ${STEP_ARGS:-}
+    grep -E "rounds|ratio" "$OUT/per_step.log"
     grep -A 11 "^phase" "$OUT/per_step.log"
     ;;
 long)
