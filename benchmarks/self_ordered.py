@@ -17,9 +17,21 @@ event (``events_recorded``). The variants, taking turns in one process:
   followed the program's events;
 * ``library``: the same two launches without the program's events: the
   library queues its waits (and records its events) itself;
+* ``one stream``: the same two launches on the producer's stream alone, no
+  event: the round with no ordering to make, so that each round's ordering
+  costs what it takes more than this one;
 * ``record`` / ``record+wait``: an ``Event.record`` on the producer's stream
   after a launch there (and a wait for it on the other), hooked, against the
-  same calls through Numba's own methods (the hooks' originals), in turns.
+  same calls through Numba's own methods (the hooks' originals), in turns;
+* ``record+wait libcuda``: the same pair as ``cuEventRecord`` and
+  ``cuStreamWaitEvent`` called from Python through the engine's libcuda
+  entry points, nothing else: what the program's pair costs with no
+  bookkeeping at all, the least any hook of Python's calls can cost.
+
+The ordering's cost per round is printed for each way: the library's own
+(``library`` less ``one stream``), the program's through the hooks
+(``self`` less ``one stream``), and the floor of the program's two pairs
+(twice ``record+wait libcuda``).
 
 Prints one JSON line: microseconds per round or call (median of
 ``--repeats``), the ratios, and the library's waits and events per round.
@@ -66,6 +78,25 @@ def _original(event_type: type, name: str) -> Callable[..., None]:
         if attr == name and isinstance(owner, type) and issubclass(event_type, owner):
             return original  # type: ignore[no-any-return]
     return getattr(event_type, name)  # type: ignore[no-any-return]
+
+
+def _libcuda_pair(event: object, a: object, b: object) -> tuple | None:
+    """``(record, wait, event, stream a, stream b)``: libcuda's record and wait
+    as the engine calls them, with the handles they take; None where the
+    engine does not reach libcuda (not compiled, the simulator, a tree
+    without them)."""
+    try:
+        from numba_streamsafe._driver.libcuda import record_event, wait_event
+        from numba_streamsafe.numba.program_order import event_handle, stream_ref
+    except ImportError:
+        return None
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return None
+    rt = nss.get_runtime()
+    ev, sa, sb = event_handle(event), stream_ref(rt, a)[0], stream_ref(rt, b)[0]
+    if record_event(ev, sa) != 0 or wait_event(sb, ev) != 0:
+        return None
+    return record_event, wait_event, ev, sa, sb
 
 
 def main() -> dict:
@@ -115,6 +146,30 @@ def main() -> dict:
         cuda.synchronize()
         return (time.perf_counter() - start) / n
 
+    def one_stream() -> float:
+        start = time.perf_counter()
+        for k in range(n):
+            produce[blocks, threads, a](x, float(k))
+            consume[blocks, threads, a](x, y)
+        cuda.synchronize()
+        return (time.perf_counter() - start) / n
+
+    bare = _libcuda_pair(made, a, b)
+
+    def bare_calls() -> float:
+        """The pair through libcuda's entry points alone (``bare``)."""
+        assert bare is not None
+        rec, wt, ev, sa, sb = bare
+        total = 0.0
+        for k in range(n // 4):
+            produce[blocks, threads, a](x, float(k))
+            start = time.perf_counter()
+            rec(ev, sa)
+            wt(sb, ev)
+            total += time.perf_counter() - start
+        cuda.synchronize()
+        return total / (n // 4)
+
     def calls(hooked: bool, waits: bool) -> float:
         """One launch on ``a`` (uses there to close), then the timed calls."""
         total = 0.0
@@ -137,7 +192,10 @@ def main() -> dict:
                 "record hooked": lambda: calls(True, False),
                 "record numba": lambda: calls(False, False),
                 "record+wait hooked": lambda: calls(True, True),
-                "record+wait numba": lambda: calls(False, True)}
+                "record+wait numba": lambda: calls(False, True),
+                "one stream": one_stream}
+    if bare is not None:
+        variants["record+wait libcuda"] = bare_calls
     for run in variants.values():  # compiled and warm
         n, full = 10, n
         run()
@@ -162,6 +220,11 @@ def main() -> dict:
         "record: hooked - numba us": round(us["record hooked"] - us["record numba"], 3),
         "record+wait: hooked - numba us": round(us["record+wait hooked"]
                                                 - us["record+wait numba"], 3),
+        "ordering us per round": {
+            "library": round(us["library"] - us["one stream"], 3),
+            "self, hooked": round(us["self"] - us["one stream"], 3),
+            "self at the floor (2 x record+wait libcuda)":
+                round(2 * us["record+wait libcuda"], 3) if bare is not None else None},
         "per round": {k: statistics.median(v) for k, v in counts.items()},
         "events held at the end": nss.memory_stats().get("events.in_use"),
         "package": os.path.dirname(nss.__file__),
