@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU call's worth of checks for this round's issues, run from the repository root on
-# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|steps|long|yardstick|house|profile
+# the GPU machine:  scripts/gpu_round.sh stacks|rmm|ordered|two-gpu|ranges|engine|engine-bench|launch|docs|tests|bench|runall|new|graphs|numba-suite|suite|hot|alloc|check|observe|ab|host|hooks|steps|long|yardstick|house|profile
 #   stacks: the GPU suite on the CUDA 12 stack and on the oldest supported numba-cuda;
 #   two-gpu: the two-GPU tests (races, per-device switches, exit) and the rest of the suite;
 #   ranges: the engine compiled, benchmarks/chunked_streams.py (K chunks of one array
@@ -383,6 +383,33 @@ ab)
         > "$OUT/alloc.log" 2>&1
     grep -E "^=== |same stream|cross stream|ratio|us/|us$" "$OUT/launch.log" "$OUT/alloc.log" \
         | head -80
+    ;;
+hooks)
+    # Issue "host cost", the hooks on the program's own ordering, this tree against
+    # ${BASE:-.before53}/ (built here): the GPU tests of transparent mode and plain Numba
+    # (TESTS=0: none), then PAIRS (default 3) rounds of benchmarks/self_ordered.py and
+    # stream_events.py over each tree's package, the trees taking turns, then
+    # benchmarks/hooks_host.py of each tree (the hooks' own work, the driver taken out).
+    base=$PWD/${BASE:-.before53}
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+        > "$OUT/build_base.log" 2>&1
+    if [[ ${TESTS:-1} == 1 ]]; then
+        run hook_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
+            -q -p no:cacheprovider -rs -o faulthandler_timeout=100 \
+            tests/gpu/test_transparent_gpu.py tests/gpu/test_plain_numba_gpu.py \
+            tests/gpu/test_hot_path.py ${EXTRA_TESTS:-}
+        tail -n 3 "$OUT/hook_tests.log"
+    fi
+    for k in $(seq 1 "${PAIRS:-3}"); do ordered_pair "$base" "$k"; done
+    cat "$OUT/ordered.log"
+    for side in base this; do
+        dir=$PWD; [[ $side == base ]] && dir=$base
+        echo "== $side" >> "$OUT/hooks_host.log"
+        PYTHONPATH="$SITE:$dir:$PWD/benchmarks" python3 -X faulthandler benchmarks/hooks_host.py \
+            >> "$OUT/hooks_host.log" 2>&1
+    done
+    cat "$OUT/hooks_host.log"
     ;;
 host)
     # Issue "host cost", this tree against ${BASE:-.before53}/ (built here), in one call:

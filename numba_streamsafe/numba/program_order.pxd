@@ -4,7 +4,15 @@ from numba_streamsafe.resources.tracking.lock cimport Lock
 from numba_streamsafe.resources.tracking.marks cimport Mark, MarkBook
 
 
-cdef Lock _event_lock(object event)
+cdef class EventState:
+    cdef readonly object handle
+    cdef readonly Lock lock
+    cdef readonly object point_rt
+    cdef readonly object point_clock
+    cdef readonly object point_mark
+
+
+cdef EventState _state(object event)
 cpdef bint noting(object rt) except? -1
 cdef tuple _tracking(object rt)
 cdef tuple _noted(object rt)
@@ -13,11 +21,16 @@ cdef object _runtime()
 cpdef tuple stream_ref(object rt, object stream)
 cpdef object cache_stream(object rt, object owner, object handle)
 cpdef object event_handle(object event)
+cdef object _handle(EventState st, object event)
 cdef object _weak(object rt)
-cdef object _still_borrowing(object rt, object point)
+cdef object _still_borrowing(object rt, EventState st)
 cpdef object record(object rt, object event, object stream, object handle, bint direct,
                     object fallback, tuple args)
+cdef object _record(object rt, EventState st, object event, object stream, object handle,
+                    bint direct, object fallback, tuple args)
 cpdef object wait(object rt, object event, object stream, object owner, object handle,
+                  bint direct, object fallback, tuple args)
+cdef object _wait(object rt, EventState st, object stream, object owner, object handle,
                   bint direct, object fallback, tuple args)
 cpdef object completed(object event, object synchronize, tuple args=*)
 cpdef object synchronised(object rt, object stream, object synchronize, tuple args=*)

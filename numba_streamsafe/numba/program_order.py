@@ -7,9 +7,9 @@ Part of the engine (:mod:`numba_streamsafe.compiled`), written in Cython's
 pure-Python mode: compiled where a compiler is present (its C declarations
 are in ``program_order.pxd``), run as it is where none is.
 
-An event's point is kept on the event object (``_nss_point``: a weak
-reference to the runtime, the point's clock and the mark the point closed,
-or None), so that a wait for the event, or a synchronise of it, orders what
+An event's point is kept on the event object (its :class:`EventState`: a
+weak reference to the runtime, the point's clock and the mark the point
+closed), so that a wait for the event, or a synchronise of it, orders what
 the clock covers (``MarkBook.program_clock``). The mark borrows the
 program's event (``MarkBook.program_record``): the library records no event
 of its own where the program records one, until the program records that
@@ -47,15 +47,39 @@ __all__ = ["record", "wait", "completed", "synchronised", "device_synchronised",
 #: Whether this module runs compiled (else it runs as Python source).
 COMPILED: bool = cython.compiled
 
+@cython.cclass
+class EventState:
+    """What the library keeps of one of Numba's events, on the event itself
+    (``_nss_state`` in its ``__dict__``, made on first use, :func:`_state`):
+    its driver handle (read once, :func:`event_handle`), the lock that keeps
+    each call on the event and its bookkeeping together, and the event's
+    point: the runtime it was noted on (a weak reference), the point's clock
+    (``MarkBook.program_clock``) and the mark it closed, or None for all
+    three where no point is kept."""
+
+    # The attributes as program_order.pxd declares them.
+    handle: Any
+    lock: Lock
+    point_rt: Any
+    point_clock: Any
+    point_mark: Any
+
+    def __init__(self) -> None:
+        self.handle = None
+        self.lock = Lock()
+        self.point_rt = None
+        self.point_clock = None
+        self.point_mark = None
+
+
 @cython.cfunc
-def _event_lock(event: Any) -> Lock:
-    """The lock of ``event`` (made on first use, kept in its ``__dict__``): the
-    engine's :class:`Lock`, taken and given from C."""
+def _state(event: Any) -> EventState:
+    """The library's :class:`EventState` of ``event``."""
     d: dict = event.__dict__
-    lock = d.get("_nss_lock")
-    if lock is None:
-        lock = d.setdefault("_nss_lock", Lock())
-    return lock
+    found = d.get("_nss_state")
+    if found is None:
+        found = d.setdefault("_nss_state", EventState())
+    return found  # type: ignore[no-any-return]
 
 
 @cython.ccall
@@ -67,12 +91,21 @@ def noting(rt: Any) -> cython.bint:
     return _noted(rt) is not None
 
 
+#: ``(weak reference to a runtime, its _tracking)`` of the last runtime asked about.
+_last_tracking: Any = None
+
+
 @cython.cfunc
 def _tracking(rt: Any) -> tuple:
     """``(book, lock)`` of ``rt``'s tracking resource: its mark book (None
     where it keeps none) and the lock of its state. Read once and kept on the
     runtime (``_nss_tracking``): a runtime's resource stack is fixed when it
-    is made, and each read through it runs Python properties."""
+    is made, and each read through it runs Python properties. The last
+    runtime's is also kept here, read without the runtime's ``__dict__``."""
+    global _last_tracking
+    last = _last_tracking
+    if last is not None and last[0]() is rt:  # the last runtime asked about
+        return last[1]  # type: ignore[no-any-return]
     d: dict = rt.__dict__
     found = d.get("_nss_tracking")
     if found is None:
@@ -80,6 +113,7 @@ def _tracking(rt: Any) -> tuple:
         book = getattr(tracker, "marks", None)
         found = (book, None if book is None else tracker.lock)
         d["_nss_tracking"] = found
+    _last_tracking = (weakref.ref(rt), found)
     return found  # type: ignore[no-any-return]
 
 
@@ -170,10 +204,15 @@ def cache_stream(rt: Any, owner: Any, handle: Any) -> object:
 def event_handle(event: Any) -> Any:
     """The driver handle of a Numba event, as an int: of a cuda-python
     ``CUevent``, or of a ``ctypes.c_void_p`` (older numba-cuda releases).
-    Read once and kept on the event (``_nss_handle``): an event's handle is
-    fixed for its life."""
-    d: dict = event.__dict__
-    found = d.get("_nss_handle")
+    Read once and kept in the event's :class:`EventState`: an event's handle
+    is fixed for its life."""
+    return _handle(_state(event), event)
+
+
+@cython.cfunc
+def _handle(st: EventState, event: Any) -> Any:
+    """:func:`event_handle` of ``event``, whose state is ``st``."""
+    found = st.handle
     if found is not None:
         return found
     handle = event.handle
@@ -181,7 +220,7 @@ def event_handle(event: Any) -> Any:
         found = int(handle.value or 0)
     else:
         found = int(handle)
-    d["_nss_handle"] = found
+    st.handle = found
     return found
 
 
@@ -193,7 +232,8 @@ def record_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def record_event_(self: Any, stream: Any = 0) -> None:
         rt = _runtime()
         handle = stream_ref(rt, stream)[0]
-        record(rt, self, handle, event_handle(self), handle > 2, original, (self, stream))
+        st: EventState = _state(self)
+        _record(rt, st, self, handle, _handle(st, self), handle > 2, original, (self, stream))
     record_event_.__doc__ = original.__doc__
     record_event_.__name__ = "record"
     return record_event_
@@ -208,7 +248,8 @@ def wait_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         rt = _runtime()
         ref = stream_ref(rt, stream)
         handle = ref[0]
-        wait(rt, self, handle, ref[1], event_handle(self), handle > 2, original, (self, stream))
+        st: EventState = _state(self)
+        _wait(rt, st, handle, ref[1], _handle(st, self), handle > 2, original, (self, stream))
     wait_event_.__doc__ = original.__doc__
     wait_event_.__name__ = "wait"
     return wait_event_
@@ -228,16 +269,14 @@ def _weak(rt: Any) -> Any:
 
 
 @cython.cfunc
-def _still_borrowing(rt: Any, point: Any) -> Any:
-    """The mark of ``rt`` that still borrows the event's earlier record
-    (``point``, the event's ``_nss_point``, or None), or None. A mark of
-    another runtime that still borrows it gets its own event here."""
-    if point is None:
-        return None
-    held = point[2]
+def _still_borrowing(rt: Any, st: EventState) -> Any:
+    """The mark of ``rt`` that still borrows the event's earlier record (the
+    point ``st`` keeps), or None. A mark of another runtime that still
+    borrows it gets its own event here."""
+    held = st.point_mark
     if held is None or cython.cast(Mark, held).borrow is None:
         return None
-    known = point[0]()
+    known = st.point_rt()
     if known is rt:
         return held
     if known is not None:
@@ -257,16 +296,23 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
     not for an event not yet recorded); the point is kept once the record
     succeeded. Any mark that borrowed the event's earlier record gets an
     event of its own first."""
-    d: dict = event.__dict__
+    _record(rt, _state(event), event, stream, handle, direct, fallback, args)
+
+
+@cython.cfunc
+def _record(rt: Any, st: EventState, event: Any, stream: Any, handle: Any,
+            direct: cython.bint, fallback: Callable[..., Any], args: tuple) -> None:
+    """:func:`record` of ``event``, whose state is ``st``."""
     book: MarkBook
     lock: Lock
-    elock: Lock = _event_lock(event)
+    elock: Lock = st.lock
     elock.take()
     try:
         # A mark still borrowing the event's earlier record (not let go since)
         # gets its own event before the record; under the same hold of the
         # resource's lock as the new point where it is this runtime's.
-        held = _still_borrowing(rt, d.pop("_nss_point", None))
+        held = _still_borrowing(rt, st)
+        st.point_rt = st.point_clock = st.point_mark = None
         noted = _noted(rt)
         if noted is None:  # not noted: the record alone
             if held is not None:
@@ -294,7 +340,9 @@ def record(rt: Any, event: Any, stream: Any, handle: Any, direct: cython.bint,
                 raise
         finally:
             lock.give()
-        d["_nss_point"] = (_weak(rt), clock, mark)
+        st.point_rt = _weak(rt)
+        st.point_clock = clock
+        st.point_mark = mark
     finally:
         elock.give()
 
@@ -306,16 +354,23 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
     (driver handle ``handle``), through libcuda where ``direct``, else (or
     where libcuda refuses) by ``fallback(*args)``: once that succeeded, the
     stream is ordered after the event's point."""
+    _wait(rt, _state(event), stream, owner, handle, direct, fallback, args)
+
+
+@cython.cfunc
+def _wait(rt: Any, st: EventState, stream: Any, owner: Any, handle: Any, direct: cython.bint,
+          fallback: Callable[..., Any], args: tuple) -> None:
+    """:func:`wait` for the event whose state is ``st``."""
     book: MarkBook
     lock: Lock
-    elock: Lock = _event_lock(event)
+    elock: Lock = st.lock
     elock.take()
     try:
-        d: dict = event.__dict__
-        point = d.get("_nss_point")
+        known = st.point_rt
+        clock = st.point_clock
         if not direct or wait_event(stream, handle) != 0:
             fallback(*args)
-        if point is None or point[0]() is not rt:
+        if known is None or known() is not rt:
             return
         noted = _noted(rt)
         if noted is None:
@@ -325,7 +380,7 @@ def wait(rt: Any, event: Any, stream: Any, owner: Any, handle: Any, direct: cyth
         try:
             # The knowledge lasts while the stream's object does, where it owns
             # the handle; a wrapper of one made elsewhere may die with the stream alive.
-            book.program_waited(stream, point[1], owner if owns_handle(owner) else None)
+            book.program_waited(stream, clock, owner if owns_handle(owner) else None)
         finally:
             lock.give()
     finally:
@@ -341,19 +396,21 @@ def completed(event: Any, synchronize: Callable[..., Any], args: tuple = ()) -> 
     it."""
     book: MarkBook
     lock: Lock
-    elock: Lock = _event_lock(event)
+    st: EventState = _state(event)
+    elock: Lock = st.lock
     elock.take()
     try:
-        point = event.__dict__.get("_nss_point")
+        known = st.point_rt
+        clock = st.point_clock
         done = synchronize(*args)
-        rt = point[0]() if point is not None else None
+        rt = known() if known is not None else None
         if done is not False and rt is not None:
             noted = _noted(rt)
             if noted is not None:
                 book = noted[0]
                 lock = _caught_up(noted)
                 try:
-                    book.program_completed(point[1])
+                    book.program_completed(clock)
                 finally:
                     lock.give()
         return done
