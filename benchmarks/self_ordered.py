@@ -86,11 +86,11 @@ def _libcuda_pair(event: object, a: object, b: object) -> tuple | None:
     engine does not reach libcuda (not compiled, the simulator, a tree
     without them)."""
     try:
-        from numba_streamsafe._driver.libcuda import record_event, wait_event
+        from numba_streamsafe._driver.libcuda import loaded, record_event, wait_event
         from numba_streamsafe.numba.program_order import event_handle, stream_ref
     except ImportError:
         return None
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or not loaded():
         return None
     rt = nss.get_runtime()
     ev, sa, sb = event_handle(event), stream_ref(rt, a)[0], stream_ref(rt, b)[0]

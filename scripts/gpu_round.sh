@@ -394,6 +394,8 @@ hooks)
     command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
     (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
         > "$OUT/build_base.log" 2>&1
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10} \
+        NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
     if [[ ${TESTS:-1} == 1 ]]; then
         run hook_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
             -q -p no:cacheprovider -rs -o faulthandler_timeout=100 \

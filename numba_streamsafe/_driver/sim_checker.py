@@ -25,11 +25,23 @@ class HappensBefore:
     ordered : callable
         ``ordered(earlier, later)``: whether the operation ``earlier`` happens
         before ``later`` (the driver's clocks).
+
+    Attributes
+    ----------
+    complete : bool
+        False (the default): an access is checked against the bytes' last
+        write and the reads since it, so a race is reported where its two
+        accesses meet with no write between them. True: also against the
+        earlier accesses the last write was not ordered after, so every pair
+        of accesses that races is reported, including a pair that races only
+        because an earlier pair did (a read, an unordered write of those
+        bytes, then a write ordered after that one but not after the read).
     """
 
     def __init__(self, hazards: list[Hazard], ordered: Callable[[Op, Op], bool]) -> None:
         self.hazards = hazards
         self._ordered = ordered
+        self.complete = False
 
     def report(self, kind: str, ptr: int, earlier: str, later: str,
                chunk: Chunk | None = None, op: Op | None = None) -> None:
@@ -59,26 +71,43 @@ class HappensBefore:
         i, j = shadow.cover(lo, hi)
         # earlier op -> [kind, first byte, end] of the bytes it conflicts over
         found: dict[int, tuple[Op, list[Any]]] = {}
+        before: dict[int, bool] = {}  # earlier op -> whether it happens before op
         write = bool(access & Access.WRITE)
+        kind = "read-after-write" if access == Access.READ else "write-after-write"
+        complete = self.complete
         for part in shadow.parts[i:j]:
-            last = part[2]
-            if last is not None:
-                kind = "read-after-write" if access == Access.READ else "write-after-write"
-                _conflict(found, last, kind, part)
+            writes, reads = part[2], part[3]
+            for earlier in writes.values():
+                _conflict(found, earlier, kind, part)
             if write:
-                for read in part[3].values():
+                for read in reads.values():
                     if read.stream != op.stream:
                         _conflict(found, read, "write-after-read", part)
-                part[2] = op
-                part[3] = {}
+                if complete:  # what the write is not ordered after stays, to meet later ones
+                    part[2] = {s: e for s, e in writes.items()
+                               if not self._before(before, e, op)}
+                    part[3] = {s: e for s, e in reads.items()
+                               if not self._before(before, e, op)}
+                    part[2][op.stream] = op
+                else:
+                    part[2] = {op.stream: op}
+                    part[3] = {}
             else:
-                part[3][op.stream] = op
+                reads[op.stream] = op
         shadow.join(i - 1, j + 1)
         for earlier, (kind, first, end) in found.values():
-            if not self._ordered(earlier, op):
+            if not self._before(before, earlier, op):
                 self.hazards.append(Hazard(kind, chunk.base + first, str(earlier), str(op),
                                            earlier.side(), op.side(), end - first,
                                            chunk.allocated, chunk.freed))
+
+    def _before(self, known: dict[int, bool], earlier: Op, op: Op) -> bool:
+        """Whether ``earlier`` happens before ``op``, asked once per earlier op
+        (``known``)."""
+        found = known.get(id(earlier))
+        if found is None:
+            found = known[id(earlier)] = self._ordered(earlier, op)
+        return found
 
     def assert_none(self) -> None:
         """Raise ``AssertionError`` listing every hazard seen so far."""

@@ -79,16 +79,19 @@ class SimStream:
 
 
 class _Shadow:
-    """For each range of a chunk's bytes (offsets from its base), its last
-    write and, per stream, its newest read since: ``[lo, hi, last_write,
-    reads]`` items, sorted and covering the chunk. A range is split where an
-    access begins or ends inside it, and neighbours that saw the same
-    accesses join again."""
+    """For each range of a chunk's bytes (offsets from its base), the
+    accesses a later one must be ordered after: ``[lo, hi, writes, reads]``
+    items, sorted and covering the chunk, where ``writes`` and ``reads`` map
+    a stream to its newest write, or read, of the range: the last write and
+    the reads since it, and where the checker is complete
+    (:attr:`~.sim_checker.HappensBefore.complete`) also the earlier accesses
+    no later write is ordered after. A range is split where an access begins
+    or ends inside it, and neighbours that saw the same accesses join again."""
 
     __slots__ = ("parts",)
 
     def __init__(self, capacity: int) -> None:
-        self.parts: list[list[Any]] = [[0, capacity, None, {}]]
+        self.parts: list[list[Any]] = [[0, capacity, {}, {}]]
 
     def cover(self, lo: int, hi: int) -> tuple[int, int]:
         """``(i, j)``: ``parts[i:j]`` are exactly the bytes ``lo .. hi - 1``."""
@@ -102,7 +105,7 @@ class _Shadow:
             return i
         if at >= part[1]:
             return i + 1
-        parts.insert(i + 1, [at, part[1], part[2], dict(part[3])])
+        parts.insert(i + 1, [at, part[1], dict(part[2]), dict(part[3])])
         part[1] = at
         return i + 1
 
@@ -112,11 +115,15 @@ class _Shadow:
         k = min(j, len(parts)) - 1
         while k > max(i, 0):
             left, right = parts[k - 1], parts[k]
-            if left[2] is right[2] and left[3].keys() == right[3].keys() and all(
-                    left[3][s] is right[3][s] for s in left[3]):
+            if _same(left[2], right[2]) and _same(left[3], right[3]):
                 left[1] = right[1]
                 del parts[k]
             k -= 1
+
+
+def _same(a: dict[Any, Any], b: dict[Any, Any]) -> bool:
+    """Whether two of a shadow's maps hold the same accesses."""
+    return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
 
 
 class Chunk:
