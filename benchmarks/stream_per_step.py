@@ -21,10 +21,9 @@ Two ways to run it:
     step, the steps that read a wrong value (expected 0), and each phase of
     a step (the stream's creation, the upload, the launch, ... the drop of
     the arrays and the stream) as the median of its time, without and with
-    the plugin: where the difference lies. The ratios are also given with
-    each process's host speed taken out (a fixed Python loop timed in it,
-    before and after its steps). ``--bare`` adds a third process per round
-    under ``bare_async_emm``: stream-ordered allocation without the library.
+    the plugin: where the difference lies. ``--bare`` adds a third process
+    per round under ``bare_async_emm``: stream-ordered allocation without
+    the library.
 
 ``python benchmarks/stream_per_step.py --minutes M [--window S]``
     One process under the plugin runs the steps for ``M`` minutes and prints,
@@ -77,22 +76,6 @@ def _clock_keys() -> int | None:
         return len(book.done) + sum(len(entry[1]) for entry in book.ordered.values())
     except Exception:  # no plugin, or a resource that keeps no clocks
         return None
-
-
-def _host_probe() -> float:
-    """Microseconds of a fixed piece of Python host work (dict stores, tuples,
-    string formatting), the median of five: this process's host speed. The
-    same loop runs up to 2x apart between processes on one machine, and a
-    step is mostly host work, so each process's steps per second is also
-    given relative to its probe (the parent prints both ratios)."""
-    times = []
-    for _ in range(5):
-        d: dict = {}
-        start = time.perf_counter()
-        for i in range(20000):
-            d[i & 255] = (i, str(i))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def _count_calls(rt) -> dict:
@@ -196,7 +179,6 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
         counts.clear()
     out: dict = {"plugin": plugin}
     if minutes <= 0:
-        probe = _host_probe()
         before = stats() if stats else {}
         prof = None
         if profile:
@@ -220,8 +202,7 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
                 for order in ("tottime", "cumulative"):
                     pstats.Stats(prof, stream=f).sort_stats(order).print_stats(50)
         after = stats() if stats else {}
-        probe = (probe + _host_probe()) / 2
-        out.update(steps=steps, steps_per_s=steps / elapsed, wrong=wrong, probe_us=probe,
+        out.update(steps=steps, steps_per_s=steps / elapsed, wrong=wrong,
                    launch_us=statistics.median(launch_times) * 1e6,
                    events_recorded=after.get("events_recorded", 0)
                    - before.get("events_recorded", 0),
@@ -344,10 +325,6 @@ def main(argv: list[str] | None = None) -> dict:
             per[kind].append(_run_child(kind, args))
     ratios = [w["steps_per_s"] / o["steps_per_s"]
               for w, o in zip(per["with"], per["without"], strict=True)]
-    # Each process's steps per second times its host probe's time: the ratio with the
-    # host speed of each process taken out.
-    probed = [(w["steps_per_s"] * w["probe_us"]) / (o["steps_per_s"] * o["probe_us"])
-              for w, o in zip(per["with"], per["without"], strict=True)]
     med = {k: statistics.median(x["steps_per_s"] for x in v) for k, v in per.items()}
     ev = statistics.median(x["events_recorded"] / x["steps"] for x in per["with"])
     wrong = sum(x["wrong"] for v in per.values() for x in v)
@@ -359,14 +336,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{statistics.median(x['launch_us'] for x in per['without']):.2f} -> "
           f"{statistics.median(x['launch_us'] for x in per['with']):.2f} us; wrong {wrong}; "
           f"clock keys at the end {max(x.get('clock_keys') or 0 for x in per['with'])}")
-    print("rounds relative to each process's host probe:",
-          ", ".join(f"{x:.3f}" for x in probed),
-          f"median {statistics.median(probed):.3f} (spread {_spread(probed):.3f}); probe us "
-          f"without {statistics.median(x['probe_us'] for x in per['without']):.0f}, with "
-          f"{statistics.median(x['probe_us'] for x in per['with']):.0f} (spread "
-          f"{_spread([x['probe_us'] for v in per.values() for x in v]):.0f})")
     res = {"rounds": per, "ratios": ratios, "ratio": statistics.median(ratios),
-           "probed_ratios": probed, "probed_ratio": statistics.median(probed),
            "events_per_step": ev, "wrong": wrong}
     if args.bare:
         bare = [b["steps_per_s"] / o["steps_per_s"]
