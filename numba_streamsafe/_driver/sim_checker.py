@@ -32,10 +32,15 @@ class HappensBefore:
         False (the default): an access is checked against the bytes' last
         write and the reads since it, so a race is reported where its two
         accesses meet with no write between them. True: also against the
-        earlier accesses the last write was not ordered after, so every pair
-        of accesses that races is reported, including a pair that races only
-        because an earlier pair did (a read, an unordered write of those
-        bytes, then a write ordered after that one but not after the read).
+        earlier accesses the last write was not ordered after, so a pair that
+        races only because an earlier pair did is reported too (a read, an
+        unordered write of those bytes, then a write ordered after that one
+        but not after the read). Still not every racing pair: an access that
+        a later write is ordered after is dropped, though a third access may
+        be ordered after that write and not after it (a read on ``a``, a
+        write on ``b`` ordered after it, a write on ``c`` unordered with
+        both), and only each stream's newest read is kept. Every pair either
+        mode reports races.
     """
 
     def __init__(self, hazards: list[Hazard], ordered: Callable[[Op, Op], bool]) -> None:

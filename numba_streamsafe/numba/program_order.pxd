@@ -23,7 +23,7 @@ cpdef object cache_stream(object rt, object owner, object handle)
 cpdef object event_handle(object event)
 cdef object _handle(EventState st, object event)
 cdef object _weak(object rt)
-cdef object _still_borrowing(object rt, EventState st)
+cdef object _still_borrowing(object rt, object known, object held)
 cpdef object record(object rt, object event, object stream, object handle, bint direct,
                     object fallback, tuple args)
 cdef object _record(object rt, EventState st, object event, object stream, object handle,

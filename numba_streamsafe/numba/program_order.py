@@ -95,6 +95,15 @@ def noting(rt: Any) -> cython.bint:
 _last_tracking: Any = None
 
 
+def _forget_tracking(ref: Any) -> None:
+    """The runtime of the kept tracking tuple died: the tuple (its mark book,
+    and the program's events and streams its marks hold) is let go with it."""
+    global _last_tracking
+    last = _last_tracking
+    if last is not None and last[0] is ref:
+        _last_tracking = None
+
+
 @cython.cfunc
 def _tracking(rt: Any) -> tuple:
     """``(book, lock)`` of ``rt``'s tracking resource: its mark book (None
@@ -113,7 +122,10 @@ def _tracking(rt: Any) -> tuple:
         book = getattr(tracker, "marks", None)
         found = (book, None if book is None else tracker.lock)
         d["_nss_tracking"] = found
-    _last_tracking = (weakref.ref(rt), found)
+    try:
+        _last_tracking = (weakref.ref(rt, _forget_tracking), found)
+    except TypeError:  # a runtime that takes no weak reference: not kept here
+        _last_tracking = None
     return found  # type: ignore[no-any-return]
 
 
@@ -269,18 +281,18 @@ def _weak(rt: Any) -> Any:
 
 
 @cython.cfunc
-def _still_borrowing(rt: Any, st: EventState) -> Any:
+def _still_borrowing(rt: Any, known: Any, held: Any) -> Any:
     """The mark of ``rt`` that still borrows the event's earlier record (the
-    point ``st`` keeps), or None. A mark of another runtime that still
-    borrows it gets its own event here."""
-    held = st.point_mark
+    point's mark ``held`` and the weak reference ``known`` to its runtime,
+    None where no point was kept), or None. A mark of another runtime that
+    still borrows it gets its own event here."""
     if held is None or cython.cast(Mark, held).borrow is None:
         return None
-    known = st.point_rt()
-    if known is rt:
+    other = known()
+    if other is rt:
         return held
-    if known is not None:
-        known.resource.tracker.program_unborrow(held)
+    if other is not None:
+        other.resource.tracker.program_unborrow(held)
     return None
 
 
@@ -311,8 +323,10 @@ def _record(rt: Any, st: EventState, event: Any, stream: Any, handle: Any,
         # A mark still borrowing the event's earlier record (not let go since)
         # gets its own event before the record; under the same hold of the
         # resource's lock as the new point where it is this runtime's.
-        held = _still_borrowing(rt, st)
-        st.point_rt = st.point_clock = st.point_mark = None
+        known = st.point_rt
+        held = st.point_mark
+        st.point_rt = st.point_clock = st.point_mark = None  # gone even if the below fails
+        held = _still_borrowing(rt, known, held)
         noted = _noted(rt)
         if noted is None:  # not noted: the record alone
             if held is not None:

@@ -177,8 +177,9 @@ def run(program: Program, check: bool = True, watch: bool = False, reuse: bool =
     the program's events, waits and synchronises are another library's
     (``SimDriver.observer``), which the resource learns of where it
     ``observe`` s (the negative control: it does not). ``complete``: the
-    simulator's checker finds every racing pair, not only those with no write
-    between them (``HappensBefore.complete``)."""
+    simulator's checker also meets the accesses a racing write left
+    unordered, not only the last write and the reads since
+    (``HappensBefore.complete``)."""
     # Destroyed handles are not handed out again: the simulator names a
     # destroyed stream's work by its handle, the resource by the identity it
     # renamed it to (``renamed``).

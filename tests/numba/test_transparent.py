@@ -755,6 +755,46 @@ def test_a_read_on_another_stream_during_the_programs_record_waits_for_its_event
         assert sim.hazards, "the read queued before the event with no wait must race"
 
 
+def test_a_record_that_another_runtimes_mark_cannot_give_up_fails_once():
+    """The program recorded an event on a stream of one runtime (its closed
+    mark borrows the event), then records it on a stream of another while
+    the first runtime's driver refuses every record (a sticky error): that
+    record raises, the first runtime's error, and the event's earlier point
+    is gone with it, so the next records of the event on the second runtime
+    succeed rather than retry the first runtime's mark for ever."""
+    from numba_streamsafe.core.errors import DriverError
+
+    sim1, rt1, s1, _, _ = _written_on_a_stream()
+    sim2, rt2, t1, _, _ = _written_on_a_stream()
+    event = _Event()
+    h1, h2 = sim1.event_create(), sim2.event_create()
+    program_order.record(rt1, event, s1, h1, False, sim1.event_record, (h1, s1))
+    sim1.inject_failure("cuEventRecord", times=100)
+    with pytest.raises(DriverError, match="cuEventRecord"):
+        program_order.record(rt2, event, t1, h2, False, sim2.event_record, (h2, t1))
+    for _ in range(2):
+        program_order.record(rt2, event, t1, h2, False, sim2.event_record, (h2, t1))
+
+
+def test_the_hooks_keep_no_dead_runtimes_mark_book_alive():
+    """A runtime whose program recorded and waited for an event, then dropped:
+    its mark book (and the program's events and streams its marks hold) is
+    collected with it, though the hooks keep the last runtime's tracking
+    state for their next call."""
+    import gc
+    import weakref
+
+    sim, rt, s1, s2, x = _written_on_a_stream()
+    handle = sim.event_create()
+    event = _Event()
+    program_order.record(rt, event, s1, handle, False, sim.event_record, (handle, s1))
+    program_order.wait(rt, event, s2, None, handle, False, sim.stream_wait_event, (s2, handle))
+    kept = weakref.ref(event), weakref.ref(sim)  # a mark of the book borrows the event
+    del rt, x, event, sim
+    gc.collect()
+    assert [ref() for ref in kept] == [None, None]
+
+
 @pytest.mark.parametrize("failures", [1, 2])
 def test_a_failed_program_record_leaves_the_write_ordered(failures):
     """The program's ``Event.record`` fails after its point closed the
