@@ -63,6 +63,22 @@ ordered_pair() {  # ordered_pair BASE [ROUND]: self_ordered.py, stream_events.py
     done
 }
 
+two_trees() {  # two_trees BASE: this tree and BASE/ compiled here; the race tests' trials
+    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
+    (cd "$1" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
+        > "$OUT/build_base.log" 2>&1
+    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10} \
+        NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
+}
+
+gpu_tests() {  # gpu_tests NAME FILE...: the GPU tests of FILE... (and EXTRA_TESTS) as NAME
+    local name=$1; shift
+    # shellcheck disable=SC2086  # EXTRA_TESTS is a list of files
+    run "$name" timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu -q \
+        -p no:cacheprovider -rs -o faulthandler_timeout=100 "$@" ${EXTRA_TESTS:-}
+    tail -n 3 "$OUT/$name.log"
+}
+
 case "${1:-tests}" in
 stacks)
     # The GPU suite on other stacks (issue "Reach"), each in a virtual environment of its
@@ -391,17 +407,10 @@ hooks)
     # stream_events.py over each tree's package, the trees taking turns, then
     # benchmarks/hooks_host.py of each tree (the hooks' own work, the driver taken out).
     base=$PWD/${BASE:-.before53}
-    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
-    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
-        > "$OUT/build_base.log" 2>&1
-    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10} \
-        NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
+    two_trees "$base"
     if [[ ${TESTS:-1} == 1 ]]; then
-        run hook_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
-            -q -p no:cacheprovider -rs -o faulthandler_timeout=100 \
-            tests/gpu/test_transparent_gpu.py tests/gpu/test_plain_numba_gpu.py \
-            tests/gpu/test_hot_path.py ${EXTRA_TESTS:-}
-        tail -n 3 "$OUT/hook_tests.log"
+        gpu_tests hook_tests tests/gpu/test_transparent_gpu.py tests/gpu/test_plain_numba_gpu.py \
+            tests/gpu/test_hot_path.py
     fi
     for k in $(seq 1 "${PAIRS:-3}"); do ordered_pair "$base" "$k"; done
     cat "$OUT/ordered.log"
@@ -423,17 +432,11 @@ host)
     # Nothing else runs on the GPU meanwhile: a process beside them (the long run, in an
     # earlier version of this step) halved a stream per step and moved the launch figures.
     base=$PWD/${BASE:-.before53}
-    command -v gcc > /dev/null && run build_ext python3 setup.py build_ext --inplace -j 8
-    (cd "$base" && PYTHONPATH="$SITE:$PWD" python3 setup.py build_ext --inplace -j 8) \
-        > "$OUT/build_base.log" 2>&1
-    export NSS_RACE_REPORT=$OUT/race.txt NSS_RACE_TRIALS=${NSS_RACE_TRIALS:-10} \
-        NSS_PLAIN_TRIALS=${NSS_PLAIN_TRIALS:-10}
+    two_trees "$base"
     if [[ ${TESTS:-1} == 1 ]]; then  # TESTS=0: the benchmarks only (the tests in a call of their own)
-        run host_tests timeout "${TESTS_TIMEOUT:-200}" python3 -X faulthandler -m pytest -m gpu \
-            -q -p no:cacheprovider -rs -o faulthandler_timeout=100 tests/gpu/test_host_cost_gpu.py \
-            tests/gpu/test_hot_path.py tests/gpu/test_plain_numba_gpu.py \
-            tests/gpu/test_stream_reuse.py tests/gpu/test_transparent_gpu.py ${EXTRA_TESTS:-}
-        tail -n 3 "$OUT/host_tests.log"
+        gpu_tests host_tests tests/gpu/test_host_cost_gpu.py tests/gpu/test_hot_path.py \
+            tests/gpu/test_plain_numba_gpu.py tests/gpu/test_stream_reuse.py \
+            tests/gpu/test_transparent_gpu.py
     fi
     export PYTHONWARNINGS=ignore
     for k in $(seq 1 "${ROUNDS:-2}"); do
