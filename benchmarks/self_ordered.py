@@ -28,7 +28,8 @@ event (``events_recorded``). The variants, taking turns in one process:
   entry points, nothing else: what the program's pair costs with no
   bookkeeping at all, the least any hook of Python's calls can cost.
 
-The ordering's cost per round is printed for each way: the library's own
+The hooked pair's cost above that floor is printed (``record+wait: hooked -
+libcuda us``), and the ordering's cost per round for each way: the library's own
 (``library`` less ``one stream``), the program's through the hooks
 (``self`` less ``one stream``), and the floor of the program's two pairs
 (twice ``record+wait libcuda``).
@@ -213,6 +214,9 @@ def main() -> dict:
         "record: hooked - numba us": round(us["record hooked"] - us["record numba"], 3),
         "record+wait: hooked - numba us": round(us["record+wait hooked"]
                                                 - us["record+wait numba"], 3),
+        "record+wait: hooked - libcuda us": round(us["record+wait hooked"]
+                                                  - us["record+wait libcuda"], 3)
+        if bare is not None else None,
         "ordering us per round": {
             "library": round(us["library"] - us["one stream"], 3),
             "self, hooked": round(us["self"] - us["one stream"], 3),

@@ -91,7 +91,7 @@ def noting(rt: Any) -> cython.bint:
     return _noted(rt) is not None
 
 
-#: ``(weak reference to a runtime, its _tracking)`` of the last runtime asked about.
+#: The :func:`_tracking` of the last runtime asked about.
 _last_tracking: Any = None
 
 
@@ -100,38 +100,41 @@ def _forget_tracking(ref: Any) -> None:
     and the program's events and streams its marks hold) is let go with it."""
     global _last_tracking
     last = _last_tracking
-    if last is not None and last[0] is ref:
+    if last is not None and last[2] is ref:
         _last_tracking = None
 
 
 @cython.cfunc
 def _tracking(rt: Any) -> tuple:
-    """``(book, lock)`` of ``rt``'s tracking resource: its mark book (None
-    where it keeps none) and the lock of its state. Read once and kept on the
+    """``(book, lock, ref)`` of ``rt``'s tracking resource: its mark book (None
+    where it keeps none), the lock of its state, and a weak reference to
+    ``rt`` (None for a runtime that takes none). Read once and kept on the
     runtime (``_nss_tracking``): a runtime's resource stack is fixed when it
     is made, and each read through it runs Python properties. The last
-    runtime's is also kept here, read without the runtime's ``__dict__``."""
+    runtime's is also kept here, found without the runtime's ``__dict__``
+    (and let go when the runtime dies)."""
     global _last_tracking
     last = _last_tracking
-    if last is not None and last[0]() is rt:  # the last runtime asked about
-        return last[1]  # type: ignore[no-any-return]
+    if last is not None and last[2]() is rt:  # the last runtime asked about
+        return last  # type: ignore[no-any-return]
     d: dict = rt.__dict__
     found = d.get("_nss_tracking")
     if found is None:
         tracker = rt.resource.tracker
         book = getattr(tracker, "marks", None)
-        found = (book, None if book is None else tracker.lock)
+        try:
+            ref = weakref.ref(rt, _forget_tracking)
+        except TypeError:  # a runtime that takes no weak reference: not kept here
+            ref = None
+        found = (book, None if book is None else tracker.lock, ref)
         d["_nss_tracking"] = found
-    try:
-        _last_tracking = (weakref.ref(rt, _forget_tracking), found)
-    except TypeError:  # a runtime that takes no weak reference: not kept here
-        _last_tracking = None
+    _last_tracking = found if found[2] is not None else None
     return found  # type: ignore[no-any-return]
 
 
 @cython.cfunc
 def _noted(rt: Any) -> tuple | None:
-    """``(book, lock)`` of ``rt``'s tracking resource (:func:`_tracking`)
+    """``(book, lock, ref)`` of ``rt``'s tracking resource (:func:`_tracking`)
     where the program's ordering is noted now (:func:`noting`), else None."""
     if rt.capture is not None:
         return None
@@ -148,7 +151,7 @@ def _noted(rt: Any) -> tuple | None:
 @cython.cfunc
 def _caught_up(noted: tuple) -> Lock:
     """Take the lock of a tracking resource and apply what the driver
-    observer noted since (``noted``: its ``(book, lock)``, as :func:`_noted`
+    observer noted since (``noted``: its ``(book, lock, ref)``, as :func:`_noted`
     gives it); the caller gives the lock back."""
     book: MarkBook = noted[0]
     lock: Lock = noted[1]
