@@ -22,7 +22,6 @@ cpdef tuple stream_ref(object rt, object stream)
 cpdef object cache_stream(object rt, object owner, object handle)
 cpdef object event_handle(object event)
 cdef object _handle(EventState st, object event)
-cdef object _weak(object rt)
 cdef object _still_borrowing(object rt, object known, object held)
 cpdef object record(object rt, object event, object stream, object handle, bint direct,
                     object fallback, tuple args)

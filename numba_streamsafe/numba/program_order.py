@@ -270,19 +270,6 @@ def wait_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return wait_event_
 
 
-_rt_ref: Any = None
-
-
-@cython.cfunc
-def _weak(rt: Any) -> Any:
-    """A weak reference to ``rt`` (the last one made is kept for the next call)."""
-    global _rt_ref
-    ref = _rt_ref
-    if ref is None or ref() is not rt:
-        ref = _rt_ref = weakref.ref(rt)
-    return ref
-
-
 @cython.cfunc
 def _still_borrowing(rt: Any, known: Any, held: Any) -> Any:
     """The mark of ``rt`` that still borrows the event's earlier record (the
@@ -357,7 +344,8 @@ def _record(rt: Any, st: EventState, event: Any, stream: Any, handle: Any,
                 raise
         finally:
             lock.give()
-        st.point_rt = _weak(rt)
+        # The runtime's own weak reference (_tracking), made once with its tuple.
+        st.point_rt = noted[2] if noted[2] is not None else weakref.ref(rt)
         st.point_clock = clock
         st.point_mark = mark
     finally:
