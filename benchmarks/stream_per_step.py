@@ -248,16 +248,14 @@ def _child(steps: int, warmup: int, minutes: float, window: float, profile: str,
     return out
 
 
-#: The memory manager of each kind of process: Numba's own (``without``), the
-#: plugin (``with``), and the floor of stream-ordered allocation (``bare``:
-#: ``bare_async_emm``, which orders and tracks nothing).
-MANAGERS = {"without": None, "with": "numba_streamsafe", "bare": "bare_async_emm"}
-
-
 def _run_child(kind: str, args: argparse.Namespace) -> dict:
-    from _installed import memory_manager_env
+    """One process of ``kind``: under Numba's own memory manager (``without``),
+    the plugin (``with``), or the floor of stream-ordered allocation
+    (``bare``: ``bare_async_emm``, which orders and tracks nothing)."""
+    from _installed import PLUGIN, memory_manager_env
 
-    env = memory_manager_env(MANAGERS[kind])
+    manager = {"without": None, "with": PLUGIN, "bare": "bare_async_emm"}[kind]
+    env = memory_manager_env(manager)
     cmd = [sys.executable, "-X", "faulthandler", str(HERE), "--child",
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
