@@ -19,7 +19,9 @@ over the same arrays: the entry reuses a recent launch's plan, entries and
 parameters); ``new``: as ``same``, with eight argument lists in turn, each
 its own array objects over the same blocks, more than the entry remembers
 (every launch works its arguments out afresh, as a program that makes new
-arrays every step). Rounds interleave the variants; medians are printed. The
+arrays every step). Rounds interleave the variants; medians are printed,
+then what each variant asked per launch: the stub's event records and stream
+waits, and the launches that reused a recent launch's work. The
 figures count instructions as well under ``valgrind --tool=callgrind`` (two
 runs of different ``--launches``, their difference), which, unlike time,
 repeat from run to run: the way to compare two trees on a shared machine.
@@ -44,16 +46,20 @@ import time
 from typing import Any
 
 STUB = """
+static long counts[3];  /* launches, event records, stream waits */
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned shmem, void *stream, void **params, void **extra)
-{ return 0; }
-int cuEventRecord(void *event, void *stream) { return 0; }
-int cuStreamWaitEvent(void *stream, void *event, unsigned flags) { return 0; }
+{ counts[0]++; return 0; }
+int cuEventRecord(void *event, void *stream) { counts[1]++; return 0; }
+int cuStreamWaitEvent(void *stream, void *event, unsigned flags) { counts[2]++; return 0; }
+long nss_stub_count(int which) { return counts[which]; }
 """
 
 
-def load_stub(folder: str) -> None:
-    """Build the stub driver library in ``folder`` and load it as libcuda."""
+def load_stub(folder: str) -> Any:
+    """Build the stub driver library in ``folder``, load it as libcuda and
+    return its counter of calls (``nss_stub_count(0 | 1 | 2)``: launches,
+    event records, stream waits)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         sys.exit("launch_host.py needs a C compiler (cc) to build its stub driver library")
@@ -63,7 +69,10 @@ def load_stub(folder: str) -> None:
         f.write(STUB)
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", lib, src],
                    check=True)
-    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    count = ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL).nss_stub_count
+    count.restype = ctypes.c_long
+    count.argtypes = [ctypes.c_int]
+    return count
 
 
 def setup() -> tuple[Any, Any, tuple, tuple, tuple, tuple, list]:
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                  "Python (build it: python setup.py build_ext --inplace)")
     folder = tempfile.mkdtemp(prefix="nss-stub-")
     try:
-        load_stub(folder)
+        count = load_stub(folder)
         launcher, state, fwd, rev, on_s, on_t, fresh = setup()
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # loaded: the file is no longer needed
@@ -150,8 +159,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     n = args.launches // 2  # pairs of launches: each round runs 2 * n
 
+    # Per variant, all rounds: driver calls of each kind, then launches that reused a recent
+    # launch's plan, entries and parameters.
+    calls: dict[str, list[int]] = {}
+
     def run(variant: str) -> float:
         other = on_t if variant == "cross" else on_s
+        first = [count(k) for k in range(3)] + [launcher.recalled()]
         start = time.perf_counter_ns()
         if variant == "new":
             for i in range(n):
@@ -161,7 +175,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             for _ in range(n):
                 launch(state, on_s, fwd)
                 launch(state, other, rev)
-        return (time.perf_counter_ns() - start) / (2 * n)
+        took = (time.perf_counter_ns() - start) / (2 * n)
+        done = calls.setdefault(variant, [0, 0, 0, 0])
+        for k, now in enumerate([count(k) for k in range(3)] + [launcher.recalled()]):
+            done[k] += now - first[k]
+        return took
 
     variants = ("same", "cross", "new") if args.variant == "all" else (args.variant,)
     per: dict[str, list[float]] = {v: [] for v in variants}
@@ -175,6 +193,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"compiled launch entry, driver calls stubbed ({2 * n} launches x "
           f"{args.rounds} rounds): "
           + ", ".join(f"{v} {med[v]:.0f} ns" for v in variants) + " a launch")
+    total = 2 * n * args.rounds
+    if any(calls[v][0] != total for v in variants):
+        sys.exit("the stub driver did not see every launch: the figures are not the entry's")
+    print("a launch: " + ", ".join(
+        f"{v} {calls[v][1] / total:.2f} records {calls[v][2] / total:.2f} waits "
+        f"{calls[v][3] / total:.2f} recalled" for v in variants))
     return med
 
 

@@ -165,9 +165,18 @@ def test_launch_entry_benchmark_times_the_compiled_entry_alone():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = re.search(r"same (\d+) ns, cross (\d+) ns, new (\d+) ns a launch", proc.stdout)
     assert found, proc.stdout
-    same, cross, new = (int(g) for g in found.groups())
-    assert cross > same > 0, proc.stdout  # a wait and an event per launch across streams
-    assert new > same, proc.stdout  # arguments worked out afresh, not a recent launch's
+    assert all(int(g) > 0 for g in found.groups()), proc.stdout
+    # What each variant asks of the entry, counted by the stub driver and the entry (times
+    # are printed for people; a loaded host can reorder them, so they are not asserted).
+    per = {}
+    for v in ("same", "cross", "new"):
+        counted = re.search(rf"{v} ([\d.]+) records ([\d.]+) waits ([\d.]+) recalled",
+                            proc.stdout)
+        assert counted, proc.stdout
+        per[v] = tuple(float(x) for x in counted.groups())
+    assert per["same"] == (0.0, 0.0, 1.0), proc.stdout  # one stream: nothing to order
+    assert per["cross"] == (1.0, 1.0, 1.0), proc.stdout  # a wait and an event per launch
+    assert per["new"] == (0.0, 0.0, 0.0), proc.stdout  # arguments worked out afresh
 
 
 @pytest.mark.slow
