@@ -32,7 +32,10 @@ The hooked pair's cost above that floor is printed (``record+wait: hooked -
 libcuda us``), and the ordering's cost per round for each way: the library's own
 (``library`` less ``one stream``), the program's through the hooks
 (``self`` less ``one stream``), and the floor of the program's two pairs
-(twice ``record+wait libcuda``).
+(twice ``record+wait libcuda``). ``self at the floor / library`` is the round's
+ratio were the two hooked pairs to cost no more than that floor (``self`` less
+twice the hooked pair's cost above it): what the best hooks of Python's calls
+could reach.
 
 Prints one JSON line: microseconds per round or call (median of
 ``--repeats``), the ratios, and the library's waits and events per round.
@@ -217,6 +220,9 @@ def main() -> dict:
         "record+wait: hooked - libcuda us": round(us["record+wait hooked"]
                                                   - us["record+wait libcuda"], 3)
         if bare is not None else None,
+        "self at the floor / library": round(
+            (us["self"] - 2 * (us["record+wait hooked"] - us["record+wait libcuda"]))
+            / us["library"], 3) if bare is not None else None,
         "ordering us per round": {
             "library": round(us["library"] - us["one stream"], 3),
             "self, hooked": round(us["self"] - us["one stream"], 3),
