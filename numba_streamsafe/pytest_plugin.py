@@ -13,6 +13,14 @@ collects every race found in them, where the library finds races:
 * on a GPU in ordering mode, by the race check (each wait the program's own
   ordering did not make needed; see :func:`numba_streamsafe.race_check`).
 
+Races are found on the library's memory: its own arrays
+(:func:`numba_streamsafe.to_device`, ``device_array``, ``@tracked_kernel``)
+always, and Numba's own (``cuda.device_array``, ``cuda.to_device``, plain
+``cuda.jit`` launches) where the library is Numba's memory manager
+(``NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe``). Where it is not, the
+header says so and the first test warns: a race between two of Numba's own
+arrays fails no test there.
+
 A race is found when its second access is queued, so it is the test that
 queued it that fails (an error where it was the setup or the teardown),
 with every race of that phase in full (both stacks, the allocation, the
@@ -120,7 +128,11 @@ class RacePlugin:
                         warnings.warn(pytest.PytestWarning(
                             "numba_streamsafe: no race can be found in this process (no GPU, "
                             "and not Numba's CUDA simulator), so no test fails for one; run "
-                            "under NUMBA_ENABLE_CUDASIM=1 to check on the CPU"), stacklevel=2)
+                            f"under NUMBA_ENABLE_CUDASIM=1 {_SELECT} to check on the CPU"),
+                            stacklevel=2)
+                    elif not _numba_checked():
+                        warnings.warn(pytest.PytestWarning(
+                            f"numba_streamsafe: {_UNCHECKED}"), stacklevel=2)
                 try:
                     result = yield
                 except BaseException as exc:  # the phase's own failure
@@ -157,14 +169,40 @@ def _flush() -> None:
                 pass
 
 
+#: The setting that makes the library Numba's memory manager.
+_SELECT = "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe"
+
+#: What a run where the library is not Numba's memory manager leaves unchecked.
+_UNCHECKED = (
+    "the library is not Numba's memory manager in this process, so races between Numba's "
+    "own arrays (cuda.device_array, cuda.to_device, plain cuda.jit launches on them) fail no "
+    "test; only the library's arrays (numba_streamsafe.to_device, device_array, "
+    f"@tracked_kernel) are checked. Set {_SELECT} in the environment that starts pytest "
+    "to check Numba's too")
+
+
+def _numba_checked() -> bool:
+    """Whether Numba's own arrays and launches are the library's here: the
+    environment selects the plugin, or transparent mode's hooks are in."""
+    from numba_streamsafe.numba import sim_plugin, transparent
+
+    return sim_plugin.selected() or transparent.installed()
+
+
 def _where() -> str:
-    """Which check finds the races here, in words."""
+    """Which check finds the races here, and on what, in words."""
     try:
         config = settings()
     except Exception as exc:  # noqa: BLE001 - a bad setting: said in the header
         return f"settings refused: {exc}"
     if config.mode == "check":
-        return "check mode"
-    if config.driver == "sim":
-        return "the simulator's checker"
-    return "the race check in ordering mode"
+        where = "check mode"
+    elif config.driver == "sim":
+        where = "the simulator's checker"
+    else:
+        where = "the race check in ordering mode"
+    from numba_streamsafe.numba import sim_plugin
+
+    if not sim_plugin.selected():
+        where += f"; on the library's arrays only, Numba's own need {_SELECT}"
+    return where

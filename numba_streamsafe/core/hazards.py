@@ -165,15 +165,17 @@ class Hazard:
         program's kind: for plain Numba (or another library's work, or a
         free) an event recorded on the first side's stream after its line and
         waited for on the second side's stream before its line; for this
-        library's tracked work, the annotation or the tracked copy. None
-        where the sides are not known."""
+        library's tracked work, tracking turned on, the annotation or the
+        tracked copy. None where the sides are not known."""
         first, second = self.first, self.second
         if first is None or second is None:
             return None
         libraries = {s.library for s in (first, second) if s.library}
         if libraries == {TRACKED} and second.label != FREE:
-            return ("declare the arguments' accesses as the kernels use them (a write declared "
-                    "Read is waited for by no other stream), launch both on one stream, or use a "
+            return ("where tracking was off for this work (numba_streamsafe.tracking(False), "
+                    "or NUMBA_STREAMSAFE_RESOURCE=direct), turn it on; else declare the "
+                    "arguments' accesses as the kernels use them (a write declared Read is "
+                    "waited for by no other stream), launch both on one stream, or use a "
                     "tracked copy (numba_streamsafe.copy); in ordering mode the library then "
                     "orders the two")
         if second.stream is None:

@@ -235,7 +235,8 @@ def watching(check: RaceCheck, warn_stacklevel: int | None = 3) -> Iterator[Race
     watched = _watch()
     if warn_stacklevel is not None and not checking_anything():
         warnings.warn("race_check(): no runtime uses the simulated driver, so nothing is "
-                      "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) to "
+                      "checked; run under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, with "
+                      "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe for Numba's own arrays) to "
                       "find races on the CPU, or set NUMBA_STREAMSAFE_MODE=check to find "
                       "them on a GPU", RuntimeWarning, stacklevel=warn_stacklevel)
     sim.watchers.append(check)

@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block, check_block
-from numba_streamsafe.core.errors import StreamMisuse
+from numba_streamsafe.core.errors import InvalidSetting, StreamMisuse
+from numba_streamsafe.core.settings import settings
 from numba_streamsafe.resources.deferred import DeferredFrees
 from numba_streamsafe.resources.tracking.marks import EventPool
 
@@ -177,9 +178,18 @@ class MemoryResource(abc.ABC):
         return False
 
     def _refuse(self, what: str) -> StreamMisuse:
+        chosen = ""
+        try:
+            if settings().resource == "direct":
+                chosen = ("; NUMBA_STREAMSAFE_RESOURCE=direct chose it for this process: unset it "
+                          "to have the streams ordered, or turn tracking off "
+                          "(numba_streamsafe.tracking(False)) and")
+        except InvalidSetting:  # a bad setting is refused where it is read
+            pass
         return StreamMisuse(
             f"{type(self).__name__} does not track block uses, so {what} cannot order "
-            "streams; build the runtime on AsyncResource, or synchronise the streams yourself"
+            f"streams{chosen or '; build the runtime on AsyncResource, or'} synchronise the "
+            "streams yourself"
         )
 
     def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,

@@ -610,3 +610,24 @@ def test_dropping_an_uncommitted_recorder_warns(rt, two_streams):
         del done, dropped, empty
         gc.collect()
     assert not [w for w in seen if issubclass(w.category, UncommittedLaunchWarning)]
+
+
+def test_a_non_tracking_resource_the_environment_chose_says_so(sim, monkeypatch):
+    """Chosen by ``NUMBA_STREAMSAFE_RESOURCE=direct``, the refusal names the
+    variable and the two ways out, not a runtime the user never built."""
+    from numba_streamsafe.core.settings import reload_settings
+
+    res = DirectResource(sim)
+    s = sim.create_stream()
+    block = res.allocate(256, s, "x")
+    monkeypatch.setenv("NUMBA_STREAMSAFE_RESOURCE", "direct")
+    reload_settings()
+    try:
+        with pytest.raises(StreamMisuse, match=r"NUMBA_STREAMSAFE_RESOURCE=direct chose it.*"
+                                               r"unset it.*tracking\(False\)") as info:
+            res.preflight([(block, R)], s)
+        assert "build the runtime" not in str(info.value)
+    finally:
+        monkeypatch.delenv("NUMBA_STREAMSAFE_RESOURCE")
+        reload_settings()
+    res.deallocate(block)

@@ -6,7 +6,9 @@ pytest-xdist workers, once under the simulator's checker (transparent mode
 off, so plain Numba's races stay) and once in check mode: exactly the racy
 tests fail, each failure names its test and carries the full report, and the
 report file's JSON lines name the tests. Without the flag nothing fails: the
-plugin is inert until asked for.
+plugin is inert until asked for. Where the library is not Numba's memory
+manager, Numba's own arrays are not its own: their races fail nothing, and
+the run says so.
 """
 
 from __future__ import annotations
@@ -40,3 +42,16 @@ def test_the_entry_point_is_inert_until_the_flag_asks(tmp_path, child_env):
     proc, outcomes, _ = run_suite(tmp_path, _env(child_env, "simulator"))
     assert outcomes and not any(outcomes.values()), proc.stdout[-3000:]
     check_failures(*run_suite(tmp_path, _env(child_env, "simulator"), "--streamsafe"))
+
+
+def test_without_the_memory_manager_the_run_says_numbas_arrays_are_not_checked(tmp_path,
+                                                                              child_env):
+    env = child_env(NUMBA_ENABLE_CUDASIM="1", NUMBA_STREAMSAFE_TRANSPARENT="0")
+    proc, outcomes, _ = run_suite(tmp_path, env, "-p", NAME, "-v")  # -v: the header
+    shown = proc.stdout[-4000:] + proc.stderr[-2000:]
+    # Numba's own arrays are no block of the library's here: the racy tests pass ...
+    assert outcomes and not any(outcomes.values()), shown
+    # ... and the header and the first test of each worker say why, and what to set.
+    assert "on the library's arrays only, Numba's own need " \
+           "NUMBA_CUDA_MEMORY_MANAGER=numba_streamsafe" in proc.stdout, shown
+    assert "the library is not Numba's memory manager in this process" in proc.stdout, shown
