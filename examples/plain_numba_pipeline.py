@@ -106,6 +106,10 @@ def _after(producer: object, consumer: object) -> None:
     done.wait(consumer)
 
 
+#: Lines of a failed child process's error output shown (its traceback's end).
+ERROR_LINES = 8
+
+
 def _hazards_as_it_is(args: argparse.Namespace) -> str:
     """This program's races as the library's checker sees them on the simulator:
     the same rounds in a child process, with the plugin selected and transparent
@@ -116,6 +120,10 @@ def _hazards_as_it_is(args: argparse.Namespace) -> str:
                "--repeat", str(args.repeat), *(["--events"] if args.events else [])]
     child = subprocess.run(command, env=env, capture_output=True, text=True)
     found = [line for line in child.stdout.splitlines() if line.startswith("hazards:")]
+    if not found and child.returncode != 0:
+        tail = "\n".join(f"  {line}" for line in child.stderr.strip().splitlines()[-ERROR_LINES:])
+        return (f"hazards: not counted: the child process that counts them failed (exit status "
+                f"{child.returncode}); the end of its error output:\n{tail}")
     if not found:
         return ("hazards: not counted (numba_streamsafe is not installed, or its start-up hook "
                 "is not: select the plugin to see them)")
@@ -126,13 +134,21 @@ def _hazards_as_it_is(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=256 if SIMULATOR else 1 << 16)
-    parser.add_argument("--repeat", type=int, default=3 if SIMULATOR else 20)
+    parser.add_argument("--n", type=int, default=256 if SIMULATOR else 1 << 16,
+                        help="keys per round, at least 1")
+    parser.add_argument("--repeat", type=int, default=3 if SIMULATOR else 20,
+                        help="rounds, at least 1")
     parser.add_argument("--spins", type=int, default=0 if SIMULATOR else 1_000_000,
                         help="nanoseconds each thread of stage 2 sleeps (GPU)")
     parser.add_argument("--events", action="store_true",
                         help="order stages 3 and 4 with the program's own Numba events")
     args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error(f"--n must be at least 1, got {args.n}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.spins < 0:
+        parser.error(f"--spins must be non-negative, got {args.spins}")
     scale[1, 32](cuda.to_device(np.zeros(32, np.int64)), cuda.device_array(32, np.int64), 1, 0)
     cuda.synchronize()                                   # compiled before timing the race
     lib = sys.modules.get("numba_streamsafe")  # loaded by the plugin's selection, if any

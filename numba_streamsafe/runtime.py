@@ -9,6 +9,7 @@ device's blocks (see ``docs/architecture.md``, section 7).
 
 from __future__ import annotations
 
+import operator
 import threading
 import warnings
 from dataclasses import asdict, dataclass, fields
@@ -18,7 +19,7 @@ from numba_streamsafe._driver.base import Driver
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block, check_block, check_int
 from numba_streamsafe.core.errors import GraphCaptureError, InvalidArgument
-from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.core.modes import RecorderMode, recorder_mode
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.streams import StreamRef, default_stream_handle
 from numba_streamsafe.resources import (
@@ -46,6 +47,7 @@ __all__ = [
     "enable_peer_access",
     "default_driver",
     "default_stack",
+    "device_ordinal",
 ]
 
 
@@ -87,7 +89,13 @@ class DeviceRuntime:
     driver : Driver, optional
         The backend under ``resource``; found on the stack when omitted.
     mode : RecorderMode or str
-        Default policy of the runtime's recorders for untracked memory.
+        Default policy of the runtime's recorders for untracked memory:
+        ``"strict"`` or ``"permissive"``.
+
+    Raises
+    ------
+    InvalidArgument
+        ``mode`` is not one of those.
 
     Notes
     -----
@@ -101,7 +109,7 @@ class DeviceRuntime:
         self.resource = resource
         self.driver: Driver = driver if driver is not None else _driver_of(resource)
         self.device = resource.device
-        self.mode = RecorderMode(mode)
+        self.mode = recorder_mode(mode, "DeviceRuntime(mode=...)")
         #: The streams this runtime has seen (handles, destruction, keys).
         self.streams = StreamRegistry(self.driver, resource)
         #: True while runtimes of other devices are installed beside this one:
@@ -352,6 +360,36 @@ class DeviceRuntime:
         return RuntimeStats(**asdict(self.resource.stats()), epoch=self.epoch)
 
 
+def device_ordinal(device: Any) -> int:
+    """``device`` as a device ordinal: an int >= 0.
+
+    Parameters
+    ----------
+    device : int
+        A device ordinal: an ``int`` or a NumPy integer, not a bool.
+
+    Returns
+    -------
+    int
+        The ordinal, as an ``int``.
+
+    Raises
+    ------
+    InvalidArgument
+        ``device`` is not an integer (a str, a float, a bool), or is negative.
+    """
+    if not isinstance(device, bool):
+        try:
+            ordinal = operator.index(device)
+        except TypeError:
+            ordinal = -1
+        if ordinal >= 0:
+            return ordinal
+    raise InvalidArgument(
+        f"device must be a device ordinal, an int >= 0 (0 for the first GPU, as in "
+        f"numba.cuda.gpus[0]), got {device!r}")
+
+
 def _driver_of(resource: MemoryResource) -> Driver:
     r: Any = resource
     while r is not None:
@@ -392,10 +430,19 @@ class Runtimes:
 
     def get(self, device: int) -> DeviceRuntime:
         """The runtime of ``device``, built by :func:`default_stack` over
-        :func:`default_driver` on first use."""
+        :func:`default_driver` on first use.
+
+        Raises
+        ------
+        InvalidArgument
+            ``device`` is not a device ordinal (:func:`device_ordinal`).
+        """
+        if device.__class__ is not int:
+            device = device_ordinal(device)
         rt = self._by_device.get(device)
         if rt is not None:
             return rt
+        device = device_ordinal(device)
         with self._lock:
             rt = self._by_device.get(device)
             if rt is None:
@@ -418,7 +465,14 @@ class Runtimes:
         return [by_device[d] for d in sorted(by_device)]
 
     def install(self, runtime: DeviceRuntime, device: int) -> DeviceRuntime | None:
-        """Install ``runtime`` for ``device``; the one installed before, if any."""
+        """Install ``runtime`` for ``device``; the one installed before, if any.
+
+        Raises
+        ------
+        InvalidArgument
+            ``device`` is not a device ordinal (:func:`device_ordinal`).
+        """
+        device = device_ordinal(device)
         with self._lock:
             old = self._by_device.get(device)
             self._by_device[device] = runtime
@@ -467,7 +521,11 @@ def get_runtime(device: int = 0) -> DeviceRuntime:
     Raises
     ------
     InvalidArgument
-        ``device`` is not a device of this machine (or of the simulator).
+        ``device`` is not a device ordinal: an int >= 0 (a NumPy integer
+        will do; a bool, a str or a float will not).
+    DriverError
+        On a GPU, no device of this machine has that ordinal. (On Numba's
+        CUDA simulator every ordinal names a simulated device.)
     """
     return RUNTIMES.get(device)
 
@@ -579,7 +637,12 @@ def set_runtime(runtime: DeviceRuntime, device: int | None = None) -> DeviceRunt
     Returns
     -------
     DeviceRuntime or None
-        The runtime installed for that device before, if any."""
+        The runtime installed for that device before, if any.
+
+    Raises
+    ------
+    InvalidArgument
+        ``device`` is not a device ordinal (an int >= 0)."""
     return RUNTIMES.install(runtime, runtime.device if device is None else device)
 
 

@@ -13,7 +13,7 @@ from numba_streamsafe import protocol
 from numba_streamsafe.core.access import Access, as_access
 from numba_streamsafe.core.blocks import Block
 from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
-from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.core.modes import RecorderMode, recorder_mode
 from numba_streamsafe.core.uses import Uses
 from numba_streamsafe.resources.base import Use
 from numba_streamsafe.runtime import DeviceRuntime
@@ -56,19 +56,25 @@ class LaunchRecorder:
         stream, an object with ``__cuda_stream__``, or None (the default stream).
         A stream object is kept alive while uses recorded on it are in use.
     mode : RecorderMode or str, optional
-        Policy for untracked memory (registered as ``None``); the runtime's
-        when omitted.
+        Policy for untracked memory (registered as ``None``): ``"strict"`` or
+        ``"permissive"``; the runtime's when omitted.
+
+    Raises
+    ------
+    InvalidArgument
+        ``mode`` is not one of those (checked before the stream is looked up).
     """
 
     __slots__ = ("runtime", "stream", "owner", "mode", "_uses", "_phase")
 
     def __init__(self, runtime: DeviceRuntime, stream: Any = None,
                  mode: RecorderMode | str | None = None) -> None:
-        self.runtime = runtime
-        self.stream, self.owner = runtime.stream_ref(stream)
         if mode is None:
             mode = runtime.mode
-        self.mode = mode if mode.__class__ is RecorderMode else RecorderMode(mode)
+        self.mode = mode if mode.__class__ is RecorderMode else \
+            recorder_mode(mode, "LaunchRecorder(mode=...)")
+        self.runtime = runtime
+        self.stream, self.owner = runtime.stream_ref(stream)
         self._uses = Uses()
         self._phase = _Phase.RECORDING
 

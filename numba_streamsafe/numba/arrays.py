@@ -21,7 +21,7 @@ import numpy as np
 
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.blocks import Block
-from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType, StreamMisuse
+from numba_streamsafe.core.errors import InvalidArgument, InvalidArgumentType
 from numba_streamsafe.core.uses import CopyUses
 from numba_streamsafe.numba import target
 from numba_streamsafe.numba.array_args import (
@@ -442,14 +442,18 @@ def memset(array: Any, value: int, *, stream: Any = None) -> None:
     Raises
     ------
     InvalidArgument
-        ``value`` out of range, or an array that is not contiguous."""
+        ``value`` out of range, or an array that is not contiguous (a strided
+        view: nothing is queued)."""
     if not isinstance(value, (int, np.integer)) or not 0 <= value <= 255:
         raise InvalidArgument(f"memset value must be a byte (0-255), got {value!r}")
     stream = stream_or_scope(stream)
     rt = target.runtime()
     block = device_block(rt, array, "array")
     if not (array.flags["C_CONTIGUOUS"] or array.flags["F_CONTIGUOUS"]):
-        raise StreamMisuse("memset needs a contiguous array; copy the view first")
+        raise InvalidArgument(
+            f"memset needs a contiguous array, got a view of shape {array.shape} with strides "
+            f"{array.strides}: memset the whole array (or a contiguous slice of it, such as "
+            "x[1:3]), or set the view's elements with a kernel")
     handle, owner = rt.stream_ref(stream)
 
     fenced(rt, handle, single(block, Access.WRITE, "array", False, target.array_span(block, array)),

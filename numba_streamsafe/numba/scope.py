@@ -122,7 +122,7 @@ def transparent(enabled: bool) -> Iterator[None]:
     Raises
     ------
     InvalidArgument
-        ``enabled`` is True in a process started with
+        ``enabled`` is not a bool; or it is True in a process started with
         ``NUMBA_STREAMSAFE_TRANSPARENT=0``: the mode is off for the whole
         process there (no hook orders Numba's work), and this block cannot
         turn it on.
@@ -133,6 +133,8 @@ def transparent(enabled: bool) -> Iterator[None]:
     ...     legacy_stage[grid, block, s](x)      # ordered by hand below
     ...     done.record(s)
     """
+    if not isinstance(enabled, bool):
+        raise InvalidArgument(f"transparent(): enabled must be True or False, got {enabled!r}")
     if enabled and not settings().transparent:
         raise InvalidArgument(
             "transparent(True) cannot turn transparent mode on: this process started with "
@@ -207,14 +209,14 @@ def check_device(device: Any, caller: str) -> None:
 
     from numba_streamsafe.runtime import installed_devices
 
-    if SIMULATOR:
+    if SIMULATOR and isinstance(device, int) and not isinstance(device, bool) and device > 0:
         # Numba's simulator has one device; more exist once their runtimes are installed.
         known = sorted({0, *installed_devices()})
         where = ("On Numba's CUDA simulator a simulated device exists once its runtime is "
                  f"built: call numba_streamsafe.get_runtime({device!r}) first (the simulated "
                  "devices share one race checker), as the guide's page on several GPUs shows")
     else:
-        known = list(range(len(gpus)))
+        known = sorted({0, *installed_devices()}) if SIMULATOR else list(range(len(gpus)))
         where = "Use one of those ordinals"
     if isinstance(device, bool) or not isinstance(device, int) or device not in known:
         raise InvalidArgument(
@@ -298,7 +300,8 @@ def tracking(enabled: bool, device: int | None = None) -> Iterator[None]:
     Raises
     ------
     InvalidArgument
-        ``device`` is not a device of this machine (or of the simulator).
+        ``enabled`` is not a bool, or ``device`` is not a device of this
+        machine (or of the simulator).
 
     Notes
     -----
@@ -329,6 +332,8 @@ def tracking(enabled: bool, device: int | None = None) -> Iterator[None]:
     from numba_streamsafe.numba.launch.policy import launch_policy
     from numba_streamsafe.runtime import get_runtime
 
+    if not isinstance(enabled, bool):
+        raise InvalidArgument(f"tracking(): enabled must be True or False, got {enabled!r}")
     if device is None:
         device = current_device()
     else:

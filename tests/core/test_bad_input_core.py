@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from numba_streamsafe import Access, BudgetResource, InvalidArgument, LaunchRecorder
+from numba_streamsafe import Access, BudgetResource, InvalidArgument, LaunchRecorder, RecorderMode
 from numba_streamsafe.core.errors import InvalidArgumentType
+from numba_streamsafe.runtime import DeviceRuntime
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -83,6 +84,37 @@ def test_budget_limit_accepts_numpy_integers(res, limit):
     budget = BudgetResource(res, limit)
     assert budget.limit == int(limit) and type(budget.limit) is int
     assert budget.remaining == int(limit)
+
+
+# ------------------------------------ 6. mode= of a runtime and a recorder
+BAD_MODES = ["bogus", "Strict", 1]
+
+
+@pytest.mark.parametrize("mode", BAD_MODES)
+def test_runtime_mode_must_be_strict_or_permissive(res, mode):
+    with pytest.raises(InvalidArgument, match="mode") as info:
+        DeviceRuntime(res, mode=mode)
+    message = str(info.value)
+    assert repr(mode) in message and "'strict'" in message and "'permissive'" in message
+    assert isinstance(info.value, ValueError)  # as the enum's own refusal was
+
+
+@pytest.mark.parametrize("mode", BAD_MODES)
+def test_recorder_mode_must_be_strict_or_permissive(rt, sim, mode):
+    stream = sim.create_stream()
+    before = collections.Counter(sim.calls)
+    with pytest.raises(InvalidArgument, match="LaunchRecorder") as info:
+        LaunchRecorder(rt, stream, mode=mode)
+    assert repr(mode) in str(info.value) and "'permissive'" in str(info.value)
+    assert collections.Counter(sim.calls) == before
+
+
+@pytest.mark.parametrize("mode", ["strict", "permissive", RecorderMode.PERMISSIVE])
+def test_modes_are_taken_by_value_or_member(res, sim, mode):
+    rt = DeviceRuntime(res, mode=mode)
+    assert rt.mode is RecorderMode(mode)
+    assert LaunchRecorder(rt, sim.create_stream(), mode=mode).mode is RecorderMode(mode)
+    assert LaunchRecorder(rt, sim.create_stream()).mode is rt.mode
 
 
 # ------------------------------------------- 10. the GPU suite's skip reason

@@ -110,10 +110,16 @@ def test_memset_rejects_non_bytes(rt, value):
     np.testing.assert_array_equal(nss.copy_to_host(d), np.ones(8))
 
 
-def test_memset_of_a_strided_view_is_refused(rt):
-    d = nss.device_array((4, 6), np.int32)
-    with pytest.raises(StreamMisuse, match="contiguous"):
-        nss.memset(d[:, ::2], 0)
+@pytest.mark.parametrize("view", [lambda d: d[:, ::2], lambda d: d[:, 1]],
+                         ids=["strided", "column"])
+def test_memset_of_a_strided_view_is_invalid_argument(rt, view):
+    d = nss.to_device(np.ones((4, 6), np.int32))
+    before = dict(rt.driver.calls)
+    with pytest.raises(InvalidArgument, match="contiguous") as info:
+        nss.memset(view(d), 0)
+    assert "memset the whole array" in str(info.value)  # what to do instead
+    assert dict(rt.driver.calls) == before  # nothing queued
+    np.testing.assert_array_equal(nss.copy_to_host(d), np.ones((4, 6)))
 
 
 def test_memset_of_a_host_array_is_invalid_argument(rt):

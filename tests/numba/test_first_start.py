@@ -35,15 +35,15 @@ no_driver = pytest.mark.skipif(hook.driver_library_exists(), reason="this machin
 TWO_STREAMS = ROOT / "tests" / "programs" / "two_streams.py"
 
 
-def _user(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python script`` as a user runs it: none of the test run's variables of
-    Numba or the library, only ``env``; this tree importable first."""
+def _user(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python script *args`` as a user runs it: none of the test run's
+    variables of Numba or the library, only ``env``; this tree importable first."""
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("NUMBA_ENABLE_CUDASIM", "NUMBA_CUDA_MEMORY_MANAGER",
                                  "NUMBA_STREAMSAFE_"))}
     full.update(env)
     full["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, str(script)], cwd=script.parent, env=full,
+    return subprocess.run([sys.executable, str(script), *args], cwd=script.parent, env=full,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -149,6 +149,31 @@ def test_the_plain_numba_example_as_it_is_counts_its_races_on_the_simulator(tmp_
         assert "NUMBA_STREAMSAFE_TRANSPARENT=0" in line
     else:
         assert "not counted" in line
+
+
+@pytest.mark.parametrize("args", [("--n", "0"), ("--repeat", "0"), ("--n", "-5")],
+                         ids=["n-0", "repeat-0", "n-negative"])
+def test_the_plain_numba_example_refuses_a_non_positive_size_or_round_count(args):
+    """As the other examples do: argparse's usage error, exit status 2, before
+    any work (a zero-sized grid used to fail in the race-counting child)."""
+    proc = _user(ROOT / "examples" / "plain_numba_pipeline.py", *args, NUMBA_ENABLE_CUDASIM="1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert f"{args[0]} must be at least 1, got {args[1]}" in proc.stderr
+    assert proc.stdout == ""
+
+
+@needs_hook
+def test_the_plain_numba_example_shows_why_its_race_count_failed():
+    """Run as it is on the simulator, the example counts its races in a child
+    process; when that child fails, its error is shown, not a guess about the
+    installation."""
+    proc = _user(ROOT / "examples" / "plain_numba_pipeline.py", "--n", "32", "--repeat", "1",
+                 NUMBA_ENABLE_CUDASIM="1", NUMBA_STREAMSAFE_FENCES="eagr")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.index("hazards: not counted: the child process")
+    shown = proc.stdout[line:]
+    assert "InvalidSetting" in shown and "NUMBA_STREAMSAFE_FENCES='eagr'" in shown, shown
+    assert "not installed" not in proc.stdout
 
 
 # ------------------------------------------------- a bad setting: one line, named

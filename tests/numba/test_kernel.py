@@ -344,6 +344,16 @@ def test_unannotated_array_in_permissive_mode_launches(rt):
     np.testing.assert_array_equal(host(y), np.arange(N))
 
 
+@pytest.mark.parametrize("mode", ["bogus", "Permissive", 0])
+def test_an_unknown_mode_is_refused_when_the_decorator_is_made(mode):
+    with pytest.raises(InvalidArgument, match="mode") as info:
+        tracked_kernel(mode=mode)
+    message = str(info.value)
+    assert repr(mode) in message and "'strict'" in message and "'permissive'" in message
+    with pytest.raises(InvalidArgument, match=r"_copy_body: mode"):
+        tracked_kernel(_copy_body, mode=mode)
+
+
 def test_foreign_array_in_strict_mode_is_stream_misuse(rt, streams):
     a, _ = streams
     foreign = cuda.to_device(np.arange(N, dtype=np.int64))  # Numba's, not the library's

@@ -24,7 +24,13 @@ from numba_streamsafe import PeerAccessRequired, Read, Write, tracked_kernel
 from numba_streamsafe._driver.sim import SimDriver, SimSystem
 from numba_streamsafe.numba import target
 from numba_streamsafe.resources import AsyncResource
-from numba_streamsafe.runtime import DeviceRuntime, clear_runtimes, installed_runtime, set_runtime
+from numba_streamsafe.runtime import (
+    DeviceRuntime,
+    clear_runtimes,
+    installed_devices,
+    installed_runtime,
+    set_runtime,
+)
 
 N = 256
 GRID, BLOCK = 2, 32
@@ -330,6 +336,52 @@ def test_tracking_refuses_a_device_that_is_not_an_ordinal(two, device):
     with pytest.raises(nss.InvalidArgument, match=r"there is no device .*this process has 2"):
         with nss.tracking(False, device):
             pass
+
+
+@pytest.mark.parametrize("enabled", ["no", "False", 0, None])
+def test_tracking_takes_only_true_or_false(two, enabled):
+    from numba_streamsafe.numba.launch.policy import launch_policy
+
+    _, rts, _, _ = two
+    with pytest.raises(nss.InvalidArgument, match="True or False") as info:
+        with nss.tracking(enabled, 1):
+            pass
+    assert repr(enabled) in str(info.value)
+    assert all(launch_policy(rt).tracking is True for rt in rts)
+
+
+NOT_ORDINALS = ["0", -1, 1.5, True, np.int64(-1), np.float64(0.0)]
+
+
+@pytest.mark.parametrize("device", NOT_ORDINALS, ids=repr)
+def test_what_is_not_a_device_ordinal_is_refused_and_builds_no_runtime(two, device):
+    """``get_runtime``, ``memory_stats`` and ``set_runtime`` take an int >= 0:
+    anything else is refused and makes no phantom device (one keyed by a str
+    broke ``installed_devices()``, which sorts them, at exit)."""
+    _, rts, _, _ = two
+    calls = [lambda: nss.get_runtime(device), lambda: nss.memory_stats(device),
+             lambda: set_runtime(rts[0], device)]
+    for call in calls:
+        with pytest.raises(nss.InvalidArgument, match=r"int >= 0") as info:
+            call()
+        assert repr(device) in str(info.value)
+    assert installed_devices() == [0, 1]
+    assert [installed_runtime(d) for d in (0, 1)] == rts
+
+
+def test_use_device_refuses_a_negative_device(two):
+    with pytest.raises(nss.InvalidArgument, match="no device -1"):
+        with nss.use_device(-1):
+            pass
+    assert installed_devices() == [0, 1]
+
+
+@pytest.mark.parametrize("device", [np.int64(1), np.uint8(1)], ids=repr)
+def test_a_numpy_integer_names_a_device(two, device):
+    _, rts, _, _ = two
+    assert nss.get_runtime(device) is rts[1]
+    assert nss.memory_stats(device) == nss.memory_stats(1)
+    assert installed_devices() == [0, 1] and all(type(d) is int for d in installed_devices())
 
 
 def test_transparent_false_covers_every_device_of_the_thread(two):

@@ -659,6 +659,18 @@ def test_transparent_true_is_refused_where_the_process_turned_the_mode_off(monke
         pass
 
 
+@pytest.mark.parametrize("enabled", ["no", "False", 0, 1, None, np.bool_(True)])
+def test_transparent_takes_only_true_or_false(enabled):
+    from numba_streamsafe.numba.scope import per_thread
+
+    before = per_thread.transparent
+    with pytest.raises(nss.InvalidArgument, match="True or False") as info:
+        with nss.transparent(enabled):
+            pass
+    assert repr(enabled) in str(info.value)
+    assert per_thread.transparent == before  # the thread's setting is as it was
+
+
 def test_configured_launch_without_pre_launch_callbacks(monkeypatch):
     """numba-cuda releases before 0.30 have no ``pre_launch_callbacks`` on a
     launch configuration: the hooked call runs the tracked launch there (it

@@ -23,7 +23,7 @@ from numba_streamsafe.core.errors import (
     InvalidLaunchConfig,
     StreamMisuse,
 )
-from numba_streamsafe.core.modes import RecorderMode
+from numba_streamsafe.core.modes import RecorderMode, recorder_mode
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.core.uses import PlainUses, Uses
 from numba_streamsafe.numba import arrays, mlir, target
@@ -161,14 +161,15 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         if check_access is not None and not isinstance(check_access, bool):
             raise InvalidArgument(f"{name}: check_access is True, False or None, "
                                   f"got {check_access!r}")
+        _kernel_mode(name, mode)  # refused before the kernel is compiled
         mlir.check_kernel(func)
         params = self._parse_access(func, access if isinstance(access, Mapping) else {})
         if signature is None:
             dispatcher = cuda.jit(**jit_options)(func)
         else:
             dispatcher = cuda.jit(signature, **jit_options)(func)
-        self._setup(TRACKED, dispatcher, params, mode=RecorderMode(mode) if mode is not None
-                    else None, allow_foreign=allow_foreign, infer=infer,
+        self._setup(TRACKED, dispatcher, params, mode=_kernel_mode(name, mode),
+                    allow_foreign=allow_foreign, infer=infer,
                     check_access=check_access)
 
     @classmethod
@@ -632,12 +633,27 @@ def tracked_kernel(func: Callable[..., Any] | None = None, **options: Any) -> An
     Raises
     ------
     InvalidArgument
-        An unknown access name (the message names the fix), or a kernel
-        written for numba-cuda-mlir (tracked kernels compile with numba-cuda).
+        An unknown access name (the message names the fix), a ``mode`` other
+        than ``"strict"`` or ``"permissive"`` (refused when the decorator is
+        made), or a kernel written for numba-cuda-mlir (tracked kernels
+        compile with numba-cuda).
     """
     if func is None:
+        if options.get("mode") is not None:
+            _kernel_mode("tracked_kernel", options["mode"])  # refused before the decorator
         return lambda f: TrackedKernel(f, **options)
     return TrackedKernel(func, **options)
+
+
+def _kernel_mode(name: str, mode: RecorderMode | str | None) -> RecorderMode | None:
+    """The kernel's ``mode=`` as a :class:`RecorderMode` (None: the runtime's).
+
+    Raises
+    ------
+    InvalidArgument
+        ``mode`` is not ``"strict"``, ``"permissive"`` or a :class:`RecorderMode`.
+    """
+    return None if mode is None else recorder_mode(mode, f"{name}: mode")
 
 
 def _plain_parameters(func: Callable[..., Any]) -> tuple[tuple[tuple[str, None], ...], bool]:
