@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["selected", "install", "uninstall", "installed", "shim_set_memory_manager", "setup"]
+__all__ = ["selected", "install", "uninstall", "installed", "install_default_streams",
+           "shim_set_memory_manager", "setup"]
 
 _NAMES = ("device_array", "device_array_like", "to_device", "close", "stream")
 _original: dict[str, Any] = {}
@@ -141,6 +142,45 @@ def uninstall() -> None:
         uninstall_it()
 
 
+#: The simulator's default streams, once :func:`install_default_streams` made them.
+_defaults: list[Any] = []
+
+
+def install_default_streams() -> None:
+    """Give the simulator's ``default_stream()``, ``legacy_default_stream()``
+    and ``per_thread_default_stream()`` one object each, carrying CUDA's
+    handle of that stream (0, the legacy one, or 2, the per-thread one;
+    ``default_stream()`` gives the one the settings make the default), as a
+    GPU's do. The simulator's own make a new stream object each call, which
+    the library would take for a new blocking stream (a race between a
+    default stream and itself, a graph captured on it). Idempotent."""
+    from numba import cuda
+    from numba.cuda.simulator import api
+
+    from numba_streamsafe.core.streams import default_stream_handle
+
+    with _lock:
+        if _defaults:
+            return
+
+        class _DefaultStream(api.stream):  # type: ignore[misc, name-defined]
+            """A default stream of the simulator, known by its CUDA handle."""
+
+            def __init__(self, handle: int) -> None:
+                self.handle = handle
+
+        legacy, per_thread = _DefaultStream(0), _DefaultStream(2)
+
+        def default_stream() -> Any:
+            return per_thread if default_stream_handle() else legacy
+
+        for module in (api, cuda):
+            module.default_stream = default_stream
+            module.legacy_default_stream = lambda: legacy
+            module.per_thread_default_stream = lambda: per_thread
+        _defaults.extend((legacy, per_thread))
+
+
 def shim_set_memory_manager() -> None:
     """Give the simulator a ``numba.cuda.set_memory_manager`` (it has none):
     selecting :class:`~numba_streamsafe.StreamSafeMemoryManager` installs the
@@ -162,6 +202,7 @@ def shim_set_memory_manager() -> None:
 def setup(device_array: Any, to_device: Any) -> None:
     """Under the simulator: route to the library's ``device_array`` and
     ``to_device`` (given by the array module, which calls this on import), the
+    default streams (:func:`install_default_streams`), the
     ``set_memory_manager`` shim, and the routing now when the environment
     selects the plugin."""
     from numba import config
@@ -169,6 +210,7 @@ def setup(device_array: Any, to_device: Any) -> None:
     if not config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
         return
     _library.update(device_array=device_array, to_device=to_device)
+    install_default_streams()
     shim_set_memory_manager()
     if selected():
         install()

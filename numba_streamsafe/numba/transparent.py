@@ -56,7 +56,6 @@ from typing import Any
 from numba_streamsafe.core.access import Access
 from numba_streamsafe.core.errors import DriverError, InvalidArgument, InvalidLaunchConfig
 from numba_streamsafe.core.settings import settings
-from numba_streamsafe.core.streams import default_stream_handle
 from numba_streamsafe.numba import copies, program_order, target
 from numba_streamsafe.numba.launch import launcher
 from numba_streamsafe.numba.launch.kernel import TrackedKernel
@@ -402,23 +401,12 @@ def _install_sim_sync() -> None:
     from numba import cuda
     from numba.cuda.simulator import api
 
-    class _DefaultStream(api.stream):  # type: ignore[misc, name-defined]
-        """A default stream of the simulator, known by its CUDA handle."""
+    from numba_streamsafe.numba import sim_plugin
 
-        def __init__(self, handle: int) -> None:
-            self.handle = handle
-
-    legacy, per_thread = _DefaultStream(0), _DefaultStream(2)
-
-    def default_stream() -> Any:
-        return per_thread if default_stream_handle() else legacy
-
+    sim_plugin.install_default_streams()  # known by their handles, with or without the hooks
     _replace(api.stream, "synchronize", _stream_synchronize)
     for module in (api, cuda):
         _replace(module, "synchronize", _device_synchronize)
-        _replace(module, "default_stream", lambda f: default_stream)
-        _replace(module, "legacy_default_stream", lambda f: lambda: legacy)
-        _replace(module, "per_thread_default_stream", lambda f: lambda: per_thread)
     for name, make in (("record", _event_record), ("wait", _event_wait),
                        ("synchronize", _event_synchronize)):
         _replace(api.Event, name, make)

@@ -79,6 +79,64 @@ def test_without_the_plugin_numbas_arrays_are_refused_not_raced():
         proc.stderr
 
 
+DEFAULT_STREAMS = """
+    import numpy as np
+    from numba import cuda
+    import numba_streamsafe as nss
+    from numba_streamsafe import Read, Write, tracked_kernel
+    from numba_streamsafe.core.errors import GraphCaptureError
+
+    @tracked_kernel
+    def produce(out: Write):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = i
+
+    @tracked_kernel
+    def consume(src: Read, dst: Write):
+        i = cuda.grid(1)
+        if i < src.size:
+            dst[i] = src[i] * 2
+
+    rt = nss.get_runtime()
+    d = cuda.default_stream()
+    print("SAME", d is cuda.default_stream(), rt.stream_handle(d),
+          rt.stream_handle(cuda.legacy_default_stream()),
+          rt.stream_handle(cuda.per_thread_default_stream()))
+    x, y = nss.device_array(64, np.int64), nss.device_array(64, np.int64)
+    b, other = cuda.stream(), cuda.stream()
+    for name, first in (("DEFAULT", d), ("OTHER", other)):
+        with nss.race_check(stop_at_first=False) as rc:
+            with nss.tracking(False):
+                produce[1, 64, first](x)
+                consume[1, 64, b](x, y)  # a blocking stream: after the legacy stream's work
+                produce[1, 64, first](x)  # and the legacy stream after it
+            cuda.synchronize()
+        print(name, len(rc.hazards))
+    try:
+        with nss.graph(d):
+            pass
+    except GraphCaptureError:
+        print("REFUSED")
+"""
+
+
+@pytest.mark.parametrize("plugin", [False, True])
+def test_the_default_streams_are_known_by_their_handles_with_or_without_the_plugin(plugin):
+    """The simulator's own default-stream calls make a new stream object each
+    call: the library knows them as CUDA's default streams, one object each,
+    so the legacy stream orders blocking streams (no false race) and a graph
+    is not captured on it, as on a GPU. The negative control: the same work
+    on a second blocking stream races."""
+    proc = _child(DEFAULT_STREAMS, NUMBA_CUDA_MEMORY_MANAGER="numba_streamsafe" if plugin else "")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "SAME True 0 0 2" in lines, proc.stdout
+    assert "DEFAULT 0" in lines, proc.stdout
+    assert "OTHER 2" in lines, proc.stdout
+    assert "REFUSED" in lines, proc.stdout
+
+
 def test_set_memory_manager_selects_the_plugin_on_the_simulator():
     proc = _child("""
         from numba import cuda
