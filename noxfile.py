@@ -64,7 +64,8 @@ def mlir(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "numba_streamsafe", "tests", "examples", "benchmarks")
+    session.run("ruff", "check", "numba_streamsafe", "tests", "examples", "benchmarks",
+                "_numba_streamsafe_autoload.py", "_numba_streamsafe_pytest.py")
 
 
 @nox.session

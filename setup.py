@@ -173,6 +173,6 @@ class BuildExtOrSay(build_ext):
 
 setup(
     cmdclass={"build_py": BuildPyWithPth, "build_ext": BuildExtOrSay, **_editable_command()},
-    py_modules=["_numba_streamsafe_autoload"],
+    py_modules=["_numba_streamsafe_autoload", "_numba_streamsafe_pytest"],
     ext_modules=engine_extensions(),
 )

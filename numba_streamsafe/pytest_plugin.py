@@ -3,7 +3,10 @@
 Installed with the package as a pytest entry point, and inert until asked
 for: ``pytest --streamsafe``, or ``pytest -p numba_streamsafe.pytest_plugin``
 (which also works where plugins are not loaded from entry points,
-``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``).
+``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``). The entry point is the small module
+``_numba_streamsafe_pytest`` (the option and that switch), which imports
+this one only when asked: a session that does not ask imports nothing of
+the package.
 
 Once on, each test's setup, call and teardown run inside a race check that
 collects every race found in them, where the library finds races:
@@ -43,14 +46,14 @@ from typing import Any
 
 import pytest
 
+# The option and the switch, from the entry point's module: hooks of this module too, where
+# -p loads it (NAME: this module's name, as -p names it, and the entry point's).
+from _numba_streamsafe_pytest import NAME, pytest_addoption, pytest_configure  # noqa: F401
 from numba_streamsafe.core.settings import settings
 from numba_streamsafe.diagnostics import races
 from numba_streamsafe.runtime import installed_devices, installed_runtime
 
 __all__ = ["RacesInTest", "RacePlugin"]
-
-#: This module's name, as ``-p`` names it (and its entry point).
-NAME = "numba_streamsafe.pytest_plugin"
 
 
 class RacesInTest(AssertionError):
@@ -72,20 +75,6 @@ class RacesInTest(AssertionError):
         super().__init__(
             f"numba_streamsafe: {nodeid} made {len(hazards)} race(s){phase}, each found when "
             f"the test queued its second access:\n{reports}")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("numba_streamsafe")
-    group.addoption("--streamsafe", action="store_true", default=False,
-                    help="fail each test that makes a race, with its report (check mode, the "
-                         "simulator's checker, or the race check on a GPU)")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    plugins = getattr(config.option, "plugins", None) or []
-    if config.getoption("streamsafe", False) or NAME in plugins:
-        if not config.pluginmanager.has_plugin("numba_streamsafe-races"):
-            config.pluginmanager.register(RacePlugin(), "numba_streamsafe-races")
 
 
 class RacePlugin:

@@ -45,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The top-level files of the simulator's start-up hook (``setup.py``), in every wheel.
 HOOK = ("numba_streamsafe_sim.pth", "_numba_streamsafe_autoload.py")
 
+#: The pytest plugin's entry point (``pyproject.toml``), a top-level module in every wheel.
+PYTEST_ENTRY = "_numba_streamsafe_pytest.py"
+
 #: Platform tags a package index takes for Linux wheels (PEP 600, PEP 656 and the legacy
 #: manylinux names).
 INDEX_LINUX_TAG = re.compile(r"^(manylinux_\d+_\d+|musllinux_\d+_\d+|manylinux(1|2010|2014))_")
@@ -152,6 +155,7 @@ def check(manylinux: Path, pure: Path) -> None:
     for wheel, extension in ((manylinux, True), (pure, False)):
         names = set(zipfile.ZipFile(wheel).namelist())
         assert set(HOOK) <= names, f"{wheel.name} lacks the start-up hook {HOOK}"
+        assert PYTEST_ENTRY in names, f"{wheel.name} lacks the pytest entry point {PYTEST_ENTRY}"
         assert sources <= names, f"{wheel.name} lacks engine sources {sources - names}"
         assert not [n for n in names if n.endswith(".c")], f"{wheel.name} holds C output"
         built = {n.split(".", 1)[0] + ".py" for n in names if n.endswith(".so")}
