@@ -147,11 +147,24 @@ def _compilers() -> dict[str, str]:
         found = paths.get(lib) if isinstance(paths, dict) else None
         out[f"{lib} path"] = (f"{found.info} (by {found.by})" if found and found.info
                               else "not found" if isinstance(paths, dict) else paths)
+    if _simulated():
+        # The simulator's numba.cuda has no compiler to load: the paths above are all
+        # that can be told here, and no extra is missing for it.
+        out["versions"] = ("not loaded under Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1: "
+                           "kernels run as Python); run this without it to load NVVM and NVRTC")
+        return out
     out["nvvm version"] = _guarded(lambda: ".".join(map(str, _nvvm_version())))
     out["nvrtc version"] = _guarded(lambda: ".".join(map(str, _nvrtc_version())))
     if _compilers_missing(out):
         out["install"] = _extra_advice()
     return out
+
+
+def _simulated() -> bool:
+    """Whether this process runs Numba's CUDA simulator."""
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]
 
 
 def _cuda_paths() -> dict[str, Any]:
@@ -203,9 +216,7 @@ def _nvrtc_version() -> tuple[int, ...]:
 
 
 def _target() -> dict[str, Any]:
-    from numba import config
-
-    if config.ENABLE_CUDASIM:  # type: ignore[attr-defined]
+    if _simulated():
         return {"target": "Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), over the library's "
                           "simulated driver"}
     try:

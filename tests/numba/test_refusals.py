@@ -221,7 +221,7 @@ def test_python_m_numba_streamsafe_reports_versions_path_and_settings(child_env,
     for key in ("numba_streamsafe", "numba-cuda", "cuda-bindings", "numpy", "engine",
                 "memory manager", "NUMBA_STREAMSAFE_FENCES", "eager", "simulator"):
         assert key in out, (key, out)
-    for key in ("libc", "llvmlite", "Cython", "nvvm path", "nvrtc version", "  kind: ",
+    for key in ("libc", "llvmlite", "Cython", "nvvm path", "versions: not loaded under", "  kind: ",
                 "simulator start-up hook", "other NUMBA_ variables", "NUMBA_ENABLE_CUDASIM"):
         assert key in out, (key, out)
     assert out.endswith("problems: none\n"), out[-500:]
@@ -249,6 +249,7 @@ def test_a_missing_compiler_is_one_line_with_the_extra_to_install(monkeypatch):
 
     monkeypatch.setattr(report, "_cuda_paths", missing)
     monkeypatch.setattr(report, "_nvrtc_version", missing)
+    monkeypatch.setattr(report, "_simulated", lambda: False)  # the compilers are loaded
     for major, extra in ((None, "cpu"), (12, "cu12"), (13, "cu13")):
         monkeypatch.setattr(report, "_driver_major", lambda major=major: major)
         data = report.collect()
@@ -261,6 +262,20 @@ def test_a_missing_compiler_is_one_line_with_the_extra_to_install(monkeypatch):
         assert f"the {extra} extra installs" in compilers["install"]
         # On a GPU a missing compiler keeps kernels from compiling: a problem.
         assert any("NVRTC" in p for p in data["problems"]) is (major is not None)
+
+
+def test_under_the_simulator_the_compilers_are_not_called_missing(monkeypatch):
+    """The simulator's numba.cuda loads no compiler: the report says so, and
+    advises no extra (before: two errors and the cpu extra, installed already)."""
+    from numba_streamsafe import __main__ as report
+
+    monkeypatch.setattr(report, "_simulated", lambda: True)
+    data = report.collect()
+    compilers = data["compilers"]
+    assert "nvvm version" not in compilers and "install" not in compilers, compilers
+    assert compilers["versions"].startswith("not loaded under Numba's CUDA simulator"), compilers
+    assert not any("NVVM" in p or "NVRTC" in p for p in data["problems"]), data["problems"]
+    _each_line_a_key(report.report(data))
 
 
 def test_the_report_exits_1_when_numba_cuda_and_numba_cannot_work_together(child_env,
