@@ -562,10 +562,14 @@ def enable_peer_access(device: int, peer: int) -> None:
     Raises
     ------
     InvalidArgument
-        ``device == peer``.
+        ``device == peer``, or either is not a device ordinal.
     DriverError
         The GPUs have no peer-to-peer path (copy the arrays instead).
     """
+    if device_ordinal(device) == device_ordinal(peer):
+        raise InvalidArgument(
+            f"enable_peer_access({device!r}, {peer!r}): a device needs no peer access to its "
+            "own arrays; pass two different devices")
     get_runtime(device).enable_peer_access(get_runtime(peer))
 
 

@@ -122,6 +122,11 @@ def test_peer_access_is_recorded_and_checked(two):
     enable_peer_access(0, 1)  # idempotent
     with pytest.raises(InvalidArgument, match="to itself"):
         rt0.enable_peer_access(rt0)
+    # By device numbers: the advice names devices, not runtimes.
+    with pytest.raises(InvalidArgument, match=r"enable_peer_access\(1, 1\).*two different "
+                                              r"devices"):
+        enable_peer_access(1, 1)
+    assert rt1.peers == set()
     with pytest.raises(DriverError, match="not a peer"):
         two.sims[0].enable_peer_access(5)
 
