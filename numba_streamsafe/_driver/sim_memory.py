@@ -76,6 +76,7 @@ class SimPool:
                 break
         else:
             chunk = self.new_chunk(nbytes, call)
+        chunk.in_use = True
         self._used += chunk.capacity
         self._used_high = max(self._used_high, self._used)
         return chunk
@@ -116,7 +117,7 @@ class SimPool:
         for an allocation ordered after ``op``."""
         chunk.live = False
         chunk.free_op = op
-        self._used -= chunk.capacity
+        self._unuse(chunk)
         self._pooled.append(chunk)
 
     def release(self, chunk: Chunk, op: Op | None = None) -> None:
@@ -127,8 +128,15 @@ class SimPool:
             chunk.free_op = op
         del self._chunks[chunk.base]
         self._bases.pop(bisect.bisect_left(self._bases, chunk.base))
+        self._unuse(chunk)  # a pool allocation freed by cuMemFree, or taken by a reset
         if not chunk.external:
             self._reserved -= chunk.capacity
+
+    def _unuse(self, chunk: Chunk) -> None:
+        """``chunk`` is no longer handed out by the pool (if it was)."""
+        if chunk.in_use:
+            chunk.in_use = False
+            self._used -= chunk.capacity
 
     def live_chunk(self, ptr: int, call: str) -> Chunk:
         """The live allocation that begins at ``ptr``.

@@ -128,7 +128,7 @@ def _same(a: dict[Any, Any], b: dict[Any, Any]) -> bool:
 
 class Chunk:
     __slots__ = ("base", "capacity", "nbytes", "buffer", "live", "free_op", "shadow",
-                 "external", "allocated", "freed")
+                 "external", "allocated", "freed", "in_use")
 
     def __init__(self, base: int, capacity: int, buffer: Any, external: bool = False) -> None:
         self.base = base
@@ -141,6 +141,9 @@ class Chunk:
         #: Memory another library allocated, registered while it is borrowed
         #: (:meth:`SimDriver.register_foreign`): not the pool's.
         self.external = external
+        #: Handed out by the stream-ordered pool (cuMemAllocAsync) and not freed since:
+        #: counted in the pool's used bytes.
+        self.in_use = False
         #: The user's stacks where the memory was allocated and freed, as the
         #: resource tells them (:meth:`SimDriver.trace_sites`); the hazards name them.
         self.allocated: tuple = ()

@@ -141,6 +141,24 @@ def test_block_of_another_device_is_invalid_argument(rt, res, sim, two_streams):
     assert alien.state is BlockState.LIVE and real.state is BlockState.LIVE
 
 
+def test_a_live_block_of_another_resource_is_named_so_not_freed(res, sim, two_streams):
+    """A block another resource of the same device made (the runtime a
+    ``set_runtime`` replaced) is live: the refusal says another resource made
+    it, not that it was freed."""
+    a, b = two_streams
+    other = AsyncResource(sim)
+    theirs = other.allocate(256, a, "theirs")
+    before, driver_calls = snapshot(res), calls(sim)
+    for call in (lambda: res.preflight([(theirs, R)], b), lambda: res.commit([(theirs, W)], b)):
+        with pytest.raises(UseAfterFree, match="not live here, and no free of it was asked for: "
+                                               "another resource made it") as info:
+            call()
+        assert "already freed" not in str(info.value)
+    assert snapshot(res) == before and calls(sim) == driver_calls
+    assert theirs.state is BlockState.LIVE
+    other.deallocate(theirs)
+
+
 # ------------------------------------------------------ 4. stale / unknown / double
 def test_double_free_is_use_after_free(rt, res, sim, two_streams):
     a, b = two_streams

@@ -196,8 +196,14 @@ def test_retire_stream_and_reset_give_kept_blocks_back(sim):
     frees = sim.calls["cuMemFree"]
     res.reset_context()
     assert res.bytes_outstanding() == 0 and sim.calls["cuMemFree"] == frees + 1
+    # The pool holds nothing after the reset, and hands nothing out (the kept block was
+    # live to the pool: counted used until the reset took it).
+    assert sim.get_pool_attribute("RESERVED_MEM_CURRENT") == 0
+    assert sim.get_pool_attribute("USED_MEM_CURRENT") == 0
     c = res.allocate(256, 0, "c")  # a fresh block, not the address from before the reset
     assert sim.calls["cuMemAllocAsync"] == 3
+    assert sim.get_pool_attribute("USED_MEM_CURRENT") == \
+        sim.get_pool_attribute("RESERVED_MEM_CURRENT") > 0
     res.deallocate(c)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import cython
 
+from numba_streamsafe.core.blocks import BlockState
 from numba_streamsafe.core.errors import InvalidArgument, StaleContext, UseAfterFree
 from numba_streamsafe.resources.tracking.marks import Mark, MarkBook, retired_stream_id
 from numba_streamsafe.resources.tracking.rules import Entry
@@ -102,7 +103,8 @@ class BlockTable:
         InvalidArgument
             The block belongs to another device.
         UseAfterFree
-            The block was freed (its address may hold a newer block).
+            The block was freed (its address may hold a newer block), or another
+            resource made it.
         """
         found = self.live.get(block.ptr)
         if found is not None and cython.cast(Entry, found).block is block:
@@ -118,6 +120,13 @@ class BlockTable:
                 f"{what}: {block.describe()} was made before the CUDA context was reset "
                 f"(epoch {block.epoch}, now {self.epoch}); it no longer exists. "
                 "Allocate it again in the current context."
+            )
+        if found is None and block.state is BlockState.LIVE:
+            raise UseAfterFree(
+                f"{what}: {block.describe()} is not live here, and no free of it was asked "
+                "for: another resource made it (a runtime set_runtime replaced, or one built "
+                f"beside it for device {block.device}). Use it through the runtime that made "
+                "it (set_runtime it back)"
             )
         if found is None or cython.cast(Entry, found).block.generation != block.generation:
             now = (f"; the address now holds generation "
