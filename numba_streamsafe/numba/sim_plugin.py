@@ -174,10 +174,11 @@ def install_default_streams() -> None:
         def default_stream() -> Any:
             return per_thread if default_stream_handle() else legacy
 
+        calls = {"default_stream": default_stream, "legacy_default_stream": lambda: legacy,
+                 "per_thread_default_stream": lambda: per_thread}
         for module in (api, cuda):
-            module.default_stream = default_stream
-            module.legacy_default_stream = lambda: legacy
-            module.per_thread_default_stream = lambda: per_thread
+            for name, call in calls.items():
+                setattr(module, name, call)
         _defaults.extend((legacy, per_thread))
 
 
