@@ -83,20 +83,8 @@ DEFAULT_STREAMS = """
     import numpy as np
     from numba import cuda
     import numba_streamsafe as nss
-    from numba_streamsafe import Read, Write, tracked_kernel
     from numba_streamsafe.core.errors import GraphCaptureError
-
-    @tracked_kernel
-    def produce(out: Write):
-        i = cuda.grid(1)
-        if i < out.size:
-            out[i] = i
-
-    @tracked_kernel
-    def consume(src: Read, dst: Write):
-        i = cuda.grid(1)
-        if i < src.size:
-            dst[i] = src[i] * 2
+    from tests.helpers.sim_kernels import tracked_copy as consume, tracked_fill as fill
 
     rt = nss.get_runtime()
     d = cuda.default_stream()
@@ -108,9 +96,9 @@ DEFAULT_STREAMS = """
     for name, first in (("DEFAULT", d), ("OTHER", other)):
         with nss.race_check(stop_at_first=False) as rc:
             with nss.tracking(False):
-                produce[1, 64, first](x)
+                fill[1, 64, first](x, 1)
                 consume[1, 64, b](x, y)  # a blocking stream: after the legacy stream's work
-                produce[1, 64, first](x)  # and the legacy stream after it
+                fill[1, 64, first](x, 2)  # and the legacy stream after it
             cuda.synchronize()
         print(name, len(rc.hazards))
     try:
