@@ -209,16 +209,16 @@ def check_device(device: Any, caller: str) -> None:
 
     from numba_streamsafe.runtime import installed_devices
 
-    if SIMULATOR and isinstance(device, int) and not isinstance(device, bool) and device > 0:
-        # Numba's simulator has one device; more exist once their runtimes are installed.
-        known = sorted({0, *installed_devices()})
+    ordinal = isinstance(device, int) and not isinstance(device, bool)
+    # Numba's simulator has one device; more exist once their runtimes are installed.
+    known = sorted({0, *installed_devices()}) if SIMULATOR else list(range(len(gpus)))
+    if SIMULATOR and ordinal and device > 0:
         where = ("On Numba's CUDA simulator a simulated device exists once its runtime is "
                  f"built: call numba_streamsafe.get_runtime({device!r}) first (the simulated "
                  "devices share one race checker), as the guide's page on several GPUs shows")
     else:
-        known = sorted({0, *installed_devices()}) if SIMULATOR else list(range(len(gpus)))
         where = "Use one of those ordinals"
-    if isinstance(device, bool) or not isinstance(device, int) or device not in known:
+    if not ordinal or device not in known:
         raise InvalidArgument(
             f"{caller}({device!r}): there is no device {device!r}; this process has "
             f"{len(known)} device{'s' if len(known) != 1 else ''} ({', '.join(map(str, known))}). "

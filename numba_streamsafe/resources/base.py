@@ -178,18 +178,16 @@ class MemoryResource(abc.ABC):
         return False
 
     def _refuse(self, what: str) -> StreamMisuse:
-        chosen = ""
         try:
-            if settings().resource == "direct":
-                chosen = ("; NUMBA_STREAMSAFE_RESOURCE=direct chose it for this process: unset it "
-                          "to have the streams ordered, or turn tracking off "
-                          "(numba_streamsafe.tracking(False)) and")
+            chosen = settings().resource == "direct"
         except InvalidSetting:  # a bad setting is refused where it is read
-            pass
+            chosen = False
+        way_out = ("NUMBA_STREAMSAFE_RESOURCE=direct chose it for this process: unset it to have "
+                   "the streams ordered, or turn tracking off (numba_streamsafe.tracking(False)) "
+                   "and" if chosen else "build the runtime on AsyncResource, or")
         return StreamMisuse(
             f"{type(self).__name__} does not track block uses, so {what} cannot order "
-            f"streams{chosen or '; build the runtime on AsyncResource, or'} synchronise the "
-            "streams yourself"
+            f"streams; {way_out} synchronise the streams yourself"
         )
 
     def borrow(self, ptr: int, nbytes: int, stream: int, tag: str = "", *,

@@ -161,14 +161,14 @@ class TrackedKernel(launcher.Kernel):  # type: ignore[misc]
         if check_access is not None and not isinstance(check_access, bool):
             raise InvalidArgument(f"{name}: check_access is True, False or None, "
                                   f"got {check_access!r}")
-        _kernel_mode(name, mode)  # refused before the kernel is compiled
+        recorder = _kernel_mode(name, mode)  # refused before the kernel is compiled
         mlir.check_kernel(func)
         params = self._parse_access(func, access if isinstance(access, Mapping) else {})
         if signature is None:
             dispatcher = cuda.jit(**jit_options)(func)
         else:
             dispatcher = cuda.jit(signature, **jit_options)(func)
-        self._setup(TRACKED, dispatcher, params, mode=_kernel_mode(name, mode),
+        self._setup(TRACKED, dispatcher, params, mode=recorder,
                     allow_foreign=allow_foreign, infer=infer,
                     check_access=check_access)
 
