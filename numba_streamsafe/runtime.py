@@ -430,8 +430,7 @@ class Runtimes:
 
     def get(self, device: int) -> DeviceRuntime:
         """The runtime of ``device``, built by :func:`default_stack` over
-        :func:`default_driver` on first use (on the simulated driver, device
-        0's with another device's: device 0 exists from the start).
+        :func:`default_driver` on first use.
 
         Raises
         ------
@@ -449,11 +448,6 @@ class Runtimes:
             if rt is None:
                 rt = DeviceRuntime(default_stack(default_driver(device)))
                 self._by_device[device] = rt
-                if device and 0 not in self._by_device and settings().driver == "sim":
-                    # On the simulator device 0 exists from the start (it is where work
-                    # outside use_device goes): another device's runtime alone would be
-                    # taken for the only one, and that work would go to it.
-                    self._by_device[0] = DeviceRuntime(default_stack(default_driver(0)))
                 self._changed()
             return rt
 

@@ -421,27 +421,3 @@ def test_transparent_false_covers_every_device_of_the_thread(two):
     assert {h.kind for h in on_1} == {"read-after-write"}, on_1
     assert {h.kind for h in on_0} == {"read-after-write"}, on_0
 
-
-def test_on_the_simulator_another_devices_runtime_first_leaves_device_0_the_default():
-    """Built first (``get_runtime(1)``, or a ``memory_stats(1)`` read), device
-    1's runtime is not taken for the only one: work outside ``use_device``
-    still goes to device 0, which exists from the start."""
-    if not target.SIMULATOR:
-        pytest.skip("needs Numba's CUDA simulator")
-    old = {d: installed_runtime(d) for d in installed_devices()}
-    clear_runtimes()
-    try:
-        nss.memory_stats(1)
-        assert installed_devices() == [0, 1]
-        s = cuda.stream()
-        x = nss.device_array(8, np.float64, stream=s)
-        assert nss.block_of(x).device == 0
-        assert nss.memory_stats(0)["allocation.all.current"] == 1
-        assert nss.memory_stats(1)["allocation.all.current"] == 0
-        del x
-    finally:
-        gc.collect()
-        clear_runtimes()
-        for d, rt in old.items():
-            if rt is not None:
-                set_runtime(rt, d)
